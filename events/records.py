@@ -1,0 +1,69 @@
+"""The boundary between typed events and stored rows.
+
+:class:`EventRecord` is what a store persists for one event (envelope columns + JSON payload);
+:class:`StoredEvent` is what readers get back: the typed event plus its global ``position``,
+its per-stream ``version`` and ``recorded_at`` (wall-clock seconds when the store committed
+it — distinct from the event's own ``ts``, CASE-10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from events.types import EventBase, event_class, ts_to_us, us_to_ts
+from events.upcasting import upcast
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    stream_id: str
+    event_id: UUID
+    type: str
+    schema_version: int
+    ts_us: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    position: int
+    stream_id: str
+    version: int
+    recorded_at: float
+    event: EventBase
+
+    @property
+    def ts(self) -> float:
+        return self.event.ts
+
+
+def to_record(event: EventBase) -> EventRecord:
+    return EventRecord(
+        stream_id=event.session_id,
+        event_id=event.event_id,
+        type=event.type,  # type: ignore[attr-defined]
+        schema_version=event.schema_version,
+        ts_us=ts_to_us(event.ts),
+        data=event.payload(),
+    )
+
+
+def from_record(
+    type_name: str,
+    schema_version: int,
+    stream_id: str,
+    event_id: UUID | str,
+    ts_us: int,
+    data: dict[str, Any],
+) -> EventBase:
+    """Rebuild the current typed event from a stored row, upcasting old versions.
+
+    Raises UnknownEventType, FutureSchemaVersion, MissingUpcaster or ValidationError.
+    """
+    cls = event_class(type_name)
+    payload = upcast(type_name, schema_version, cls.SCHEMA_VERSION, data)
+    return cls.model_validate(
+        {**payload, "type": type_name, "event_id": event_id, "session_id": stream_id, "ts": us_to_ts(ts_us)}
+    )

@@ -1,0 +1,473 @@
+"""Typed session events of the append-only log (DOMAIN §0).
+
+Every event is a frozen pydantic v2 model discriminated by ``type`` and carries:
+
+* ``event_id`` — UUID, unique in the whole log (re-appending it is idempotent);
+* ``session_id`` — the stream the event belongs to (non-empty);
+* ``ts`` — wall-clock epoch seconds (float, UTC) of the moment the fact happened, never
+  recomputed. Accepted as a float, an int, an ISO-8601 string with an offset or a tz-aware
+  ``datetime``; always normalised to UTC and rounded to the microsecond (CASE-08);
+* ``schema_version`` — the model's current version; older rows are upcast on read
+  (:mod:`events.upcasting`).
+
+Unknown fields, wrong types and missing fields raise :class:`pydantic.ValidationError`, whose
+message names the event type and the field. Use :func:`parse_event` for a plain dict.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Annotated, Any, ClassVar, Literal, Union
+from uuid import UUID, uuid4
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from events.stats import EngineStamp, StageRequestStats
+
+FinishedReason = Literal["stop", "barge_in", "cancel", "close", "abort", "error"]
+FINISHED_REASONS: tuple[str, ...] = ("stop", "barge_in", "cancel", "close", "abort", "error")
+CommitAction = Literal["START_AUTO_RESPONSE", "COMMIT_ONLY", "DEFER_ACTIVE_RESPONSE"]
+Outcome = Literal["ok", "failed", "not_running", "unknown_id"]
+
+
+def ts_from_any(value: Any) -> float:
+    """Normalise a timestamp to UTC epoch seconds rounded to the microsecond.
+
+    Accepts int/float seconds, a tz-aware ``datetime`` or an ISO-8601 string with an offset.
+    Raises ValueError for naive datetimes/strings (no timezone), NaN/inf and negative values.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"ts must be epoch seconds or an ISO-8601 time, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"ts {value!r} is not an ISO-8601 time") from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"ts {value.isoformat()!r} has no timezone; give an offset such as +00:00")
+        delta = value.astimezone(timezone.utc) - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return us / 1_000_000
+    if isinstance(value, (int, float)):
+        f = float(value)
+        if not math.isfinite(f) or f < 0:
+            raise ValueError(f"ts must be finite, non-negative epoch seconds, got {value!r}")
+        return round(f * 1_000_000) / 1_000_000
+    raise ValueError(f"ts must be epoch seconds or an ISO-8601 time, got {value!r}")
+
+
+def ts_to_us(ts: float) -> int:
+    """Epoch seconds -> integer microseconds (exact for values produced by ts_from_any)."""
+    return round(ts * 1_000_000)
+
+
+def us_to_ts(us: int) -> float:
+    return us / 1_000_000
+
+
+def ts_to_datetime(ts: float) -> datetime:
+    """Epoch seconds -> tz-aware UTC datetime, exact to the microsecond."""
+    us = ts_to_us(ts)
+    from datetime import timedelta
+
+    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
+
+
+class Fence(BaseModel):
+    """(incarnation, epoch, turn_id) of DOMAIN §2.1; the session is the event's stream."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    incarnation: int = Field(0, ge=0)
+    epoch: int = Field(0, ge=0)
+    turn_id: int = Field(0, ge=0)
+
+    def key(self) -> tuple[int, int, int]:
+        return (self.incarnation, self.epoch, self.turn_id)
+
+
+class Capabilities(BaseModel):
+    """Model capabilities (DOMAIN §3.4, E6). ``supports_core_resumable_request`` selects the
+    Stage0 id shape AND submission mode: true = resident ``stage0`` id per epoch fed by
+    submit_initial then submit_update; false (default) = one ephemeral ``stage0_t<N>`` id per
+    committed turn, one submit_initial each."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    supports_core_resumable_request: bool = False
+    supports_concurrent_turn_requests: bool = False
+    supports_barge_in: bool = True
+
+
+class EventBase(BaseModel):
+    """Fields every event carries. Subclasses set ``type`` and may bump SCHEMA_VERSION
+    (registering an upcaster for the previous version)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    event_id: UUID = Field(default_factory=uuid4)
+    session_id: str = Field(min_length=1)
+    ts: float
+    schema_version: int = 0  # 0 = "set to the class's current version"
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _normalise_ts(cls, v: Any) -> float:
+        return ts_from_any(v)
+
+    @model_validator(mode="after")
+    def _check_version(self) -> "EventBase":
+        current = type(self).SCHEMA_VERSION
+        if self.schema_version == 0:
+            object.__setattr__(self, "schema_version", current)
+        elif self.schema_version != current:
+            raise ValueError(
+                f"schema_version {self.schema_version} of {type(self).__name__} is not the current "
+                f"version {current}; rows are upcast on read (events.upcasting)"
+            )
+        return self
+
+    def payload(self) -> dict[str, Any]:
+        """The event's own fields (no envelope), JSON-ready."""
+        return self.model_dump(mode="json", exclude={"type", "event_id", "session_id", "ts", "schema_version"})
+
+
+# --- session lifecycle -----------------------------------------------------------------------
+class SessionOpened(EventBase):
+    type: Literal["SessionOpened"] = "SessionOpened"
+    incarnation: int = Field(0, ge=0)
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    auto_response: bool = False
+    num_stages: int = Field(2, ge=1)
+    log_stats: bool = True
+    model: str | None = None
+
+
+class SessionClosed(EventBase):
+    """Close (irreversible). ``reason``: session_close, disconnect, disconnect_grace_expired,
+    timeout, recovered_after_crash, …"""
+
+    type: Literal["SessionClosed"] = "SessionClosed"
+    reason: str = "session_close"
+
+
+class InputAppended(EventBase):
+    """A client input chunk. Audio is recorded by format, duration, size and digest; the
+    payload itself only when asked (``payload_b64``)."""
+
+    type: Literal["InputAppended"] = "InputAppended"
+    input_kind: Literal["audio", "text"] = "audio"
+    text: str | None = None
+    audio_format: str | None = None
+    sample_rate_hz: int | None = Field(None, gt=0)
+    duration_ms: float | None = Field(None, ge=0)
+    size_bytes: int = Field(0, ge=0)
+    digest_sha256: str | None = None
+    payload_b64: str | None = None
+    is_speech: bool = True
+    final: bool = False
+    request_id: str | None = None
+    fence: Fence | None = None
+
+
+class TurnCommitted(EventBase):
+    """input_audio_buffer.commit (DOMAIN §2.3). ``response_id`` is set when the response is
+    pre-created at commit (response_required + create_response): the commit ts is then the
+    turn's arrival_ts (M6)."""
+
+    type: Literal["TurnCommitted"] = "TurnCommitted"
+    turn_id: int = Field(ge=0)
+    create_response: bool = True
+    action: CommitAction = "COMMIT_ONLY"
+    response_id: str | None = None
+    overlap_speech_ms: float = Field(0.0, ge=0)
+
+
+class ResponseListened(EventBase):
+    """The model decided to listen: ``response.listen`` was emitted, no response created."""
+
+    type: Literal["ResponseListened"] = "ResponseListened"
+    turn_id: int = Field(ge=0)
+    request_id: str | None = None
+
+
+# --- stage requests ----------------------------------------------------------------------
+class _StageRequest(EventBase):
+    stage_id: int = Field(ge=0)
+    request_id: str = Field(min_length=1)
+
+
+class StageRequestReserved(_StageRequest):
+    type: Literal["StageRequestReserved"] = "StageRequestReserved"
+    fence: Fence = Field(default_factory=Fence)
+
+
+class StageRequestSubmitted(_StageRequest):
+    """A submit to a stage engine. ``ts`` is when it was submitted (not when recorded)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2  # v1 named num_tokens_in "tokens_in" (events.upcasting)
+    type: Literal["StageRequestSubmitted"] = "StageRequestSubmitted"
+    fence: Fence | None = None
+    kind: Literal["initial", "update"] = "initial"
+    resumable: bool = False
+    num_tokens_in: int | None = Field(None, ge=0)
+
+
+class StageRequestForwarded(_StageRequest):
+    """Stage0 output forwarded to stage ``stage_id`` (≥1) under the SAME request id (DOMAIN §1.2)."""
+
+    type: Literal["StageRequestForwarded"] = "StageRequestForwarded"
+    fence: Fence | None = None
+    from_stage: int = Field(0, ge=0)
+
+    @field_validator("stage_id")
+    @classmethod
+    def _downstream(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"a forward targets stage_id >= 1, got {v}")
+        return v
+
+
+class StageOutput(_StageRequest):
+    """Output of a stage. ``num_new_tokens`` is the delta (never cumulative)."""
+
+    type: Literal["StageOutput"] = "StageOutput"
+    num_new_tokens: int = Field(0, ge=0)
+    text_delta: str | None = None
+    audio_frames: int = Field(0, ge=0)
+    model_turn_id: int | None = Field(None, ge=0)
+    end_of_turn: bool = False
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+class StageRequestFinished(_StageRequest):
+    """The engine reported the request finished (NOT the end of the turn, DOMAIN §2.2)."""
+
+    type: Literal["StageRequestFinished"] = "StageRequestFinished"
+    finish_reason: str | None = None
+    model_turn_id: int | None = Field(None, ge=0)
+    end_of_turn: bool = False
+
+
+class StageMetricsReported(_StageRequest):
+    """One StageRequestStats snapshot (DOMAIN §5.1). ``stage_submit_ts`` is wall clock (M2);
+    engine stamps carry their clock domain (CASE-08)."""
+
+    type: Literal["StageMetricsReported"] = "StageMetricsReported"
+    stats: StageRequestStats = Field(default_factory=StageRequestStats)
+    stage_submit_ts: float | None = None
+    engine_submit_ts: EngineStamp | None = None
+    engine_first_token_ts: EngineStamp | None = None
+    engine_last_token_ts: EngineStamp | None = None
+
+    @field_validator("stage_submit_ts", mode="before")
+    @classmethod
+    def _norm_submit(cls, v: Any) -> float | None:
+        return None if v is None else ts_from_any(v)
+
+
+class StageRequestReleased(_StageRequest):
+    """Binding (stage_id, request_id) dropped from request_resources."""
+
+    type: Literal["StageRequestReleased"] = "StageRequestReleased"
+    cause: str = "release"
+
+
+class StageRequestRestored(_StageRequest):
+    """Binding restored after a failed abort/release (R3)."""
+
+    type: Literal["StageRequestRestored"] = "StageRequestRestored"
+    fence: Fence | None = None
+    submitted: bool = True
+    cause: str = "abort_failed"
+
+
+class StageRequestLost(_StageRequest):
+    """Crash recovery: the log held this id as running but no engine has it."""
+
+    type: Literal["StageRequestLost"] = "StageRequestLost"
+    cause: str = "not_found_on_engine"
+
+
+class TransferTx(EventBase):
+    """One connector transfer (TX side) between stages; increments, not running totals."""
+
+    type: Literal["TransferTx"] = "TransferTx"
+    from_stage: int = Field(ge=0)
+    to_stage: int = Field(ge=0)
+    request_id: str = Field(min_length=1)
+    size_bytes: int = Field(0, ge=0)
+    tx_time_ms: float = Field(0.0, ge=0)
+    used_shm: bool = False
+
+
+class ActiveRequestBound(EventBase):
+    type: Literal["ActiveRequestBound"] = "ActiveRequestBound"
+    request_id: str | None = None
+
+
+# --- responses and turns -----------------------------------------------------------------
+class ResponseBegun(EventBase):
+    """Response begin (DOMAIN §2.2, §5.3 open). ``commit_ts`` is the caller's commit ts."""
+
+    type: Literal["ResponseBegun"] = "ResponseBegun"
+    response_id: str = Field(min_length=1)
+    turn_id: int = Field(0, ge=0)
+    request_id: str | None = None
+    commit_ts: float | None = None
+
+    @field_validator("commit_ts", mode="before")
+    @classmethod
+    def _norm_commit(cls, v: Any) -> float | None:
+        return None if v is None else ts_from_any(v)
+
+
+class ResponseEnded(EventBase):
+    """Response end. ``cause`` (model, or a cancel source) beats ``status`` (CASE-13)."""
+
+    type: Literal["ResponseEnded"] = "ResponseEnded"
+    response_id: str = Field(min_length=1)
+    status: Literal["completed", "cancelled", "failed", "incomplete"] | None = None
+    cause: str | None = None
+
+
+class TurnCompleted(EventBase):
+    type: Literal["TurnCompleted"] = "TurnCompleted"
+    completed_turn_id: int = Field(ge=0)
+    new_turn_id: int = Field(ge=0)
+    cause: Literal["model", "mechanical"] = "model"
+
+
+class CancelRequested(EventBase):
+    """A cancel source (DOMAIN §2.4) and its legacy wire reason."""
+
+    type: Literal["CancelRequested"] = "CancelRequested"
+    source: str = Field(min_length=1)
+    wire_reason: str | None = None
+    response_id: str | None = None
+
+
+class EpochAdvanced(EventBase):
+    type: Literal["EpochAdvanced"] = "EpochAdvanced"
+    old_epoch: int = Field(ge=0)
+    new_epoch: int = Field(ge=0)
+
+
+class TurnFinalized(EventBase):
+    """Turn finalize (DOMAIN §5.5). ``finished_reason`` may be a raw cancel source; the
+    projection maps it (§2.4) and anything unknown becomes ``abort``."""
+
+    type: Literal["TurnFinalized"] = "TurnFinalized"
+    response_id: str = Field(min_length=1)
+    finished_reason: str = "stop"
+
+
+# --- cleanup -----------------------------------------------------------------------------
+class AbortRequested(EventBase):
+    """Intent to abort ids on stage pools (all pools when ``stage_ids`` is None, R2).
+    ``reason`` is the cancel source that caused it (barge_in, abort, session_close, …)."""
+
+    type: Literal["AbortRequested"] = "AbortRequested"
+    request_ids: list[str] = Field(min_length=1)
+    stage_ids: list[int] | None = None
+    reason: str | None = None
+
+
+class AbortResult(EventBase):
+    """Per-pool outcome of an abort."""
+
+    type: Literal["AbortResult"] = "AbortResult"
+    request_ids: list[str] = Field(min_length=1)
+    stage_id: int = Field(ge=0)
+    outcome: Outcome
+    error: str | None = None
+
+
+class ReleaseRequested(EventBase):
+    """Intent to clean up ids without abort (finished ids)."""
+
+    type: Literal["ReleaseRequested"] = "ReleaseRequested"
+    request_ids: list[str] = Field(min_length=1)
+    cause: str = "release"
+
+
+class ReleaseResult(EventBase):
+    type: Literal["ReleaseResult"] = "ReleaseResult"
+    request_ids: list[str] = Field(min_length=1)
+    outcome: Literal["ok", "failed"]
+    error: str | None = None
+
+
+class CommandRejected(EventBase):
+    """A refused command, kept as evidence (CASE-02): nothing else changed."""
+
+    type: Literal["CommandRejected"] = "CommandRejected"
+    command: str
+    error_code: str
+    message: str
+    request_id: str | None = None
+
+
+EVENT_TYPES: tuple[type[EventBase], ...] = (
+    SessionOpened,
+    InputAppended,
+    TurnCommitted,
+    ResponseListened,
+    StageRequestReserved,
+    StageRequestSubmitted,
+    StageRequestForwarded,
+    StageOutput,
+    StageRequestFinished,
+    StageMetricsReported,
+    TransferTx,
+    ActiveRequestBound,
+    ResponseBegun,
+    ResponseEnded,
+    TurnCompleted,
+    CancelRequested,
+    EpochAdvanced,
+    StageRequestReleased,
+    StageRequestRestored,
+    StageRequestLost,
+    AbortRequested,
+    AbortResult,
+    ReleaseRequested,
+    ReleaseResult,
+    TurnFinalized,
+    CommandRejected,
+    SessionClosed,
+)
+EVENT_CLASSES: dict[str, type[EventBase]] = {cls.model_fields["type"].default: cls for cls in EVENT_TYPES}
+
+Event = Annotated[Union[tuple(EVENT_TYPES)], Field(discriminator="type")]  # type: ignore[valid-type]
+_EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
+
+
+class UnknownEventType(ValueError):
+    """A row or line names an event type this code does not know."""
+
+
+def event_class(type_name: str) -> type[EventBase]:
+    try:
+        return EVENT_CLASSES[type_name]
+    except KeyError:
+        raise UnknownEventType(
+            f"unknown event type {type_name!r}; known: {', '.join(sorted(EVENT_CLASSES))}"
+        ) from None
+
+
+def parse_event(data: dict[str, Any]) -> EventBase:
+    """Validate a dict (envelope + payload, with ``type``) into its event model.
+
+    Raises UnknownEventType or pydantic.ValidationError (naming type and field).
+    """
+    if not isinstance(data, dict) or "type" not in data:
+        raise UnknownEventType(f"an event needs a 'type' field, got {data!r:.120}")
+    return event_class(data["type"]).model_validate(data)
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of all event kinds (a discriminated union on ``type``)."""
+    return _EVENT_ADAPTER.json_schema()

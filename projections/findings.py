@@ -1,0 +1,83 @@
+"""Audit findings: leaks (fail the audit) and warnings (reported, not leaks).
+
+A finding names the session, stage and request id, its kind, the first and last log
+position and ts where it holds, and the positions of the events that prove it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["leak", "warning"]
+
+#: Leak kinds (DOMAIN §4.2 R1–R8, issue 3) -> one-line meaning.
+LEAK_KINDS: dict[str, str] = {
+    "held_after_close": "binding still held after its session closed (R7)",
+    "finished_not_released": "finished ephemeral id still held when the next turn's id was submitted (R4/R6)",
+    "stale_not_aborted": "unfinished earlier ephemeral id still held when the next turn's id was submitted (R4)",
+    "downstream_left_after_abort": "binding of an id left behind after the id was aborted on another stage (R1/R2)",
+    "abort_failed": "abort did not succeed and the id is still held at close (R3/R7)",
+    "abort_failed_not_restored": "abort failed after the keys were dropped and they were never restored (R3)",
+    "submit_after_failed_abort": "a new Stage0 id was submitted while an earlier id's abort had failed (R3)",
+    "active_not_retargeted": "active request still names the stale id after the new id was submitted (R5)",
+    "orphan": "submitted, no terminal event, session idle longer than max-idle",
+    "counter_not_decremented": "bindings dropped while the id still ran on the engine, no successful cleanup",
+}
+
+#: Warning kinds -> one-line meaning.
+WARNING_KINDS: dict[str, str] = {
+    "duplicate_submit": "second submit of an id that is still held was refused (CASE-02)",
+    "update_on_ephemeral": "submit_update on an ephemeral id was refused (E10)",
+    "append_to_unknown_id": "submit_update of an id that is not bound was refused",
+    "forward_ignored": "forward with a fence older than the accepted fence was ignored (DOMAIN §3.1)",
+    "reserve_conflict": "reserve of an existing key with a different identity was refused",
+    "abort_after_finish": "abort of an id whose every binding had finished",
+    "abort_of_unknown_id": "abort of an id the session never held",
+    "stale_finalize": "finalize of a response with no open turn",
+    "clock_domain_mismatch": "metrics snapshot mixes wall-clock and engine-monotonic stamps; ignored (CASE-08)",
+    "command_rejected": "the session engine refused a command",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    session_id: str
+    stage_id: int | None
+    request_id: str | None
+    kind: str
+    first_position: int
+    first_ts: float
+    last_position: int
+    last_ts: float
+    evidence: tuple[int, ...] = ()
+    detail: str = ""
+    severity: Severity = field(default="leak")
+
+    def sort_key(self) -> tuple[Any, ...]:
+        return (self.first_position, self.session_id, self.stage_id if self.stage_id is not None else -1,
+                self.request_id or "", self.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "kind": self.kind,
+            "session_id": self.session_id,
+            "stage_id": self.stage_id,
+            "request_id": self.request_id,
+            "first_position": self.first_position,
+            "first_ts": self.first_ts,
+            "last_position": self.last_position,
+            "last_ts": self.last_ts,
+            "evidence_positions": list(self.evidence),
+            "detail": self.detail,
+        }
+
+
+def severity_of(kind: str) -> Severity:
+    """Severity of a kind; raises KeyError for an unknown kind."""
+    if kind in LEAK_KINDS:
+        return "leak"
+    if kind in WARNING_KINDS:
+        return "warning"
+    raise KeyError(f"unknown finding kind {kind!r}")

@@ -1,0 +1,508 @@
+"""``request_resources`` and stale-id cleanup as a pure fold (DOMAIN §3, §4).
+
+:class:`ResourcesFold` applies stored events one at a time, in log order. Per session it
+keeps the map ``(stage_id, request_id) -> Binding`` (RESERVED / SUBMITTED / FINISHED) and,
+per request id, its life (submits, aborts and their per-pool outcomes, releases), from which
+the audit's leak and warning findings are decided — at the event that proves them (R3, R4,
+R5, duplicate submits) or at an as-of point (:meth:`ResourcesFold.evaluate`: held after
+close, failed aborts, downstream bindings left after an abort, orphans, dropped bindings of
+ids still running).
+
+The fold has no I/O and no clock: any "now" is the ``ts`` of an event. Counts are derived
+from sets, never incremented/decremented, so a duplicate acknowledgement cannot drive them
+negative (CASE-01). The session engine makes its live decisions with this same fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from events import ids as rid
+from events.records import StoredEvent
+from events.types import Capabilities, Fence
+
+from projections.findings import Finding, severity_of
+
+RESERVED, SUBMITTED, FINISHED = "reserved", "submitted", "finished"
+
+
+@dataclass(slots=True)
+class Binding:
+    """One key of request_resources."""
+
+    stage_id: int
+    request_id: str
+    fence: tuple[int, int, int] | None
+    submitted: bool
+    finished: bool = False
+    since_position: int = 0
+    since_ts: float = 0.0
+
+    @property
+    def state(self) -> str:
+        if not self.submitted:
+            return RESERVED
+        return FINISHED if self.finished else SUBMITTED
+
+
+@dataclass(slots=True)
+class IdLife:
+    """What the log says happened to one request id of a session (orchestrator mirror)."""
+
+    request_id: str
+    first_position: int
+    first_ts: float
+    submitted: bool = False
+    last_position: int = 0
+    last_ts: float = 0.0
+    finished_stages: set[int] = field(default_factory=set)
+    cleanup_ok: bool = False  # a successful abort/release/loss acknowledged for the id
+    keys_dropped_at: tuple[int, float] | None = None  # when its last key was dropped
+    abort_pending: dict[int, tuple[int, float]] = field(default_factory=dict)  # stage -> (pos, ts)
+    abort_ok: dict[int, tuple[int, float]] = field(default_factory=dict)
+    abort_failed: dict[int, tuple[int, float]] = field(default_factory=dict)
+    evidence: list[int] = field(default_factory=list)
+
+    def touch(self, position: int, ts: float) -> None:
+        self.last_position, self.last_ts = position, ts
+        self.evidence.append(position)
+
+
+@dataclass(slots=True)
+class SessionResources:
+    """Per-session state of the fold."""
+
+    session_id: str
+    incarnation: int = 0
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    num_stages: int = 2
+    closed_at: tuple[int, float] | None = None
+    bindings: dict[tuple[int, str], Binding] = field(default_factory=dict)
+    lives: dict[str, IdLife] = field(default_factory=dict)
+    accepted_fence: tuple[int, int] = (-1, -1)  # (epoch, turn_id) high-water mark
+    active_request_id: str | None = None
+    pending_retarget: tuple[int, float, str, str] | None = None  # (pos, ts, stale, new)
+    last_position: int = 0
+    last_ts: float = 0.0
+    reported: set[tuple[str, str, int | None]] = field(default_factory=set)
+
+    def keys_of(self, request_id: str) -> list[tuple[int, str]]:
+        return [k for k in self.bindings if k[1] == request_id]
+
+    def running_ids(self) -> set[str]:
+        """Distinct ids with a submitted, unfinished binding (CASE-01 'running')."""
+        return {b.request_id for b in self.bindings.values() if b.submitted and not b.finished}
+
+    def holds_anything(self) -> bool:
+        if self.bindings:
+            return True
+        return any(not life.cleanup_ok and (life.abort_pending or life.abort_failed) for life in self.lives.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the fold made of one event: ``accepted`` False = refused/ignored (a duplicate
+    submit, an update on an ephemeral id, a forward with an old fence). Downstream folds
+    (turn tables) skip refused events so they never double count (CASE-02)."""
+
+    accepted: bool = True
+
+
+ACCEPTED = Verdict(True)
+REFUSED = Verdict(False)
+
+
+class ResourcesFold:
+    """Pure fold: ``apply(stored) -> Verdict``; queries: :meth:`request_resources`,
+    :meth:`running`, :meth:`evaluate`."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, SessionResources] = {}
+        self.point_findings: list[Finding] = []
+        self.position = 0
+        self.ts = 0.0
+        self._handlers = {
+            "SessionOpened": self._opened,
+            "SessionClosed": self._closed,
+            "StageRequestReserved": self._reserved,
+            "StageRequestSubmitted": self._submitted,
+            "StageRequestForwarded": self._forwarded,
+            "StageOutput": self._output,
+            "StageRequestFinished": self._finished,
+            "StageRequestReleased": self._released,
+            "StageRequestRestored": self._restored,
+            "StageRequestLost": self._lost,
+            "AbortRequested": self._abort_requested,
+            "AbortResult": self._abort_result,
+            "ReleaseRequested": self._release_requested,
+            "ReleaseResult": self._release_result,
+            "ActiveRequestBound": self._active_bound,
+            "CommandRejected": self._rejected,
+        }
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, stored: StoredEvent) -> Verdict:
+        """Apply one stored event (log order). Returns its :class:`Verdict`."""
+        event = stored.event
+        self.position, self.ts = stored.position, event.ts
+        session = self.sessions.get(event.session_id)
+        if session is None:
+            session = self.sessions[event.session_id] = SessionResources(event.session_id)
+        etype = event.type  # type: ignore[attr-defined]
+        if session.pending_retarget is not None and etype != "ActiveRequestBound":
+            self._check_retarget(session, stored)
+        handler = self._handlers.get(etype)
+        verdict = handler(session, stored) if handler is not None else ACCEPTED
+        session.last_position, session.last_ts = stored.position, event.ts
+        return verdict
+
+    def _life(self, session: SessionResources, request_id: str, stored: StoredEvent) -> IdLife:
+        life = session.lives.get(request_id)
+        if life is None:
+            life = session.lives[request_id] = IdLife(request_id, stored.position, stored.event.ts)
+        life.touch(stored.position, stored.event.ts)
+        return life
+
+    def _point(self, session: SessionResources, kind: str, stage_id: int | None, request_id: str | None,
+               stored: StoredEvent, evidence: Iterable[int], detail: str, first: tuple[int, float] | None = None,
+               once: bool = False) -> None:
+        key = (kind, request_id or "", stage_id)
+        if once:
+            if key in session.reported:
+                return
+            session.reported.add(key)
+        first_pos, first_ts = first if first is not None else (stored.position, stored.event.ts)
+        self.point_findings.append(Finding(
+            session.session_id, stage_id, request_id, kind, first_pos, first_ts, stored.position,
+            stored.event.ts, tuple(sorted(set(evidence) | {stored.position})), detail, severity_of(kind)))
+
+    # ------------------------------------------------------------------ lifecycle
+    def _opened(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        if s.closed_at is not None and not s.holds_anything():
+            # A reopen (new incarnation) of a closed session that holds nothing starts fresh.
+            s = self.sessions[e.session_id] = SessionResources(e.session_id)
+        s.incarnation = e.incarnation
+        s.capabilities = e.capabilities
+        s.num_stages = e.num_stages
+        s.closed_at = None
+        return ACCEPTED
+
+    def _closed(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        s.closed_at = (st.position, st.event.ts)
+        return ACCEPTED
+
+    # ------------------------------------------------------------------ binding
+    def _reserved(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        key = (e.stage_id, e.request_id)
+        fence = e.fence.key()
+        existing = s.bindings.get(key)
+        if existing is not None:
+            if existing.fence is not None and existing.fence[:2] != fence[:2]:
+                self._point(s, "reserve_conflict", e.stage_id, e.request_id, st, [existing.since_position],
+                            f"held with fence {existing.fence}, reserve asked {fence}")
+                return REFUSED
+            return ACCEPTED
+        self._life(s, e.request_id, st)
+        s.bindings[key] = Binding(e.stage_id, e.request_id, fence, False, False, st.position, e.ts)
+        return ACCEPTED
+
+    def _bind(self, s: SessionResources, st: StoredEvent, stage_id: int, request_id: str,
+              fence: Fence | None) -> IdLife:
+        key = (stage_id, request_id)
+        life = self._life(s, request_id, st)
+        life.submitted = True
+        life.cleanup_ok = False
+        life.keys_dropped_at = None
+        existing = s.bindings.get(key)
+        fence_key = fence.key() if fence is not None else (existing.fence if existing else None)
+        s.bindings[key] = Binding(stage_id, request_id, fence_key, True, False, st.position, st.event.ts)
+        if fence is not None:
+            s.accepted_fence = max(s.accepted_fence, (fence.epoch, fence.turn_id))
+        return life
+
+    def _submitted(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        key = (e.stage_id, e.request_id)
+        existing = s.bindings.get(key)
+        ephemeral = rid.is_ephemeral(e.request_id)
+        if e.kind == "update":
+            if ephemeral:
+                self._point(s, "update_on_ephemeral", e.stage_id, e.request_id, st, [],
+                            "submit_update on an ephemeral (turn-scoped) id is refused (DOMAIN §3.4, E10)")
+                return REFUSED
+            if existing is None or not existing.submitted:
+                self._point(s, "append_to_unknown_id", e.stage_id, e.request_id, st, [],
+                            "submit_update of an id that was never submitted")
+                return REFUSED
+            self._life(s, e.request_id, st)
+            existing.finished = False
+            return ACCEPTED
+        if existing is not None and existing.submitted:
+            state = existing.state
+            self._point(s, "duplicate_submit", e.stage_id, e.request_id, st, [existing.since_position],
+                        f"id still held ({state} since position {existing.since_position}); submit refused")
+            return REFUSED
+        self._bind(s, st, e.stage_id, e.request_id, e.fence)
+        if e.stage_id == 0 and ephemeral:
+            self._check_next_submit(s, st, e.request_id)
+        return ACCEPTED
+
+    def _check_next_submit(self, s: SessionResources, st: StoredEvent, new_id: str) -> None:
+        """R3 and R4 at the submit of a new ephemeral Stage0 id (DOMAIN §4.2)."""
+        for life in list(s.lives.values()):
+            if life.request_id == new_id or life.cleanup_ok:
+                continue
+            if life.abort_failed:
+                self._point(s, "submit_after_failed_abort", None, life.request_id, st,
+                            [p for p, _ in life.abort_failed.values()],
+                            f"{new_id} submitted while the abort of {life.request_id} had failed (R3)", once=True)
+                continue
+            stage0 = s.bindings.get((0, life.request_id))
+            if stage0 is None or not stage0.submitted or not rid.is_ephemeral(life.request_id):
+                continue
+            keys = [s.bindings[k] for k in s.keys_of(life.request_id)]
+            if s.capabilities.supports_concurrent_turn_requests and any(
+                    b.stage_id >= 1 and not b.finished for b in keys):
+                continue  # still draining under concurrent turn requests (R4 exception)
+            finished = all(b.finished for b in keys if b.submitted)
+            kind = "finished_not_released" if finished else "stale_not_aborted"
+            self._point(s, kind, 0, life.request_id, st, [b.since_position for b in keys],
+                        f"still held ({', '.join(f'({b.stage_id}, {b.state})' for b in keys)}) when {new_id} was submitted",
+                        first=(stage0.since_position, stage0.since_ts), once=True)
+        active = s.active_request_id
+        if active is not None and active != new_id and (0, active) not in s.bindings:
+            s.pending_retarget = (st.position, st.event.ts, active, new_id)
+
+    def _check_retarget(self, s: SessionResources, st: StoredEvent) -> None:
+        pos, ts, stale, new = s.pending_retarget  # type: ignore[misc]
+        s.pending_retarget = None
+        if s.active_request_id == stale:
+            self._point(s, "active_not_retargeted", 0, stale, st, [pos],
+                        f"active request still {stale} after {new} was submitted (R5)", first=(pos, ts), once=True)
+
+    def _forwarded(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        if e.fence is not None and (e.fence.epoch, e.fence.turn_id) < s.accepted_fence:
+            self._point(s, "forward_ignored", e.stage_id, e.request_id, st, [],
+                        f"fence {(e.fence.epoch, e.fence.turn_id)} older than accepted {s.accepted_fence}")
+            return REFUSED
+        existing = s.bindings.get((e.stage_id, e.request_id))
+        if existing is not None and existing.submitted and not existing.finished:
+            return ACCEPTED  # repeated forward of a running downstream request: same binding
+        self._bind(s, st, e.stage_id, e.request_id, e.fence)
+        return ACCEPTED
+
+    def _output(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        binding = s.bindings.get((e.stage_id, e.request_id))
+        if binding is None:
+            return ACCEPTED
+        life = s.lives[e.request_id]
+        life.last_position, life.last_ts = st.position, e.ts
+        if e.finished:
+            binding.finished = True
+            life.finished_stages.add(e.stage_id)
+        return ACCEPTED
+
+    def _finished(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        life = self._life(s, e.request_id, st)
+        life.finished_stages.add(e.stage_id)
+        binding = s.bindings.get((e.stage_id, e.request_id))
+        if binding is not None:
+            binding.finished = True
+        return ACCEPTED
+
+    # ------------------------------------------------------------------ removal
+    def _drop(self, s: SessionResources, key: tuple[int, str], st: StoredEvent) -> None:
+        if s.bindings.pop(key, None) is not None and not s.keys_of(key[1]):
+            s.lives[key[1]].keys_dropped_at = (st.position, st.event.ts)
+
+    def _released(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        life = self._life(s, e.request_id, st)
+        self._drop(s, (e.stage_id, e.request_id), st)
+        if not s.keys_of(e.request_id) and self._all_finished(s, life):
+            life.cleanup_ok = True  # a finished id whose bindings are gone is cleaned (CASE-02)
+        return ACCEPTED
+
+    @staticmethod
+    def _all_finished(s: SessionResources, life: IdLife) -> bool:
+        return 0 in life.finished_stages
+
+    def _restored(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        life = self._life(s, e.request_id, st)
+        fence = e.fence.key() if e.fence is not None else None
+        s.bindings[(e.stage_id, e.request_id)] = Binding(
+            e.stage_id, e.request_id, fence, e.submitted, e.stage_id in life.finished_stages, st.position, e.ts)
+        life.keys_dropped_at = None
+        return ACCEPTED
+
+    def _lost(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        life = self._life(s, e.request_id, st)
+        self._drop(s, (e.stage_id, e.request_id), st)
+        if not s.keys_of(e.request_id):
+            life.cleanup_ok = True
+            life.abort_pending.clear()
+            life.abort_failed.clear()
+        return ACCEPTED
+
+    def _abort_requested(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        for request_id in e.request_ids:
+            known = request_id in s.lives
+            life = self._life(s, request_id, st)
+            if not known:
+                self._point(s, "abort_of_unknown_id", None, request_id, st, [], "abort of an id the session never held")
+            else:
+                keys = [s.bindings[k] for k in s.keys_of(request_id)]
+                if keys and all(b.finished for b in keys if b.submitted) and any(b.submitted for b in keys):
+                    self._point(s, "abort_after_finish", None, request_id, st, [b.since_position for b in keys],
+                                "every binding had finished before the abort")
+            stages = set(e.stage_ids) if e.stage_ids is not None else set(range(s.num_stages))
+            stages |= {k[0] for k in s.keys_of(request_id)} if e.stage_ids is None else set()
+            for stage_id in stages:
+                life.abort_pending[stage_id] = (st.position, e.ts)
+        return ACCEPTED
+
+    def _abort_result(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        for request_id in e.request_ids:
+            life = self._life(s, request_id, st)
+            life.abort_pending.pop(e.stage_id, None)
+            if e.outcome == "failed":
+                life.abort_failed[e.stage_id] = (st.position, e.ts)
+                continue
+            # ok / not_running / unknown_id: nothing of the id runs on that pool any more.
+            life.abort_failed.pop(e.stage_id, None)
+            life.abort_ok[e.stage_id] = (st.position, e.ts)
+            self._drop(s, (e.stage_id, request_id), st)
+            if not s.keys_of(request_id) and not life.abort_failed:
+                life.cleanup_ok = True
+        return ACCEPTED
+
+    def _release_requested(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        for request_id in st.event.request_ids:
+            self._life(s, request_id, st)
+        return ACCEPTED
+
+    def _release_result(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        for request_id in e.request_ids:
+            life = self._life(s, request_id, st)
+            if e.outcome == "ok":
+                for key in s.keys_of(request_id):
+                    self._drop(s, key, st)
+                life.cleanup_ok = not life.abort_failed
+            else:
+                life.abort_failed[-1] = (st.position, e.ts)  # -1: the release pool (no stage)
+        return ACCEPTED
+
+    def _active_bound(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        s.active_request_id = st.event.request_id
+        if s.pending_retarget is not None and s.active_request_id == s.pending_retarget[3]:
+            s.pending_retarget = None
+        return ACCEPTED
+
+    def _rejected(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        self._point(s, "command_rejected", None, e.request_id, st, [], f"{e.command}: {e.error_code}: {e.message}")
+        return ACCEPTED
+
+    # ------------------------------------------------------------------ queries
+    def request_resources(self, session_id: str | None = None) -> dict[str, dict[tuple[int, str], str]]:
+        """``{session: {(stage_id, request_id): state}}`` for sessions holding anything (or the
+        one asked, possibly empty)."""
+        if session_id is not None:
+            s = self.sessions.get(session_id)
+            return {session_id: {k: b.state for k, b in sorted(s.bindings.items())} if s else {}}
+        return {sid: {k: b.state for k, b in sorted(s.bindings.items())}
+                for sid, s in sorted(self.sessions.items()) if s.bindings}
+
+    def held(self, session_id: str | None = None) -> int:
+        """Orchestrator counter (DOMAIN §3.3): distinct ids with any binding, per session or
+        global. Equals :meth:`running` unless finished ids are still held (R4/R6)."""
+        sessions = [self.sessions[session_id]] if session_id in self.sessions else (
+            [] if session_id is not None else list(self.sessions.values()))
+        return sum(len({k[1] for k in s.bindings}) for s in sessions)
+
+    def running(self, session_id: str | None = None) -> int:
+        """Running ids (distinct, submitted, not finished/aborted/released), per session or global."""
+        if session_id is not None:
+            s = self.sessions.get(session_id)
+            return len(s.running_ids()) if s else 0
+        return sum(len(s.running_ids()) for s in self.sessions.values())
+
+    def evaluate(self, max_idle_s: float = 30.0, as_of_ts: float | None = None) -> list[Finding]:
+        """All findings at the current point: the point findings so far plus the state
+        findings at ``as_of_ts`` (default: ts of the last applied event), sorted."""
+        now = self.ts if as_of_ts is None else as_of_ts
+        out = list(self.point_findings)
+        for s in self.sessions.values():
+            out.extend(self._state_findings(s, now, max_idle_s))
+            if s.pending_retarget is not None and s.active_request_id == s.pending_retarget[2]:
+                pos, ts, stale, new = s.pending_retarget
+                out.append(Finding(s.session_id, 0, stale, "active_not_retargeted", pos, ts, s.last_position,
+                                   s.last_ts, (pos,), f"active request still {stale} after {new} was submitted (R5)",
+                                   "leak"))
+        return sorted(out, key=Finding.sort_key)
+
+    def _state_findings(self, s: SessionResources, now: float, max_idle_s: float) -> list[Finding]:
+        out: list[Finding] = []
+        closed = s.closed_at is not None
+        idle = now - s.last_ts > max_idle_s
+        for (stage_id, request_id), b in sorted(s.bindings.items()):
+            life = s.lives[request_id]
+            kind = None
+            if stage_id in life.abort_failed or -1 in life.abort_failed:
+                kind = "abort_failed" if closed else None
+            elif life.abort_ok and stage_id not in life.abort_ok:
+                latest_ok = max(ts for _, ts in life.abort_ok.values())
+                if closed or now - latest_ok > max_idle_s:
+                    kind = "downstream_left_after_abort"
+            elif stage_id in life.abort_pending and now - life.abort_pending[stage_id][1] <= max_idle_s:
+                kind = None  # abort in flight
+            elif closed:
+                kind = "held_after_close"
+            elif b.submitted and not b.finished and idle:
+                kind = "orphan"
+            if kind is not None:
+                first_pos, first_ts = (s.closed_at if closed and kind == "held_after_close"
+                                       else (b.since_position, b.since_ts))
+                out.append(Finding(s.session_id, stage_id, request_id, kind, first_pos, first_ts, s.last_position,
+                                   s.last_ts, tuple(sorted(set(life.evidence))), self._detail(b, life), "leak"))
+        for life in s.lives.values():
+            if life.cleanup_ok or not life.submitted or s.keys_of(life.request_id) or life.keys_dropped_at is None:
+                continue
+            if 0 in life.finished_stages and not life.abort_failed and not life.abort_pending:
+                continue
+            dropped_pos, dropped_ts = life.keys_dropped_at
+            if not (closed or now - dropped_ts > max_idle_s):
+                continue
+            kind = "abort_failed_not_restored" if life.abort_failed else "counter_not_decremented"
+            out.append(Finding(s.session_id, None, life.request_id, kind, dropped_pos, dropped_ts,
+                               life.last_position, life.last_ts, tuple(sorted(set(life.evidence))),
+                               "bindings dropped but no successful abort/release of the running id", "leak"))
+        return out
+
+    @staticmethod
+    def _detail(b: Binding, life: IdLife) -> str:
+        parts = [f"state={b.state}"]
+        if life.abort_failed:
+            parts.append("abort failed on " + ",".join(str(k) for k in sorted(life.abort_failed)))
+        if life.abort_ok:
+            parts.append("aborted ok on " + ",".join(str(k) for k in sorted(life.abort_ok)))
+        return "; ".join(parts)
+
+    def forget_closed(self) -> list[str]:
+        """Drop closed sessions that hold nothing (bounded memory); returns their ids."""
+        gone = [sid for sid, s in self.sessions.items() if s.closed_at is not None and not s.holds_anything()
+                and s.pending_retarget is None]
+        for sid in gone:
+            del self.sessions[sid]
+        return gone

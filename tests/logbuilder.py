@@ -1,0 +1,53 @@
+"""Build in-memory logs for fold tests: typed events with gap-free positions.
+
+``LogBuilder().add("StageRequestSubmitted", "s1", 10.0, stage_id=0, request_id=X)`` appends
+one event; ``.stored`` is the list of StoredEvent a store would hand back; ``.jsonl()`` the
+same log in the project's JSONL line format (for CLI tests).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from events import ids
+from events.records import StoredEvent
+from events.types import parse_event
+
+
+def eph(session: str, turn: int, epoch: int = 0, incarnation: int = 0) -> str:
+    return ids.mint_ephemeral(session, incarnation, epoch, turn)
+
+
+def resident(session: str, epoch: int = 0, incarnation: int = 0) -> str:
+    return ids.mint_resident(session, incarnation, epoch)
+
+
+class LogBuilder:
+    def __init__(self, seed: int = 0) -> None:
+        self.stored: list[StoredEvent] = []
+        self._versions: dict[str, int] = {}
+        self._seed = seed
+
+    def add(self, type_name: str, session: str, ts: float, **fields: Any) -> StoredEvent:
+        position = len(self.stored) + 1
+        event_id = uuid.UUID(int=(self._seed << 64) + position)
+        event = parse_event({"type": type_name, "session_id": session, "ts": ts, "event_id": event_id, **fields})
+        version = self._versions.get(session, 0) + 1
+        self._versions[session] = version
+        stored = StoredEvent(position, session, version, ts, event)
+        self.stored.append(stored)
+        return stored
+
+    @property
+    def position(self) -> int:
+        return len(self.stored)
+
+    def jsonl(self) -> str:
+        lines = []
+        for st in self.stored:
+            e = st.event
+            lines.append(json.dumps({"stream": e.session_id, "type": e.type, "ts": e.ts,
+                                     "event_id": str(e.event_id), "data": e.payload()}))
+        return "\n".join(lines) + "\n"
