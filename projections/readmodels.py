@@ -1,0 +1,180 @@
+"""SQL read models of the projections (tables created by migration 0002_read_models).
+
+* ``rm_request_resources`` — one row per held key (session, stage_id, request_id) with its
+  state (reserved / submitted / finished), fence and since-position;
+* ``rm_audit_findings`` — the findings at the checkpoint (default max-idle);
+* ``rm_turn_tables`` — one row per finalized turn, keyed (session_id, response_id); the
+  table set as lossless JSON (``tables_json``) so ``duplex-ledger tables`` re-renders it
+  byte for byte;
+* ``projection_checkpoints`` — position + pickled fold state, written in the same
+  transaction as the rows (exactly once, CASE-16).
+
+Pure row builders + one synchronous write function per batch (run by the async runner).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from events.types import ts_to_us, us_to_ts
+from projections.findings import Finding
+from projections.resources import ResourcesFold
+from projections.turn_tables import TransferEdge, TurnTables
+
+metadata = sa.MetaData()
+
+checkpoints = sa.Table(
+    "projection_checkpoints", metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.Column("fold_version", sa.Integer, nullable=False),
+    sa.Column("state", sa.LargeBinary, nullable=False),
+    sa.Column("updated_at_us", sa.BigInteger, nullable=False),
+)
+request_resources = sa.Table(
+    "rm_request_resources", metadata,
+    sa.Column("session_id", sa.Text, primary_key=True),
+    sa.Column("stage_id", sa.Integer, primary_key=True),
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("fence_incarnation", sa.Integer),
+    sa.Column("fence_epoch", sa.Integer),
+    sa.Column("fence_turn_id", sa.Integer),
+    sa.Column("since_position", sa.BigInteger, nullable=False),
+    sa.Column("since_ts_us", sa.BigInteger, nullable=False),
+)
+audit_findings = sa.Table(
+    "rm_audit_findings", metadata,
+    sa.Column("finding_no", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("severity", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("session_id", sa.Text, nullable=False),
+    sa.Column("stage_id", sa.Integer),
+    sa.Column("request_id", sa.Text),
+    sa.Column("first_position", sa.BigInteger, nullable=False),
+    sa.Column("first_ts_us", sa.BigInteger, nullable=False),
+    sa.Column("last_position", sa.BigInteger, nullable=False),
+    sa.Column("last_ts_us", sa.BigInteger, nullable=False),
+    sa.Column("evidence_positions", sa.Text, nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+)
+turn_tables = sa.Table(
+    "rm_turn_tables", metadata,
+    sa.Column("session_id", sa.Text, primary_key=True),
+    sa.Column("response_id", sa.Text, primary_key=True),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("turn_id", sa.Integer, nullable=False),
+    sa.Column("finished_reason", sa.Text, nullable=False),
+    sa.Column("arrival_ts_us", sa.BigInteger, nullable=False),
+    sa.Column("finalize_ts_us", sa.BigInteger, nullable=False),
+    sa.Column("finalize_position", sa.BigInteger, nullable=False),
+    sa.Column("tables_json", sa.Text, nullable=False),
+)
+READ_MODEL_TABLES = (turn_tables, audit_findings, request_resources, checkpoints)
+
+
+# ---------------------------------------------------------------- (de)serialisation
+def turn_to_json(t: TurnTables) -> str:
+    """Lossless JSON of a TurnTables (floats round-trip exactly)."""
+    d = asdict(t)
+    d["stages"] = {str(k): v for k, v in t.stages.items()}
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+
+def turn_from_json(text: str) -> TurnTables:
+    d = json.loads(text)
+    d["stages"] = {int(k): v for k, v in d["stages"].items()}
+    d["transfers"] = tuple(TransferEdge(**e) for e in d["transfers"])
+    return TurnTables(**d)
+
+
+def turn_row(t: TurnTables, position: int) -> dict[str, Any]:
+    return {
+        "session_id": t.session_id, "response_id": t.response_id, "request_id": t.request_id,
+        "turn_id": t.turn_id, "finished_reason": t.finished_reason, "arrival_ts_us": ts_to_us(t.arrival_ts),
+        "finalize_ts_us": ts_to_us(t.finalize_ts), "finalize_position": position, "tables_json": turn_to_json(t),
+    }
+
+
+def resource_rows(fold: ResourcesFold, session_ids: Iterable[str]) -> list[dict[str, Any]]:
+    rows = []
+    for sid in session_ids:
+        s = fold.sessions.get(sid)
+        if s is None:
+            continue
+        for (stage_id, request_id), b in sorted(s.bindings.items()):
+            inc, epoch, turn = b.fence if b.fence is not None else (None, None, None)
+            rows.append({"session_id": sid, "stage_id": stage_id, "request_id": request_id, "state": b.state,
+                         "fence_incarnation": inc, "fence_epoch": epoch, "fence_turn_id": turn,
+                         "since_position": b.since_position, "since_ts_us": ts_to_us(b.since_ts)})
+    return rows
+
+
+def finding_rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
+    return [{"finding_no": i, "severity": f.severity, "kind": f.kind, "session_id": f.session_id,
+             "stage_id": f.stage_id, "request_id": f.request_id, "first_position": f.first_position,
+             "first_ts_us": ts_to_us(f.first_ts), "last_position": f.last_position, "last_ts_us": ts_to_us(f.last_ts),
+             "evidence_positions": json.dumps(list(f.evidence)), "detail": f.detail}
+            for i, f in enumerate(findings, 1)]
+
+
+def finding_from_row(row: Any) -> Finding:
+    return Finding(row.session_id, row.stage_id, row.request_id, row.kind, row.first_position,
+                   us_to_ts(row.first_ts_us), row.last_position, us_to_ts(row.last_ts_us),
+                   tuple(json.loads(row.evidence_positions)), row.detail, row.severity)
+
+
+# ---------------------------------------------------------------- batch write
+def write_batch(conn: Connection, *, name: str, position: int, fold_version: int, state: bytes,
+                turns: Sequence[dict[str, Any]], touched: Sequence[str], resources: Sequence[dict[str, Any]],
+                findings: Sequence[dict[str, Any]], before_checkpoint: Any = None) -> None:
+    """One transaction: rows of the batch, then the checkpoint (position + fold state).
+
+    ``before_checkpoint`` (tests) is called between the rows and the checkpoint write; if it
+    raises, the whole transaction rolls back: rows and checkpoint never disagree (CASE-16)."""
+    if turns:
+        conn.execute(turn_tables.insert(), list(turns))
+    for chunk_start in range(0, len(touched), 500):
+        chunk = list(touched[chunk_start:chunk_start + 500])
+        conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(chunk)))
+    if resources:
+        conn.execute(request_resources.insert(), list(resources))
+    conn.execute(audit_findings.delete())
+    if findings:
+        conn.execute(audit_findings.insert(), list(findings))
+    if before_checkpoint is not None:
+        before_checkpoint()
+    conn.execute(checkpoints.delete().where(checkpoints.c.name == name))
+    conn.execute(checkpoints.insert().values(name=name, position=position, fold_version=fold_version, state=state,
+                                             updated_at_us=int(time.time() * 1_000_000)))
+
+
+def clear_read_models(conn: Connection) -> None:
+    """Drop every read-model row (``rebuild``); the events table is never touched."""
+    for table in READ_MODEL_TABLES:
+        conn.execute(table.delete())
+
+
+def load_checkpoint(conn: Connection, name: str) -> tuple[int, int, bytes] | None:
+    row = conn.execute(sa.select(checkpoints.c.position, checkpoints.c.fold_version, checkpoints.c.state)
+                       .where(checkpoints.c.name == name)).first()
+    return None if row is None else (row.position, row.fold_version, row.state)
+
+
+def load_turns(conn: Connection, session_id: str | None = None, response_id: str | None = None,
+               until_position: int | None = None) -> list[TurnTables]:
+    q = sa.select(turn_tables.c.tables_json).order_by(turn_tables.c.finalize_position, turn_tables.c.session_id)
+    if session_id is not None:
+        q = q.where(turn_tables.c.session_id == session_id)
+    if response_id is not None:
+        q = q.where(turn_tables.c.response_id == response_id)
+    if until_position is not None:
+        q = q.where(turn_tables.c.finalize_position <= until_position)
+    return [turn_from_json(r.tables_json) for r in conn.execute(q)]

@@ -1,0 +1,170 @@
+"""Async runner around the pure projector (SQLAlchemy-asyncio style: a thin async shell over
+a synchronous core).
+
+* :meth:`ProjectionRunner.catch_up` — incremental from the stored checkpoint: read a batch of
+  events, fold it, then write the batch's read-model rows AND the checkpoint (position + the
+  pickled fold state) in one transaction. A crash or an injected failure anywhere in between
+  leaves the previous checkpoint and rows untouched; the next run resumes from it, so no event
+  is applied twice or skipped (CASE-16). Events at or below the checkpoint are skipped
+  (at-least-once readers are harmless).
+* :meth:`ProjectionRunner.rebuild` — drop the read models and run from position 0.
+* :meth:`ProjectionRunner.follow` — live: catch up, then fold the subscription.
+* :func:`project_as_of` — time travel in memory (no writes): the log up to a position and/or
+  a time.
+
+Memory: after each batch, closed sessions that hold nothing leave memory (their rows are
+written), so a long log's working set is its open and leaking sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from events.records import StoredEvent
+from events.store.store import EventStore
+from events.types import ts_to_us
+from projections import readmodels
+from projections.projector import Projector
+from projections.turn_tables import TurnTables
+
+CHECKPOINT_NAME = "ledger"
+FOLD_VERSION = 1  # bump when the pickled state's shape changes: old checkpoints then rebuild
+
+
+@dataclass
+class BatchReport:
+    position: int
+    events: int
+    turns: int
+
+
+class ProjectionRunner:
+    """Keeps the read models of one store up to date. Not thread-safe; one per process."""
+
+    def __init__(self, store: EventStore, *, batch_size: int = 5000, max_idle_s: float = 30.0,
+                 before_checkpoint: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self.batch_size = batch_size
+        self.max_idle_s = max_idle_s
+        self.before_checkpoint = before_checkpoint  # test hook: raise to simulate a crash
+        self.projector: Projector | None = None
+        self.position = 0
+
+    async def _run_write(self, fn, *args):  # type: ignore[no-untyped-def]
+        return await self.store.recorder.backend.run_write(fn, *args)
+
+    async def load(self) -> Projector:
+        """The projector at the stored checkpoint (a fresh one when none, or when the stored
+        state was written by another fold version — then the read models are rebuilt)."""
+        found = await self.store.recorder.backend.run_read(readmodels.load_checkpoint, CHECKPOINT_NAME)
+        if found is not None and found[1] == FOLD_VERSION:
+            self.projector, self.position = pickle.loads(found[2]), found[0]
+        else:
+            if found is not None:
+                await self._run_write(readmodels.clear_read_models)
+            self.projector, self.position = Projector(), 0
+        return self.projector
+
+    async def rebuild(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Drop every read-model row and project the whole log again. Returns the position."""
+        await self._run_write(readmodels.clear_read_models)
+        self.projector, self.position = Projector(), 0
+        return await self.catch_up(progress)
+
+    async def catch_up(self, progress: Callable[[int, int], None] | None = None, *,
+                       until_position: int | None = None) -> int:
+        """Fold every event after the checkpoint (up to ``until_position``, default the head),
+        one transaction per batch. ``progress(done, head)`` is called after each batch.
+        Returns the new checkpoint position."""
+        if self.projector is None:
+            await self.load()
+        head = await self.store.head_position()
+        if until_position is not None:
+            head = min(head, until_position)
+        batch: list[StoredEvent] = []
+        async for stored in self.store.read_all(self.position + 1, until_position=head, batch_size=self.batch_size):
+            batch.append(stored)
+            if len(batch) >= self.batch_size:
+                await self._commit(batch)
+                batch = []
+                if progress is not None:
+                    progress(self.position, head)
+        if batch:
+            await self._commit(batch)
+        if progress is not None:
+            progress(self.position, head)
+        return self.position
+
+    async def _commit(self, batch: list[StoredEvent]) -> BatchReport:
+        projector = self.projector
+        assert projector is not None
+        turn_rows: list[dict] = []
+        touched: dict[str, None] = {}
+        for stored in batch:
+            if stored.position <= self.position:
+                continue  # redelivery: already applied
+            projector.apply(stored)
+            touched[stored.stream_id] = None
+            for t in projector.turns.take_finalized():
+                turn_rows.append(readmodels.turn_row(t, stored.position))
+        position = max(self.position, batch[-1].position)
+        resources = readmodels.resource_rows(projector.resources, touched)
+        findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
+        projector.forget_closed()
+        state = pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            await self._run_write(lambda conn: readmodels.write_batch(
+                conn, name=CHECKPOINT_NAME, position=position, fold_version=FOLD_VERSION, state=state,
+                turns=turn_rows, touched=list(touched), resources=resources, findings=findings,
+                before_checkpoint=self.before_checkpoint))
+        except BaseException:
+            self.projector = None  # in-memory state is ahead of the database: reload on next use
+            raise
+        self.position = position
+        return BatchReport(position, len(batch), len(turn_rows))
+
+    async def follow(self, stop: asyncio.Event, *, idle_flush_s: float = 0.2) -> int:
+        """Catch up, then fold live events until ``stop`` is set; commits a batch when it is
+        full or the log has been quiet for ``idle_flush_s``."""
+        await self.catch_up()
+        batch: list[StoredEvent] = []
+        subscription = self.store.subscribe(self.position + 1)
+        try:
+            while not stop.is_set():
+                try:
+                    stored = await asyncio.wait_for(subscription.__anext__(), idle_flush_s)
+                    batch.append(stored)
+                    if len(batch) < self.batch_size:
+                        continue
+                except TimeoutError:
+                    pass
+                if batch:
+                    await self._commit(batch)
+                    batch = []
+        finally:
+            await subscription.aclose()
+        if batch:
+            await self._commit(batch)
+        return self.position
+
+    async def turn_tables(self, session_id: str | None = None, response_id: str | None = None) -> list[TurnTables]:
+        """Finalized turns from the read model (call :meth:`catch_up` first to be current)."""
+        return await self.store.recorder.backend.run_read(readmodels.load_turns, session_id, response_id)
+
+
+async def project_as_of(store: EventStore, *, until_position: int | None = None,
+                        until_ts: float | None = None, batch_size: int = 5000) -> Projector:
+    """Fold the log in memory up to ``until_position`` and/or the events with ts <= ``until_ts``
+    (time travel; nothing is written). Findings should then be evaluated with
+    ``as_of_ts=until_ts``."""
+    projector = Projector()
+    limit_us = ts_to_us(until_ts) if until_ts is not None else None
+    async for stored in store.read_all(0, until_position=until_position, batch_size=batch_size):
+        if limit_us is not None and ts_to_us(stored.event.ts) > limit_us:
+            continue
+        projector.apply(stored)
+    projector.turn_tables.extend(projector.turns.take_finalized())
+    return projector

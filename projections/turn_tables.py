@@ -1,0 +1,238 @@
+"""Per-turn metric tables, built once at finalize (DOMAIN §5.1, §5.3 TX/RX, §5.4, §5.5).
+
+:func:`build_turn_tables` is pure: the event fold (``projections.turns``) hands it what it
+accumulated for one turn and gets back a frozen :class:`TurnTables`, which the renderers
+(``reports.render_text``, ``reports.render_formats``) print. Units live in the names: ``_ms``
+milliseconds, ``_s`` seconds, ``_ts`` wall-clock epoch seconds, ``_bytes`` bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from events.types import FINISHED_REASONS, ts_to_us
+from projections.collapse import Segment, collapse_segments
+
+PREPROCESS_TIMING_KEY = "preprocess_ms"
+"""The ``pipeline_timings`` key read as the turn's input preprocess time (ms)."""
+
+
+@dataclass(frozen=True)
+class TransferEdge:
+    """One connector edge ``from_stage -> to_stage`` of one turn (DOMAIN §5.1).
+
+    ``size_bytes`` None = no size known (neither RX nor the TX delta reported one)."""
+
+    from_stage: int
+    to_stage: int
+    size_bytes: int | None = None
+    tx_time_ms: float = 0.0
+    rx_decode_time_ms: float = 0.0
+    in_flight_time_ms: float = 0.0
+    used_shm: bool = False
+
+    @property
+    def edge(self) -> str:
+        """Column label, e.g. ``"0->1"``."""
+        return f"{self.from_stage}->{self.to_stage}"
+
+    @property
+    def total_time_ms(self) -> float:
+        """tx + rx_decode + in_flight (the edge's share of ``transfers_total_time_ms``)."""
+        return self.tx_time_ms + self.rx_decode_time_ms + self.in_flight_time_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "edge": self.edge,
+            "from_stage": self.from_stage,
+            "to_stage": self.to_stage,
+            "size_bytes": self.size_bytes,
+            "tx_time_ms": self.tx_time_ms,
+            "rx_decode_time_ms": self.rx_decode_time_ms,
+            "in_flight_time_ms": self.in_flight_time_ms,
+            "used_shm": self.used_shm,
+        }
+
+
+JSON_RENAMES: dict[str, str] = {"audio_sample_rate": "audio_sample_rate_hz"}
+"""Stage fields whose catalogue name lacks the unit; machine formats use the right-hand name."""
+
+
+@dataclass(frozen=True)
+class TurnTables:
+    """Everything one turn's table set shows (DOMAIN §5.1/§5.2).
+
+    * ``stages``: stage id -> collapsed row (``STAT_FIELDS`` -> value, None = not reported);
+    * ``transfers``: edges in first-seen order;
+    * ``e2e``: ``e2e_total_ms``, ``e2e_total_tokens``, ``transfers_total_time_ms``,
+      ``transfers_total_bytes``;
+    * ``summary``: Overall Summary keys in their print order (``input_preprocess_time_ms``
+      only when a preprocess timing exists, then ``e2e_stage_<i>_wall_time_ms`` by stage);
+    * ``preprocess_ms``: the summary's preprocess figure (lowest stage that has one) or None.
+    """
+
+    session_id: str
+    response_id: str
+    request_id: str
+    turn_id: int
+    finished_reason: str
+    arrival_ts: float
+    finalize_ts: float
+    stages: Mapping[int, Mapping[str, Any]]
+    transfers: tuple[TransferEdge, ...]
+    e2e: Mapping[str, Any]
+    summary: Mapping[str, Any]
+    preprocess_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; units in the names (``audio_sample_rate`` -> ``audio_sample_rate_hz``,
+        ``arrival_ts`` -> ``arrival_ts_s``). ``stages`` is a list sorted by ``stage_id``."""
+        return {
+            "session_id": self.session_id,
+            "response_id": self.response_id,
+            "request_id": self.request_id,
+            "turn_id": self.turn_id,
+            "finished_reason": self.finished_reason,
+            "arrival_ts_s": self.arrival_ts,
+            "finalize_ts_s": self.finalize_ts,
+            "preprocess_ms": self.preprocess_ms,
+            "summary": dict(self.summary),
+            "e2e": dict(self.e2e),
+            "stages": [
+                {"stage_id": sid, **{JSON_RENAMES.get(k, k): _json_value(v) for k, v in row.items()}}
+                for sid, row in sorted(self.stages.items())
+            ],
+            "transfers": [edge.to_dict() for edge in self.transfers],
+        }
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def span_ms(start_ts: float, end_ts: float) -> float:
+    """(end - start) in ms, computed on integer microseconds so that log timestamps (already
+    microsecond-rounded, events.types.ts_from_any) give exact spans (1700.0, not 1700.0000000000455)."""
+    return (ts_to_us(end_ts) - ts_to_us(start_ts)) / 1000.0
+
+
+def normalize_reason(reason: str | None) -> str:
+    """DOMAIN §5.5: a known finished reason passes through; anything else is ``abort``."""
+    return reason if reason in FINISHED_REASONS else "abort"
+
+
+def _edges(
+    stages: Mapping[int, Mapping[str, Any]],
+    tx_delta: Mapping[tuple[int, int], tuple[float, int, bool]],
+    edge_order: Sequence[tuple[int, int]],
+) -> tuple[TransferEdge, ...]:
+    """RX from each downstream stage k sets edge (k-1 -> k); then the TX delta is added
+    (DOMAIN §5.3). Order: ``edge_order``, then TX-only edges, then RX-only edges, sorted."""
+    edges: dict[tuple[int, int], dict[str, Any]] = {}
+    for sid, row in sorted(stages.items()):
+        rx = (row.get("rx_transfer_bytes"), row.get("rx_decode_time_ms"), row.get("rx_in_flight_time_ms"))
+        if sid < 1 or not any(v is not None and v > 0 for v in rx):
+            continue
+        edges[(sid - 1, sid)] = {
+            "size_bytes": rx[0] or None,
+            "rx_decode_time_ms": float(rx[1] or 0.0),
+            "in_flight_time_ms": float(rx[2] or 0.0),
+        }
+    for key, (tx_ms, size, shm) in tx_delta.items():
+        edge = edges.setdefault(key, {})
+        edge["tx_time_ms"] = edge.get("tx_time_ms", 0.0) + max(float(tx_ms), 0.0)
+        edge["used_shm"] = bool(edge.get("used_shm", False) or shm)
+        if not edge.get("size_bytes") and size and size > 0:
+            edge["size_bytes"] = int(size)
+    order = [k for k in dict.fromkeys(edge_order) if k in edges]
+    order += sorted(k for k in tx_delta if k not in order)
+    order += sorted(k for k in edges if k not in order)
+    return tuple(TransferEdge(a, b, **edges[(a, b)]) for a, b in order)
+
+
+def _preprocess_ms(stages: Mapping[int, Mapping[str, Any]]) -> float | None:
+    for _, row in sorted(stages.items()):
+        timings = row.get("pipeline_timings") or {}
+        if timings.get(PREPROCESS_TIMING_KEY) is not None:
+            return float(timings[PREPROCESS_TIMING_KEY])
+    return None
+
+
+def build_turn_tables(
+    *,
+    session_id: str,
+    response_id: str,
+    request_id: str,
+    turn_id: int,
+    finished_reason: str,
+    arrival_ts: float,
+    finalize_ts: float,
+    segments: Mapping[int, Sequence[Segment]],
+    stage_first_ts: Mapping[int, float],
+    stage_last_ts: Mapping[int, float],
+    tx_delta: Mapping[tuple[int, int], tuple[float, int, bool]],
+    edge_order: Sequence[tuple[int, int]],
+) -> TurnTables:
+    """Build one turn's tables (DOMAIN §5.3 TX/RX, §5.4 collapse, §5.5 e2e).
+
+    * ``segments``: stage id -> that stage's segments in arrival order (snapshots, or a pending
+      ``StageCollapse`` replayed at begin); stages with no segment get no column;
+    * ``stage_first_ts`` / ``stage_last_ts``: wall-clock seconds per stage (first submit or
+      receipt / last receipt); the final (highest) stage's last ts is raised to ``finalize_ts``;
+    * ``tx_delta``: edge -> (tx_time_ms delta, size_bytes delta, used_shm) since begin; negative
+      deltas count as 0; ``edge_order``: edges in first-seen order;
+    * ``finished_reason`` outside the reason set becomes ``abort``.
+
+    ``e2e_total_ms`` = (finalize_ts - arrival_ts) * 1000; ``e2e_total_tokens`` = stage-0
+    ``num_tokens_in`` + every stage's ``num_tokens_out``. Pure; raises nothing for empty input.
+    """
+    stages = {sid: collapse_segments(segs) for sid, segs in sorted(segments.items()) if segs}
+    transfers = _edges(stages, tx_delta, edge_order)
+    e2e_total_ms = span_ms(arrival_ts, finalize_ts)
+    tokens = int((stages.get(0, {}).get("num_tokens_in") or 0) + sum(r["num_tokens_out"] or 0 for r in stages.values()))
+    transfers_bytes = sum(e.size_bytes or 0 for e in transfers)
+    e2e = {
+        "e2e_total_ms": e2e_total_ms,
+        "e2e_total_tokens": tokens,
+        "transfers_total_time_ms": sum((e.total_time_ms for e in transfers), 0.0),
+        "transfers_total_bytes": transfers_bytes,
+    }
+    preprocess = _preprocess_ms(stages)
+    summary: dict[str, Any] = {
+        "e2e_requests": 1,
+        "e2e_wall_time_ms": e2e_total_ms,
+        "e2e_total_tokens": tokens,
+        "e2e_avg_time_per_request_ms": e2e_total_ms,
+        "e2e_avg_tokens_per_s": tokens * 1000.0 / e2e_total_ms if e2e_total_ms > 0 else 0.0,
+    }
+    if preprocess is not None:
+        summary["input_preprocess_time_ms"] = preprocess
+    wall_stages = sorted({*stage_first_ts, *stages})
+    final_stage = wall_stages[-1] if wall_stages else None
+    for sid in wall_stages:
+        first = stage_first_ts.get(sid, stage_last_ts.get(sid))
+        last = stage_last_ts.get(sid, first)
+        if sid == final_stage:
+            last = finalize_ts if last is None else max(last, finalize_ts)
+        wall = span_ms(first, last) if first is not None and last is not None else 0.0
+        summary[f"e2e_stage_{sid}_wall_time_ms"] = wall
+    return TurnTables(
+        session_id=session_id,
+        response_id=response_id,
+        request_id=request_id,
+        turn_id=turn_id,
+        finished_reason=normalize_reason(finished_reason),
+        arrival_ts=arrival_ts,
+        finalize_ts=finalize_ts,
+        stages=stages,
+        transfers=transfers,
+        e2e=e2e,
+        summary=summary,
+        preprocess_ms=preprocess,
+    )

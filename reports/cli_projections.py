@@ -1,0 +1,192 @@
+"""CLI commands over the projections: ``audit``, ``tables``, ``rebuild``.
+
+They work on any ledger (a live deployment's database, a copied SQLite file, or a JSONL export
+imported with ``duplex-ledger events import``) and need neither vllm nor torch.
+
+Exit codes: ``audit`` 0 clean, 1 leaks found, 2 usage or data error; ``tables`` and ``rebuild``
+0 or 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from enum import Enum
+from typing import Optional, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from events.store.store import EventStore
+from projections.findings import Finding
+from projections.projector import Projector
+from projections.runner import ProjectionRunner, project_as_of
+from projections.turn_tables import TurnTables
+from reports.render_formats import render_csv, render_json, render_markdown
+from reports.render_text import render_tables_text
+
+T = TypeVar("T")
+PROJECTIONS = ("all", "request_resources", "audit", "turn_tables")
+
+DB_HELP = "Ledger database URL (default: $DUPLEX_LEDGER_DB_URL or sqlite+aiosqlite:///./duplex-ledger.db)."
+
+
+class AuditFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class TablesFormat(str, Enum):
+    text = "text"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+
+
+def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine; turn data errors into exit code 2 with a one-line message."""
+    try:
+        return asyncio.run(coro_fn())
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the CLI boundary: name the error, exit 2
+        Console(stderr=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+
+
+async def _projected(db: Optional[str], until_position: Optional[int]) -> tuple[Projector, int]:
+    """The projector at ``until_position`` (in memory), or caught up and persisted."""
+    async with await EventStore.open(db) as store:
+        if until_position is not None:
+            return await project_as_of(store, until_position=until_position), until_position
+        runner = ProjectionRunner(store)
+        position = await runner.catch_up()
+        assert runner.projector is not None
+        return runner.projector, position
+
+
+def _findings_table(title: str, findings: list[Finding]) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for col in ("kind", "session", "stage", "request_id", "first pos", "first ts", "last pos", "evidence", "detail"):
+        table.add_column(col, overflow="fold")
+    for f in findings:
+        table.add_row(f.kind, f.session_id, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
+                      str(f.first_position), f"{f.first_ts:.6f}", str(f.last_position),
+                      ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""), f.detail)
+    return table
+
+
+def audit(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    session: Optional[str] = typer.Option(None, "--session", help="Only this session id."),
+    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0,
+                                   help="Seconds a submitted id may sit idle before it is an orphan."),
+    until_position: Optional[int] = typer.Option(None, "--until-position", min=0,
+                                                 help="Audit the log as of this position (time travel)."),
+    fmt: AuditFormat = typer.Option(AuditFormat.text, "--format", help="text or json."),
+) -> None:
+    """Find leaked engine request ids, with the log positions that prove each leak.
+
+    Exit 0 when clean, 1 when leaks were found (warnings alone do not fail), 2 on usage or
+    data errors — so it can gate a deployment.
+    """
+    projector, position = _run(lambda: _projected(db, until_position))
+    findings = [f for f in projector.findings(max_idle) if session is None or f.session_id == session]
+    leaks = [f for f in findings if f.severity == "leak"]
+    warnings = [f for f in findings if f.severity == "warning"]
+    running = projector.resources.running(session)
+    held = projector.resources.held(session)
+    if fmt is AuditFormat.json:
+        typer.echo(json.dumps({"position": position, "max_idle_s": max_idle, "session_id": session,
+                               "running": running, "held": held, "clean": not leaks,
+                               "leaks": [f.to_dict() for f in leaks],
+                               "warnings": [f.to_dict() for f in warnings]}, indent=2))
+    else:
+        console = Console()
+        if leaks:
+            console.print(_findings_table(f"Leaks ({len(leaks)})", leaks))
+        if warnings:
+            console.print(_findings_table(f"Warnings ({len(warnings)})", warnings))
+        verdict = "clean" if not leaks else "LEAKS FOUND"
+        console.print(f"audit at position {position}: {verdict} — {len(leaks)} leak(s), {len(warnings)} warning(s); "
+                      f"running={running} held={held}", highlight=False)
+    raise typer.Exit(1 if leaks else 0)
+
+
+async def _turns(db: Optional[str], session: Optional[str], response: Optional[str],
+                 until_position: Optional[int]) -> list[TurnTables]:
+    async with await EventStore.open(db) as store:
+        if until_position is not None:
+            projector = await project_as_of(store, until_position=until_position)
+            turns = projector.turn_tables
+        else:
+            runner = ProjectionRunner(store)
+            await runner.catch_up()
+            turns = await runner.turn_tables(session, response)
+    return [t for t in turns if (session is None or t.session_id == session)
+            and (response is None or t.response_id == response)]
+
+
+RENDERERS: dict[TablesFormat, Callable[[list[TurnTables]], str]] = {
+    TablesFormat.text: render_tables_text,
+    TablesFormat.json: render_json,
+    TablesFormat.csv: render_csv,
+    TablesFormat.markdown: render_markdown,
+}
+
+
+def tables(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    session: Optional[str] = typer.Option(None, "--session", help="Only this session id."),
+    response: Optional[str] = typer.Option(None, "--response", help="Only this response_id."),
+    until_position: Optional[int] = typer.Option(None, "--until-position", min=0,
+                                                 help="Re-project as of this position (time travel)."),
+    fmt: TablesFormat = typer.Option(TablesFormat.text, "--format", help="text, json, csv or markdown."),
+) -> None:
+    """Re-project the per-turn metric tables (vLLM-Omni --log-stats layout) from the log.
+
+    Text output is byte-identical to what the live engine printed for each turn.
+    """
+    turns = _run(lambda: _turns(db, session, response, until_position))
+    text = RENDERERS[fmt](turns)
+    typer.echo(text, nl=not text.endswith("\n"))
+
+
+async def _rebuild(db: Optional[str], quiet: bool) -> int:
+    async with await EventStore.open(db) as store:
+        runner = ProjectionRunner(store)
+        if quiet:
+            return await runner.rebuild()
+        with Progress(TextColumn("rebuilding read models"), BarColumn(), MofNCompleteColumn(),
+                      TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress:
+            task = progress.add_task("rebuild", total=None)
+
+            def report(done: int, head: int) -> None:
+                progress.update(task, completed=done, total=head)
+
+            return await runner.rebuild(report)
+
+
+def rebuild(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    projection: str = typer.Option("all", "--projection",
+                                   help="Projection to rebuild: all, request_resources, audit or turn_tables. "
+                                        "They share one checkpoint, so each rebuilds all three."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Drop the read models and rebuild them from the log (never touches the events)."""
+    if projection not in PROJECTIONS:
+        typer.echo(f"error: --projection must be one of {', '.join(PROJECTIONS)}, got {projection!r}", err=True)
+        raise typer.Exit(2)
+    position = _run(lambda: _rebuild(db, quiet))
+    typer.echo(f"rebuilt read models up to position {position}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``audit``, ``tables`` and ``rebuild`` to the main CLI app."""
+    app.command("audit")(audit)
+    app.command("tables")(tables)
+    app.command("rebuild")(rebuild)
