@@ -1,0 +1,121 @@
+"""Machine and document formats of per-turn tables: JSON, CSV, Markdown (DOMAIN §5).
+
+All three carry the numbers of :mod:`reports.render_text`, with units in the field names
+(``audio_sample_rate`` is written ``audio_sample_rate_hz``; sizes stay in bytes in JSON/CSV):
+
+* **JSON** (:func:`render_json`): ``{"format": "duplex-ledger.turn-tables", "version": 1,
+  "turns": [TurnTables.to_dict(), ...]}``, full precision, ``null`` for "not reported" (a
+  tokenless turn has ``"vllm_ttft_ms": null``). Strict JSON: a NaN/inf raises ValueError.
+* **CSV** (:func:`render_csv`): tidy long layout, one row per (turn, table, column, field), header
+  ``session_id,response_id,request_id,turn_id,finished_reason,table,column,field,value``.
+  ``table`` is ``summary`` / ``e2e`` / ``stage`` / ``transfer``; ``column`` is ``value`` for the
+  two-column tables, the stage id for ``stage`` and the edge (``0->1``) for ``transfer``.
+  Every field is written (no row hiding); ``value`` is the raw number in full precision (``repr``),
+  empty for None, ``true``/``false`` for bools, JSON for lists and dicts. Filter/pivot freely.
+* **Markdown** (:func:`render_markdown`): per turn a heading, then the same tables, rows, hiding
+  and formatted cells as the text log, as pipe tables, and the ``[OmniTiming]`` line in a code
+  span.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from projections.turn_tables import JSON_RENAMES, TurnTables
+from reports.render_text import Table, turn_sections
+
+JSON_FORMAT = "duplex-ledger.turn-tables"
+JSON_VERSION = 1
+CSV_HEADER: tuple[str, ...] = (
+    "session_id",
+    "response_id",
+    "request_id",
+    "turn_id",
+    "finished_reason",
+    "table",
+    "column",
+    "field",
+    "value",
+)
+
+
+def render_json(turns: Iterable[TurnTables]) -> str:
+    """JSON document of the turns in the order given (2-space indent, trailing newline)."""
+    doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "turns": [t.to_dict() for t in turns]}
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite value {value!r} in turn tables")
+        return repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return str(value)
+
+
+def _cells(doc: dict[str, Any]) -> Iterator[tuple[str, str, str, Any]]:
+    """(table, column, field, value) of one ``TurnTables.to_dict()``."""
+    for name, value in doc["summary"].items():
+        yield "summary", "value", name, value
+    for name, value in doc["e2e"].items():
+        yield "e2e", "value", name, value
+    for row in doc["stages"]:
+        for name, value in row.items():
+            if name != "stage_id":
+                yield "stage", str(row["stage_id"]), name, value
+    for edge in doc["transfers"]:
+        for name, value in edge.items():
+            if name not in ("edge", "from_stage", "to_stage"):
+                yield "transfer", edge["edge"], name, value
+
+
+def render_csv(turns: Iterable[TurnTables]) -> str:
+    """Tidy CSV (header + one row per turn/table/column/field), ``\\n`` line ends."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_HEADER)
+    for t in turns:
+        doc = t.to_dict()
+        ident = (t.session_id, t.response_id, t.request_id, str(t.turn_id), t.finished_reason)
+        for table, column, name, value in _cells(doc):
+            writer.writerow((*ident, table, column, name, _csv_value(value)))
+    return out.getvalue()
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _md_table(table: Table) -> str:
+    header = ("Field", *table.columns)
+    lines = [
+        f"**{_md_escape(table.title)}**",
+        "",
+        "| " + " | ".join(_md_escape(h) for h in header) + " |",
+        "| :--- |" + " ---: |" * len(table.columns),
+    ]
+    for name, cells in table.rows:
+        name = JSON_RENAMES.get(name, name)
+        lines.append("| " + " | ".join(_md_escape(c) for c in (name, *cells)) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(turns: Iterable[TurnTables]) -> str:
+    """Markdown: ``## Turn <turn_id> — <response_id> (<reason>)`` then each table/line."""
+    blocks: list[str] = []
+    for t in turns:
+        blocks.append(f"## Turn {t.turn_id} — {_md_escape(t.response_id)} ({t.finished_reason})")
+        for section in turn_sections(t):
+            blocks.append(f"`{section}`" if isinstance(section, str) else _md_table(section))
+    return "\n\n".join(blocks) + ("\n" if blocks else "")
