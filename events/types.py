@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, Union
 from uuid import UUID, uuid4
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from events.stats import EngineStamp, StageRequestStats
 
@@ -109,24 +109,22 @@ class EventBase(BaseModel):
     event_id: UUID = Field(default_factory=uuid4)
     session_id: str = Field(min_length=1)
     ts: float
-    schema_version: int = 0  # 0 = "set to the class's current version"
+    # The payload's schema version: a Literal per class, so a row of another version can only
+    # reach the model through events.upcasting (a mismatch is a validation error, never a
+    # silent default). A subclass that bumps it redeclares the field with the new Literal.
+    schema_version: Literal[1] = 1
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.SCHEMA_VERSION = cls.model_fields["schema_version"].default
 
     @field_validator("ts", mode="before")
     @classmethod
     def _normalise_ts(cls, v: Any) -> float:
+        if type(v) is float and v >= 0 and v == v and v != math.inf and round(v * 1_000_000) == v * 1_000_000:
+            return v  # already exact to the microsecond (the store's read path)
         return ts_from_any(v)
-
-    @model_validator(mode="after")
-    def _check_version(self) -> "EventBase":
-        current = type(self).SCHEMA_VERSION
-        if self.schema_version == 0:
-            object.__setattr__(self, "schema_version", current)
-        elif self.schema_version != current:
-            raise ValueError(
-                f"schema_version {self.schema_version} of {type(self).__name__} is not the current "
-                f"version {current}; rows are upcast on read (events.upcasting)"
-            )
-        return self
 
     def payload(self) -> dict[str, Any]:
         """The event's own fields (no envelope), JSON-ready."""
@@ -206,8 +204,8 @@ class StageRequestReserved(_StageRequest):
 class StageRequestSubmitted(_StageRequest):
     """A submit to a stage engine. ``ts`` is when it was submitted (not when recorded)."""
 
-    SCHEMA_VERSION: ClassVar[int] = 2  # v1 named num_tokens_in "tokens_in" (events.upcasting)
     type: Literal["StageRequestSubmitted"] = "StageRequestSubmitted"
+    schema_version: Literal[2] = 2  # v1 named num_tokens_in "tokens_in" (events.upcasting)
     fence: Fence | None = None
     kind: Literal["initial", "update"] = "initial"
     resumable: bool = False

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 import sqlalchemy as sa
@@ -83,8 +83,9 @@ READ_MODEL_TABLES = (turn_tables, audit_findings, request_resources, checkpoints
 # ---------------------------------------------------------------- (de)serialisation
 def turn_to_json(t: TurnTables) -> str:
     """Lossless JSON of a TurnTables (floats round-trip exactly)."""
-    d = asdict(t)
+    d = {f.name: getattr(t, f.name) for f in fields(t)}
     d["stages"] = {str(k): v for k, v in t.stages.items()}
+    d["transfers"] = [{f.name: getattr(e, f.name) for f in fields(e)} for e in t.transfers]
     return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
 
