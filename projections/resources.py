@@ -113,6 +113,34 @@ ACCEPTED = Verdict(True)
 REFUSED = Verdict(False)
 
 
+@dataclass(frozen=True, slots=True)
+class StaleId:
+    """An id that must be cleaned up before a new Stage0 id is submitted (R4): ``finished``
+    ids are released (abort optional), unfinished ones aborted on every pool."""
+
+    request_id: str
+    keys: tuple[tuple[int, str], ...]
+    finished: bool
+
+
+def stale_before_submit(s: SessionResources, new_id: str) -> list[StaleId]:
+    """DOMAIN §4.2 R4 (with R1's "every key of the id"): every other submitted Stage0
+    ephemeral id of the session, with all its keys, except bindings still draining under
+    ``supports_concurrent_turn_requests``. The resident path never has stale ids (R8).
+    Pure; the session engine plans its cleanup with it and the audit judges the log with it."""
+    out = []
+    for (stage_id, request_id), b in sorted(s.bindings.items()):
+        if stage_id != 0 or request_id == new_id or not b.submitted or not rid.is_ephemeral(request_id):
+            continue
+        keys = tuple(sorted(k for k in s.bindings if k[1] == request_id))
+        bindings = [s.bindings[k] for k in keys]
+        if s.capabilities.supports_concurrent_turn_requests and any(
+                x.stage_id >= 1 and not x.finished for x in bindings):
+            continue  # still draining under concurrent turn requests (R4 exception)
+        out.append(StaleId(request_id, keys, all(x.finished for x in bindings if x.submitted)))
+    return out
+
+
 class ResourcesFold:
     """Pure fold: ``apply(stored) -> Verdict``; queries: :meth:`request_resources`,
     :meth:`running`, :meth:`evaluate`."""
@@ -253,23 +281,17 @@ class ResourcesFold:
     def _check_next_submit(self, s: SessionResources, st: StoredEvent, new_id: str) -> None:
         """R3 and R4 at the submit of a new ephemeral Stage0 id (DOMAIN §4.2)."""
         for life in list(s.lives.values()):
-            if life.request_id == new_id or life.cleanup_ok:
-                continue
-            if life.abort_failed:
+            if life.request_id != new_id and not life.cleanup_ok and life.abort_failed:
                 self._point(s, "submit_after_failed_abort", None, life.request_id, st,
                             [p for p, _ in life.abort_failed.values()],
                             f"{new_id} submitted while the abort of {life.request_id} had failed (R3)", once=True)
-                continue
-            stage0 = s.bindings.get((0, life.request_id))
-            if stage0 is None or not stage0.submitted or not rid.is_ephemeral(life.request_id):
-                continue
-            keys = [s.bindings[k] for k in s.keys_of(life.request_id)]
-            if s.capabilities.supports_concurrent_turn_requests and any(
-                    b.stage_id >= 1 and not b.finished for b in keys):
-                continue  # still draining under concurrent turn requests (R4 exception)
-            finished = all(b.finished for b in keys if b.submitted)
-            kind = "finished_not_released" if finished else "stale_not_aborted"
-            self._point(s, kind, 0, life.request_id, st, [b.since_position for b in keys],
+        for stale in stale_before_submit(s, new_id):
+            if stale.request_id in s.lives and s.lives[stale.request_id].abort_failed:
+                continue  # reported above
+            stage0 = s.bindings[(0, stale.request_id)]
+            keys = [s.bindings[k] for k in stale.keys]
+            kind = "finished_not_released" if stale.finished else "stale_not_aborted"
+            self._point(s, kind, 0, stale.request_id, st, [b.since_position for b in keys],
                         f"still held ({', '.join(f'({b.stage_id}, {b.state})' for b in keys)}) when {new_id} was submitted",
                         first=(stage0.since_position, stage0.since_ts), once=True)
         active = s.active_request_id
@@ -398,6 +420,8 @@ class ResourcesFold:
             if e.outcome == "ok":
                 for key in s.keys_of(request_id):
                     self._drop(s, key, st)
+                if 0 in life.finished_stages:
+                    life.abort_failed.clear()  # finished on the engine: releasing it is the whole cleanup
                 life.cleanup_ok = not life.abort_failed
             else:
                 life.abort_failed[-1] = (st.position, e.ts)  # -1: the release pool (no stage)

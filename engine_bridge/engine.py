@@ -1,0 +1,183 @@
+"""The session engine: full-duplex sessions in front of live stage engines, every command and
+engine interaction recorded in the append-only log.
+
+    async with await SessionEngine.open("sqlite+aiosqlite:///ledger.db", [thinker, talker]) as engine:
+        session = await engine.open_session("user-42")
+        await session.append_text("What is the capital of France?")
+        await session.commit()
+        await session.wait_idle()
+        await session.close()
+
+``ports[0]`` is Stage0 (thinker), ``ports[1]`` Stage1 (talker); the engine does not own them
+(the caller starts and shuts them down). On open, :meth:`SessionEngine.recover` reconciles
+the log with the live engines (crash recovery).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from events.records import StoredEvent
+from events.store.store import EventStore
+from events.types import SessionClosed, SessionOpened, StageRequestLost, StageRequestReleased
+from projections.projector import Projector
+from projections.runner import project_as_of
+from projections.turn_tables import TurnTables
+from reports.render_text import turn_log_messages
+
+from engine_bridge.cleanup import CleanupFailed, cleanup_id
+from engine_bridge.messages import EngineConfig, SessionError
+from engine_bridge.plugin import ModelPlugin, TextPlugin
+from engine_bridge.ports import StagePort
+from engine_bridge.session import Session
+from engine_bridge.session_log import SessionLog
+
+
+@dataclass
+class RecoveryReport:
+    """What :meth:`SessionEngine.recover` found and did."""
+
+    closed_sessions: list[str] = field(default_factory=list)
+    aborted: list[tuple[str, str]] = field(default_factory=list)  # (session, request_id)
+    lost: list[tuple[str, int, str]] = field(default_factory=list)  # (session, stage, request_id)
+    failed: list[str] = field(default_factory=list)
+
+
+class SessionEngine:
+    """Drives sessions; see the module docstring. Not thread-safe (one event loop)."""
+
+    def __init__(self, store: EventStore, ports: Sequence[StagePort], *, plugin: ModelPlugin | None = None,
+                 config: EngineConfig | None = None, on_turn: Callable[[Session, TurnTables], None] | None = None,
+                 owns_store: bool = False) -> None:
+        self.store = store
+        self.ports = list(ports)
+        self.plugin = plugin or TextPlugin()
+        self.config = config or EngineConfig()
+        self.sessions: dict[str, Session] = {}
+        self.printed: list[TurnTables] = []
+        self._on_turn = on_turn
+        self._owns_store = owns_store
+        self._logger = logging.getLogger(self.config.stats_logger_name)
+
+    @classmethod
+    async def open(cls, url: str | None, ports: Sequence[StagePort], *, recover: bool = True,
+                   **kwargs) -> "SessionEngine":  # type: ignore[no-untyped-def]
+        """Open (creating or upgrading) the ledger at ``url`` and, by default, recover."""
+        store = await EventStore.open(url, create=True)
+        engine = cls(store, ports, owns_store=True, **kwargs)
+        if recover:
+            await engine.recover()
+        return engine
+
+    async def __aenter__(self) -> "SessionEngine":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, reason: str = "server_shutdown") -> None:
+        """Close every open session (reason ``server_shutdown``), then the store if owned."""
+        for session in list(self.sessions.values()):
+            if not session.closed:
+                await session.close(reason)
+        if self._owns_store:
+            await self.store.close()
+
+    # ------------------------------------------------------------------ sessions
+    async def open_session(self, session_id: str, *, auto_response: bool = False, log_stats: bool = True,
+                           plugin: ModelPlugin | None = None) -> Session:
+        """Open a session (DOMAIN §2.2 open): admission, capabilities from the plugin, the
+        incarnation (+1 over a closed predecessor), then the Stage0 id for fence turn 0 is
+        reserved. Raises SessionError ``session_exists`` / ``max_sessions_reached`` and
+        RequestIdError for an empty session id."""
+        if session_id in self.sessions and not self.sessions[session_id].closed:
+            raise SessionError("session_exists", "session is already open", session_id=session_id)
+        if sum(not s.closed for s in self.sessions.values()) >= self.config.max_sessions:
+            raise SessionError("max_sessions_reached", f"{self.config.max_sessions} sessions open",
+                               session_id=session_id)
+        plugin = plugin or self.plugin
+        history = await self.store.read_stream(session_id)
+        opened = [e.event for e in history if e.event.type == "SessionOpened"]
+        closed = any(e.event.type == "SessionClosed" for e in history)
+        if opened and not closed and history[-1].event.type != "SessionClosed":
+            raise SessionError("session_exists", "session is open in the log (recover first)", session_id=session_id)
+        incarnation = (max(e.incarnation for e in opened) + 1) if opened else 0
+        log = SessionLog(self.store, session_id, len(history), flush_interval_s=self.config.flush_interval_s)
+        session = Session(session_id, incarnation=incarnation, log=log, ports=self.ports, plugin=plugin,
+                          config=self.config, auto_response=auto_response, log_stats=log_stats,
+                          on_closed=lambda sid: None)
+        log.on_turn = lambda turn: self._print_turn(session, turn)
+        await log.emit(SessionOpened(session_id=session_id, ts=time.time(), incarnation=incarnation,
+                                     capabilities=session.capabilities, auto_response=auto_response,
+                                     num_stages=len(self.ports), log_stats=log_stats))
+        self.sessions[session_id] = session
+        await session.start()
+        return session
+
+    def session(self, session_id: str) -> Session:
+        """The open session; raises SessionError ``unknown_session``."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionError("unknown_session", "no such session", session_id=session_id)
+        return session
+
+    def _print_turn(self, session: Session, turn: TurnTables) -> None:
+        """Live --log-stats: each table as its own log message (DOMAIN §5.2), only with
+        log_stats on (M14)."""
+        if not session.log_stats:
+            return
+        self.printed.append(turn)
+        for message in turn_log_messages(turn):
+            self._logger.info(message)
+        if self._on_turn is not None:
+            self._on_turn(session, turn)
+
+    # ------------------------------------------------------------------ crash recovery
+    async def recover(self) -> RecoveryReport:
+        """Reconcile the log with the live engines after a crash: sessions left open are closed
+        with reason ``recovered_after_crash``; their ids still live on an engine are aborted on
+        every pool; ids the log holds as running that no engine has are recorded as lost
+        (``StageRequestLost``); reserved keys are released."""
+        report = RecoveryReport()
+        projector = await project_as_of(self.store)
+        live = set().union(*(port.live_request_ids() for port in self.ports)) if self.ports else set()
+        for sid, state in sorted(projector.resources.sessions.items()):
+            if sid in self.sessions:
+                continue
+            if state.closed_at is not None and not state.bindings:
+                continue
+            history = await self.store.read_stream(sid)
+            log = SessionLog(self.store, sid, len(history), projector=_session_projector(history))
+            if state.closed_at is None:
+                await log.emit(SessionClosed(session_id=sid, ts=time.time(), reason="recovered_after_crash"))
+                report.closed_sessions.append(sid)
+            held = log.projector.resources.sessions[sid].bindings
+            for request_id in sorted({k[1] for k in held}):
+                keys = sorted(k for k in held if k[1] == request_id)
+                if request_id in live:
+                    try:
+                        await cleanup_id(log, self.ports, request_id, cause="recovered_after_crash", force_abort=True)
+                        report.aborted.append((sid, request_id))
+                    except CleanupFailed as exc:
+                        report.failed.append(str(exc))
+                    continue
+                for stage_id, _ in keys:
+                    binding = held[(stage_id, request_id)]
+                    event_cls = StageRequestLost if binding.submitted else StageRequestReleased
+                    await log.emit(event_cls(session_id=sid, ts=time.time(), stage_id=stage_id,
+                                             request_id=request_id, cause="recovered_after_crash"))
+                    if binding.submitted:
+                        report.lost.append((sid, stage_id, request_id))
+            await log.close()
+        return report
+
+
+def _session_projector(history: list[StoredEvent]) -> Projector:
+    projector = Projector()
+    for stored in history:
+        projector.apply(stored)
+    projector.turns.take_finalized()
+    return projector

@@ -1,0 +1,61 @@
+"""What a client of a session receives, the engine's configuration and its errors.
+
+Client events use Realtime-style names: ``session.created``, ``input_audio_buffer.committed``,
+``response.created``, ``response.text.delta``, ``response.audio.delta`` (codec frames),
+``response.done``, ``response.listen``, ``response.cancelled``, ``audio.cancelled``,
+``error``, ``session.closed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ClientEvent:
+    """One event delivered to the session's client. ``ts`` is wall-clock seconds."""
+
+    type: str
+    session_id: str
+    ts: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Session-engine settings. Units in the names.
+
+    * ``max_tokens`` / ``talker_tokens_per_text_token``: Stage0 budget per turn and the
+      talker's (Stage1) tokens per Stage0 token (its budget, capped by ``talker_max_tokens``);
+    * ``frames_per_talker_token`` at ``audio_sample_rate_hz``: Stage1 tokens stand for audio
+      codec frames (480 frames at 24 kHz = 20 ms per token);
+    * ``overlap_short_ack_ms``: DEFER_ACTIVE_RESPONSE drops overlap up to this (DOMAIN §2.3);
+    * ``flush_interval_s``: output events are batched to the log at most this long;
+    * ``ignore_eos``: generate exactly the budget (tiny random models never stop by themselves).
+    """
+
+    max_tokens: int = 32
+    talker_max_tokens: int = 32
+    talker_tokens_per_text_token: float = 1.0
+    frames_per_talker_token: int = 480
+    audio_sample_rate_hz: int = 24_000
+    overlap_short_ack_ms: float = 700.0
+    max_sessions: int = 256
+    flush_interval_s: float = 0.02
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    system_prompt: str = "You are a helpful voice assistant. Answer in one short sentence."
+    stats_logger_name: str = "duplex_ledger.stats"
+
+
+class SessionError(RuntimeError):
+    """A command was refused. ``code`` is the wire error code; the message names the session
+    and, where there is one, the request id. Nothing already in the log was changed."""
+
+    def __init__(self, code: str, message: str, *, session_id: str, request_id: str | None = None) -> None:
+        super().__init__(f"{code}: {message} (session {session_id!r}"
+                         + (f", request {request_id!r})" if request_id else ")"))
+        self.code = code
+        self.session_id = session_id
+        self.request_id = request_id

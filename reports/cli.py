@@ -1,0 +1,36 @@
+"""``duplex-ledger`` command line (typer).
+
+Sub-commands live in their own modules and register themselves on :data:`app`; this module
+only assembles them. Importing it must not import vllm or torch.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from reports import cli_events, cli_projections
+
+app = typer.Typer(
+    name="duplex-ledger",
+    help=(
+        "Event-sourced session ledger for full-duplex voice sessions. Every command takes "
+        "--db URL (default: $DUPLEX_LEDGER_DB_URL, else sqlite+aiosqlite:///./duplex-ledger.db)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+cli_events.register(app)  # db upgrade|downgrade|current, events import|export|tail, schema
+
+cli_projections.register(app)  # audit, tables, rebuild
+# --- further command groups: one line each -------------------------------------------------
+
+
+def main() -> None:
+    """Console-script entry point (``duplex-ledger``)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

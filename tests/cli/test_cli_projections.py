@@ -1,0 +1,112 @@
+"""``audit``, ``tables`` and ``rebuild`` on case logs imported as JSONL through the CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from reports.cli import app
+from tests.cases.logbook import LOG_DIR, LOGS
+from tests.cases.test_case_01_running_gauge import build as case_01
+from tests.logbuilder import eph
+
+GOLDEN = Path(__file__).parents[1] / "tables" / "golden" / "worked-example.txt"
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    url = f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
+    assert run("db", "upgrade", "--db", url).exit_code == 0
+
+    def load(name: str) -> str:
+        result = run("events", "import", str(LOG_DIR / f"{name}.jsonl"), "--db", url)
+        assert result.exit_code == 0, result.output
+        return url
+
+    return load
+
+
+@pytest.mark.parametrize("name", sorted(LOGS))
+def test_committed_logs_match_their_builders(name):
+    assert (LOG_DIR / f"{name}.jsonl").read_text() == LOGS[name]().jsonl()
+
+
+def test_worked_example_tables_text_is_golden(ledger):
+    url = ledger("worked-example")
+    result = run("tables", "--db", url)
+    assert result.exit_code == 0
+    assert result.output == GOLDEN.read_text()
+
+
+def test_tables_formats_carry_the_same_numbers(ledger):
+    url = ledger("case-09-barge-in")
+    data = json.loads(run("tables", "--db", url, "--format", "json").output)
+    rows = {t["response_id"]: t for t in data["turns"]}
+    assert rows["resp-2"]["finished_reason"] == "barge_in"
+    assert rows["resp-2"]["stages"][0]["vllm_ttft_ms"] is None
+    assert rows["resp-3"]["stages"][0]["vllm_ttft_ms"] == pytest.approx(280.0, abs=1e-3)
+    csv_out = run("tables", "--db", url, "--format", "csv").output
+    assert "resp-3" in csv_out and "vllm_ttft_ms" in csv_out
+    md = run("tables", "--db", url, "--format", "markdown", "--response", "resp-3").output
+    assert "resp-3" in md and "resp-2" not in md
+
+
+def test_audit_clean_exits_zero(ledger):
+    url = ledger("case-06-main")
+    result = run("audit", "--db", url, "--format", "json")
+    assert result.exit_code == 0
+    assert json.loads(result.output)["leaks"] == []
+
+
+def test_audit_leak_exits_one_with_evidence(ledger):
+    url = ledger("case-06-v1-downstream-left")
+    result = run("audit", "--db", url, "--format", "json")
+    assert result.exit_code == 1
+    (leak,) = json.loads(result.output)["leaks"]
+    assert (leak["session_id"], leak["stage_id"], leak["kind"]) == ("S1", 1, "downstream_left_after_abort")
+    assert leak["evidence_positions"]
+    text = run("audit", "--db", url).output
+    assert "downstream_left_after_abort" in text and "LEAKS FOUND" in text
+
+
+def test_audit_time_travel_checkpoint_a_and_b(ledger):
+    url = ledger("case-01-running-gauge")
+    _, _, checkpoint_a = case_01()
+    a = run("audit", "--db", url, "--format", "json", "--until-position", str(checkpoint_a))
+    assert a.exit_code == 1
+    report = json.loads(a.output)
+    assert report["running"] == 1
+    assert [(l["session_id"], l["request_id"], l["kind"]) for l in report["leaks"]] == [
+        ("S4", eph("S4", 0), "abort_failed")]
+    b = run("audit", "--db", url, "--format", "json")
+    assert b.exit_code == 0 and json.loads(b.output)["running"] == 0
+
+
+def test_audit_session_filter_and_max_idle(ledger):
+    url = ledger("case-06-v2-abort-failed")
+    assert run("audit", "--db", url, "--session", "nobody").exit_code == 0
+    assert run("audit", "--db", url, "--session", "S1").exit_code == 1
+
+
+def test_rebuild_then_tables_identical(ledger):
+    url = ledger("case-12-arrival")
+    before = run("tables", "--db", url).output
+    result = run("rebuild", "--db", url, "--quiet")
+    assert result.exit_code == 0 and "rebuilt" in result.output
+    assert run("tables", "--db", url).output == before
+
+
+def test_bad_database_is_a_data_error(tmp_path):
+    result = run("audit", "--db", f"sqlite+aiosqlite:///{tmp_path}/missing.db")
+    assert result.exit_code == 2
+
+
+def test_rebuild_rejects_unknown_projection(ledger):
+    url = ledger("case-12-arrival")
+    assert run("rebuild", "--db", url, "--projection", "nope").exit_code == 2
