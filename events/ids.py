@@ -22,6 +22,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 PREFIX = "duplex-s"
 RESIDENT_ROLE = "stage0"
@@ -119,6 +120,11 @@ def is_duplex(request_id: object) -> bool:
     """Cheap filter (DOMAIN §1.3): ``duplex-s.`` prefix, exactly 8 parts, markers i/e/r."""
     if not isinstance(request_id, str) or not request_id.startswith(PREFIX + "."):
         return False
+    return _is_duplex_str(request_id)
+
+
+@lru_cache(maxsize=65536)
+def _is_duplex_str(request_id: str) -> bool:
     parts = request_id.split(".")
     return len(parts) == 8 and parts[2] == "i" and parts[4] == "e" and parts[6] == "r"
 
@@ -182,5 +188,10 @@ def is_resident(request_id: str, session_id: str, incarnation: int, epoch: int) 
 
 def is_ephemeral(request_id: object) -> bool:
     """True for a canonical id whose role is ``stage<K>_t<T>``."""
+    return isinstance(request_id, str) and _is_ephemeral_str(request_id)
+
+
+@lru_cache(maxsize=65536)
+def _is_ephemeral_str(request_id: str) -> bool:
     parsed = try_parse(request_id)
     return parsed is not None and _EPHEMERAL_ROLE_RE.match(parsed.role) is not None

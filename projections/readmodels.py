@@ -86,7 +86,7 @@ def turn_to_json(t: TurnTables) -> str:
     d = {f.name: getattr(t, f.name) for f in fields(t)}
     d["stages"] = {str(k): v for k, v in t.stages.items()}
     d["transfers"] = [{f.name: getattr(e, f.name) for f in fields(e)} for e in t.transfers]
-    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+    return json.dumps(d, separators=(",", ":"))  # key order matters: the summary prints in it
 
 
 def turn_from_json(text: str) -> TurnTables:

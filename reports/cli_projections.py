@@ -71,7 +71,7 @@ async def _projected(db: Optional[str], until_position: Optional[int]) -> tuple[
 def _findings_table(title: str, findings: list[Finding]) -> Table:
     table = Table(title=title, title_justify="left", show_lines=False)
     for col in ("kind", "session", "stage", "request_id", "first pos", "first ts", "last pos", "evidence", "detail"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("kind", "stage", "first pos", "last pos"))
     for f in findings:
         table.add_row(f.kind, f.session_id, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
                       str(f.first_position), f"{f.first_ts:.6f}", str(f.last_position),
@@ -105,7 +105,7 @@ def audit(
                                "leaks": [f.to_dict() for f in leaks],
                                "warnings": [f.to_dict() for f in warnings]}, indent=2))
     else:
-        console = Console()
+        console = Console(width=None if Console().is_terminal else 240)
         if leaks:
             console.print(_findings_table(f"Leaks ({len(leaks)})", leaks))
         if warnings:
