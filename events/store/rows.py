@@ -13,13 +13,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from events.records import EventRecord, StoredEvent, from_row_json
-from events.types import EventBase
+from events.records import EventRecord, StoredEvent, from_row_json, to_record
+from events.types import EventBase, ts_to_us
+
+
+_ENVELOPE = {"type", "event_id", "session_id", "ts", "schema_version"}
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def dump_data(data: dict[str, Any]) -> str:
-    """The payload as stored: compact JSON, keys in model order, non-ASCII kept."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    """A raw payload dict as stored: compact JSON, keys in given order, non-ASCII kept. Used
+    for rows kept at an old schema version (import); typed events use :func:`payload_json`."""
+    return _dumps(data)
+
+
+def payload_json(event: EventBase) -> str:
+    """A typed event's payload (``event.payload()``) as stored: compact JSON written by
+    pydantic directly (several times faster than dumping a dict)."""
+    return event.model_dump_json(exclude=_ENVELOPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,27 +45,46 @@ class NewRow:
     recorded_at_us: int | None = None  # None = stamped by the store at commit
 
     @classmethod
-    def from_record(cls, record: EventRecord, *, version: int | None = None, recorded_at_us: int | None = None) -> "NewRow":
+    def from_event(cls, event: EventBase) -> "NewRow":
+        return cls(
+            stream_id=event.session_id,
+            event_id=str(event.event_id),
+            type=event.type,  # type: ignore[attr-defined]
+            schema_version=event.schema_version,
+            ts_us=ts_to_us(event.ts),
+            data=payload_json(event),
+        )
+
+    @classmethod
+    def from_import(cls, row: "ImportRow") -> "NewRow":
+        record = row.record
         return cls(
             stream_id=record.stream_id,
             event_id=str(record.event_id),
             type=record.type,
             schema_version=record.schema_version,
             ts_us=record.ts_us,
-            data=dump_data(record.data),
-            version=version,
-            recorded_at_us=recorded_at_us,
+            data=row.data_json if row.data_json is not None else dump_data(record.data),
+            version=row.version,
+            recorded_at_us=row.recorded_at_us,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class ImportRow:
     """``version``: if set, the event must land at exactly this stream version (else the import
-    raises ConcurrencyError); ``recorded_at_us``: keep this commit time instead of now."""
+    raises ConcurrencyError); ``recorded_at_us``: keep this commit time instead of now;
+    ``data_json``: the payload text to store (default: ``record.data`` dumped)."""
 
     record: EventRecord
     version: int | None = None
     recorded_at_us: int | None = None
+    data_json: str | None = None
+
+    @classmethod
+    def from_event(cls, event: EventBase, *, version: int | None = None, recorded_at_us: int | None = None) -> "ImportRow":
+        """A typed (current-version) event, stored exactly as :meth:`EventStore.append` would."""
+        return cls(to_record(event), version, recorded_at_us, payload_json(event))
 
 
 @dataclass(frozen=True, slots=True)

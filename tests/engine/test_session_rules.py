@@ -18,11 +18,23 @@ from reports.render_text import render_turn_text
 CONFIG = EngineConfig(max_tokens=6, talker_max_tokens=4, flush_interval_s=0.005)
 
 
-@pytest.fixture
-async def engine(tmp_path):
+async def _engine(tmp_path, config):
     ports = [FlakyAbortPort(FakeStagePort(0, "thinker", token_delay_s=0.002)),
              FlakyAbortPort(FakeStagePort(1, "talker", token_delay_s=0.002))]
-    eng = await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db", ports, config=CONFIG)
+    return await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db", ports, config=config)
+
+
+@pytest.fixture
+async def engine(tmp_path):
+    eng = await _engine(tmp_path, CONFIG)
+    yield eng
+    await eng.aclose()
+
+
+@pytest.fixture
+async def long_engine(tmp_path):
+    """Responses of 2,000 tokens (>= 4 s): a test can always cancel mid-response."""
+    eng = await _engine(tmp_path, EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005))
     yield eng
     await eng.aclose()
 
@@ -76,8 +88,8 @@ async def test_listen_only_then_speak_rebinds_and_retargets(engine):
     assert len(p.turn_tables) == 1  # listen-only turns emit no table (M11)
 
 
-async def test_barge_in_mid_response(engine):
-    s = await engine.open_session("carol")
+async def test_barge_in_mid_response(long_engine):
+    s = await long_engine.open_session("carol")
     await s.append_text("Tell me a long story")
     await s.commit()
     while not any(e.type == "response.text.delta" for e in s.drain_events()):
@@ -86,11 +98,13 @@ async def test_barge_in_mid_response(engine):
     events = s.drain_events()
     assert any(e.type == "response.cancelled" and e.data["reason"] == "barge_in" for e in events)
     assert s.epoch == 1
-    await turn(s, "Actually, just say hi")
+    await s.append_text("Actually, just say hi")
+    await s.commit()
+    assert s.active.request_id == ids.mint_ephemeral("carol", 0, 1, 0)  # new epoch, same turn
     await s.close()
-    p = await offline(engine)
+    p = await offline(long_engine)
     assert p.leaks() == []
-    assert [t.finished_reason for t in p.turn_tables] == ["barge_in", "stop"]
+    assert [t.finished_reason for t in p.turn_tables] == ["barge_in", "close"]
     first = p.turn_tables[0]
     assert first.stages[0]["vllm_ttft_ms"] is not None  # a token had arrived before the barge-in
     assert p.resources.request_resources("carol") == {"carol": {}}
@@ -101,27 +115,27 @@ async def test_barge_in_mid_response(engine):
     ("cancel_input", "cancel", "barge_in"),
     ("clear_output_audio", "cancel", "output_audio_buffer_clear"),
 ])
-async def test_cancel_sources(engine, command, reason, wire):
-    s = await engine.open_session("dave")
+async def test_cancel_sources(long_engine, command, reason, wire):
+    s = await long_engine.open_session("dave")
     await s.append_text("Explain the weather")
     await s.commit()
     await getattr(s, command)()
     cancelled = [e for e in s.drain_events() if e.type == "response.cancelled"]
     assert cancelled and cancelled[0].data["reason"] == wire  # M17: wire keeps legacy values
     await s.close()
-    p = await offline(engine)
+    p = await offline(long_engine)
     assert [t.finished_reason for t in p.turn_tables] == [reason]
     assert p.leaks() == []
 
 
 @pytest.mark.parametrize("close_reason", ["session_close", "disconnect"])
-async def test_close_mid_response(engine, close_reason):
-    s = await engine.open_session("erin")
+async def test_close_mid_response(long_engine, close_reason):
+    s = await long_engine.open_session("erin")
     await s.append_text("Count to ten slowly")
     await s.commit()
     await asyncio.sleep(0.005)
     await s.close(close_reason)
-    p = await offline(engine)
+    p = await offline(long_engine)
     assert [t.finished_reason for t in p.turn_tables] == ["close"]
     assert p.leaks() == []
     with pytest.raises(SessionError, match="session_closed"):
@@ -144,28 +158,28 @@ async def test_abort_failure_restores_keys_and_submits_nothing(engine):
     assert (await offline(engine)).leaks() == []  # close retried the abort (R7)
 
 
-async def test_barge_in_abort_failure_restores_and_close_retries(engine):
-    s = await engine.open_session("gina")
+async def test_barge_in_abort_failure_restores_and_close_retries(long_engine):
+    s = await long_engine.open_session("gina")
     await s.append_text("Tell me a long story")
     await s.commit()
     while not any(e.type == "response.text.delta" for e in s.drain_events()):
         await asyncio.sleep(0.001)
     x0 = s.active.request_id
     keys_before = {k for k in s.log.projector.resources.sessions["gina"].bindings if k[1] == x0}
-    engine.ports[0].fail_next_aborts(1)
-    mark = len(await engine.store.read_stream("gina"))
+    long_engine.ports[0].fail_next_aborts(1)
+    mark = len(await long_engine.store.read_stream("gina"))
     with pytest.raises(SessionError, match="runtime_append_failed"):
         await s.barge_in()
-    history = (await engine.store.read_stream("gina"))[mark:]
+    history = (await long_engine.store.read_stream("gina"))[mark:]
     kinds = [e.event.type for e in history]
     assert kinds.index("AbortRequested") < kinds.index("AbortResult") < kinds.index("StageRequestRestored")
     assert [e.event.outcome for e in history if e.event.type == "AbortResult"][0] == "failed"
     restored = {(e.event.stage_id, e.event.request_id) for e in history if e.event.type == "StageRequestRestored"}
     assert restored == keys_before  # R3: exactly the dropped keys
     assert not any(e.event.type == "StageRequestSubmitted" for e in history)
-    assert (await offline(engine)).leaks() == []  # held, but close will retry
+    assert (await offline(long_engine)).leaks() == []  # held, but close will retry
     await s.close()
-    assert (await offline(engine)).leaks() == []  # R7: close retried the abort
+    assert (await offline(long_engine)).leaks() == []  # R7: close retried the abort
 
 
 async def test_resident_session_one_id_submit_initial_then_update(tmp_path):

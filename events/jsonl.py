@@ -1,0 +1,213 @@
+"""JSONL import/export of the log: one event per line.
+
+Line format (keys in this order on export)::
+
+    {"position":12,"stream":"S1","version":3,"type":"TurnCommitted",
+     "event_id":"6f1c…","schema_version":1,"ts":1757000020.850001,
+     "recorded_at":1764480000.123456,"data":{"turn_id":0,…}}
+
+* Required on import: ``stream`` (session id), ``type``, ``ts``, ``data`` (the payload: the
+  event's own fields, no envelope).
+* ``ts`` / ``recorded_at``: epoch seconds written with exactly 6 decimals (integer
+  microseconds, so exact: CASE-08). Import also accepts any number or an ISO-8601 string with
+  an offset (``2025-09-04T23:33:40+08:00`` is normalised to UTC).
+* Optional on import and always written on export: ``event_id`` (UUID; give it to make
+  re-import idempotent — lines without one get a fresh id each time), ``schema_version``
+  (default: the type's current version; an older version is validated through the upcasters
+  and stored as given), ``version`` (if present the event must land at exactly that stream
+  version, else the import fails and appends nothing), ``recorded_at`` (kept as given;
+  default: the import's commit time). ``position`` is informational and ignored on import.
+
+Export → import into an empty database → export gives byte-identical output. Import checks
+every line before writing and reports every bad line (:class:`JsonlError`); a file with any
+bad line appends nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any, TextIO
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from events.records import EventRecord
+from events.store import EventStore, ImportResult, ImportRow, StoredRow
+from events.types import UnknownEventType, event_class, ts_from_any, ts_to_us
+from events.upcasting import FutureSchemaVersion, MissingUpcaster, upcast
+
+REQUIRED = ("stream", "type", "ts", "data")
+OPTIONAL = ("position", "version", "event_id", "schema_version", "recorded_at")
+ENVELOPE = ("type", "event_id", "session_id", "ts", "schema_version")
+_FIELD_NAMES = {"session_id": "stream"}
+
+
+def format_seconds(us: int) -> str:
+    """Integer microseconds -> ``"1757000020.850001"`` (exactly 6 decimals, exact)."""
+    return f"{us // 1_000_000}.{us % 1_000_000:06d}"
+
+
+def format_line(row: StoredRow) -> str:
+    """One stored row as a JSONL line (no newline). The payload is the stored JSON text."""
+    q = lambda s: json.dumps(s, ensure_ascii=False)  # noqa: E731
+    return (
+        f'{{"position":{row.position},"stream":{q(row.stream_id)},"version":{row.version},'
+        f'"type":{q(row.type)},"event_id":{q(row.event_id)},"schema_version":{row.schema_version},'
+        f'"ts":{format_seconds(row.ts_us)},"recorded_at":{format_seconds(row.recorded_at_us)},'
+        f'"data":{row.data}}}'
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """What is wrong with one line: ``field`` is dotted (``StageOutput.stage_id``)."""
+
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.field}: {self.message}" if self.field else f"line {self.line}: {self.message}"
+
+
+class JsonlError(ValueError):
+    """Every bad line of an import (``errors``, in line order); nothing was appended."""
+
+    def __init__(self, errors: list[LineError]) -> None:
+        self.errors = errors
+        super().__init__(f"{len(errors)} bad line(s):\n" + "\n".join(map(str, errors)))
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return f" (got {text[:80]}{'…' if len(text) > 80 else ''})"
+
+
+def _validation_errors(lineno: int, type_name: str, exc: ValidationError) -> list[LineError]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(_FIELD_NAMES.get(str(p), str(p)) for p in err["loc"])
+        got = "" if err["type"] == "missing" else _got(err.get("input"))
+        out.append(LineError(lineno, f"{type_name}.{path}" if path else type_name, err["msg"] + got))
+    return out
+
+
+def _int_field(obj: dict[str, Any], key: str, lineno: int, errors: list[LineError], minimum: int) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        errors.append(LineError(lineno, key, f"must be an integer >= {minimum}{_got(value)}"))
+        return None
+    return value
+
+
+def parse_line(text: str, lineno: int) -> ImportRow:
+    """Validate one line into an ImportRow. Raises JsonlError listing all faults of the line."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JsonlError([LineError(lineno, "", f"not valid JSON: {exc.msg} (column {exc.colno})")]) from None
+    if not isinstance(obj, dict):
+        raise JsonlError([LineError(lineno, "", f"must be a JSON object{_got(obj)}")])
+    errors = [LineError(lineno, k, "missing") for k in REQUIRED if k not in obj]
+    errors += [LineError(lineno, k, "unknown field") for k in obj if k not in REQUIRED + OPTIONAL]
+    data = obj.get("data")
+    if "data" in obj and not isinstance(data, dict):
+        errors.append(LineError(lineno, "data", f"must be a JSON object{_got(data)}"))
+    elif isinstance(data, dict):
+        errors += [LineError(lineno, f"data.{k}", "envelope field inside data") for k in data if k in ENVELOPE]
+    version = _int_field(obj, "version", lineno, errors, 1)
+    schema_version = _int_field(obj, "schema_version", lineno, errors, 1)
+    recorded_at_us = None
+    if obj.get("recorded_at") is not None:
+        try:
+            recorded_at_us = ts_to_us(ts_from_any(obj["recorded_at"]))
+        except ValueError as exc:
+            errors.append(LineError(lineno, "recorded_at", str(exc)))
+    type_name = obj.get("type")
+    cls = None
+    if "type" in obj and not isinstance(type_name, str):
+        errors.append(LineError(lineno, "type", f"must be a string{_got(type_name)}"))
+    elif "type" in obj:
+        try:
+            cls = event_class(type_name)
+        except UnknownEventType as exc:
+            errors.append(LineError(lineno, "type", str(exc)))
+    if errors or cls is None:
+        raise JsonlError(errors)
+    assert isinstance(data, dict) and isinstance(type_name, str)
+    stored_version = schema_version or cls.SCHEMA_VERSION
+    try:
+        payload = upcast(type_name, stored_version, cls.SCHEMA_VERSION, data)
+    except (FutureSchemaVersion, MissingUpcaster) as exc:
+        raise JsonlError([LineError(lineno, "schema_version", str(exc))]) from None
+    envelope = {"type": type_name, "session_id": obj["stream"], "ts": obj["ts"]}
+    if obj.get("event_id") is not None:
+        envelope["event_id"] = obj["event_id"]
+    try:
+        event = cls.model_validate({**payload, **envelope})
+    except ValidationError as exc:
+        raise JsonlError(_validation_errors(lineno, type_name, exc)) from None
+    if stored_version == cls.SCHEMA_VERSION:
+        return ImportRow.from_event(event, version=version, recorded_at_us=recorded_at_us)
+    record = EventRecord(
+        stream_id=event.session_id,
+        event_id=event.event_id,
+        type=type_name,
+        schema_version=stored_version,
+        ts_us=ts_to_us(event.ts),
+        data=data,  # kept at its old version, as given
+    )
+    return ImportRow(record, version=version, recorded_at_us=recorded_at_us)
+
+
+def parse_lines(lines: Iterable[str]) -> list[ImportRow]:
+    """Validate every line (blank lines are skipped). Raises JsonlError with every bad line,
+    including an event id repeated within the input."""
+    rows: list[ImportRow] = []
+    errors: list[LineError] = []
+    first_line: dict[UUID, int] = {}
+    for lineno, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            row = parse_line(text, lineno)
+        except JsonlError as exc:
+            errors += exc.errors
+            continue
+        eid = row.record.event_id
+        if eid in first_line:
+            errors.append(LineError(lineno, "event_id", f"{eid} already used on line {first_line[eid]}"))
+            continue
+        first_line[eid] = lineno
+        rows.append(row)
+    if errors:
+        raise JsonlError(errors)
+    return rows
+
+
+async def import_lines(store: EventStore, lines: Iterable[str]) -> ImportResult:
+    """Validate all ``lines`` then append them in one transaction (idempotent by event id).
+    Raises JsonlError (nothing appended), ConcurrencyError for a ``version`` that does not
+    fit the stream, EventIdConflict for an id stored in another stream."""
+    return await store.append_records(parse_lines(lines))
+
+
+async def export_lines(
+    store: EventStore, *, stream_id: str | None = None, from_position: int = 0
+) -> AsyncIterator[str]:
+    """JSONL lines (with newline) in position order, optionally one stream only."""
+    async for row in store.read_rows(from_position, stream_id=stream_id):
+        yield format_line(row) + "\n"
+
+
+async def export_to(store: EventStore, out: TextIO, *, stream_id: str | None = None, from_position: int = 0) -> int:
+    """Write the export to ``out``; returns the number of lines."""
+    n = 0
+    async for line in export_lines(store, stream_id=stream_id, from_position=from_position):
+        out.write(line)
+        n += 1
+    return n

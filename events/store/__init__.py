@@ -1,0 +1,21 @@
+"""Append-only event store (SQLite default, PostgreSQL) — see :class:`EventStore`."""
+
+from events.store.errors import ConcurrencyError, EventIdConflict, SchemaRevisionError, StoreClosed, StoreError
+from events.store.rows import ImportRow, StoredRow
+from events.store.store import EventStore, ImportResult
+from events.store.url import DEFAULT_URL, ENV_VAR, default_url
+
+__all__ = [
+    "ConcurrencyError",
+    "DEFAULT_URL",
+    "ENV_VAR",
+    "EventIdConflict",
+    "EventStore",
+    "ImportResult",
+    "ImportRow",
+    "SchemaRevisionError",
+    "StoreClosed",
+    "StoreError",
+    "StoredRow",
+    "default_url",
+]

@@ -1,0 +1,203 @@
+"""Connections, transactions and the few behaviours that differ between SQLite and PostgreSQL.
+
+Writes (appends and migrations) run as one *synchronous* SQLAlchemy Core function per
+transaction, ``fn(connection, *args)``, through :meth:`Backend.run_write`; reads use an async
+engine.
+
+SQLite (``sqlite+aiosqlite``)
+    The write transaction runs in one dedicated thread on a sync ``pysqlite`` engine for the
+    same file: a whole group-commit batch costs one thread hop instead of one per statement
+    (aiosqlite's per-statement hop dominated the write path). Every connection runs
+    ``journal_mode=WAL``, ``busy_timeout`` and the configured ``synchronous`` level (FULL by
+    default: a commit returns once the WAL is fsynced; NORMAL may lose the last commits on
+    power loss, never corrupts). The driver's own transaction handling is off
+    (``isolation_level = None``) and SQLAlchemy's ``begin`` hook sends ``BEGIN IMMEDIATE``,
+    which takes the write lock when the transaction starts. Without it, a transaction that
+    reads (head position, stream versions) and then writes holds only a read snapshot; two such
+    transactions on one file (two processes) deadlock on the upgrade and one gets SQLITE_BUSY at
+    once, which no busy timeout can absorb. Reads use aiosqlite in autocommit mode: one
+    statement on a WAL snapshot, never blocking the writer.
+
+PostgreSQL (``postgresql+asyncpg``)
+    One async engine; the write function runs via ``run_sync`` inside an async transaction.
+    :meth:`Backend.lock_for_append` takes a transaction-scoped advisory lock before positions
+    are allocated (why: :mod:`events.store.recorder`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from events.store import schema
+from events.store.url import backend_of, sqlite_path
+
+Synchronous = Literal["FULL", "NORMAL"]
+T = TypeVar("T")
+WriteFn = Callable[..., T]
+# Arbitrary constant key of the advisory lock serialising position allocation ("dlgr").
+APPEND_LOCK_KEY = 0x646C6772
+_SQLITE_INSERT = str(schema.events.insert().compile(dialect=sqlite_dialect(paramstyle="qmark")))
+
+
+class Backend:
+    """What both backends offer; subclasses implement it."""
+
+    name = "base"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.reader: AsyncEngine = create_async_engine(url, **self._reader_kwargs())
+
+    def _reader_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(sync_connection, *args)`` in one write transaction and commit it.
+        Exceptions roll the transaction back and propagate."""
+        raise NotImplementedError
+
+    async def run_read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(sync_connection, *args)`` on a read connection."""
+        async with self.reader.connect() as conn:
+            return await conn.run_sync(fn, *args)
+
+    def lock_for_append(self, conn: Connection) -> None:
+        """Serialise position allocation with every other writer (inside the transaction)."""
+
+    def insert_rows(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+        """Insert ``rows`` (tuples in ``schema.ROW_COLUMNS`` order) with one executemany."""
+        conn.execute(schema.events.insert(), [dict(zip(schema.ROW_COLUMNS, r)) for r in rows])
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """True when retrying the whole transaction may succeed (lock contention)."""
+        return False
+
+    async def dispose(self) -> None:
+        await self.reader.dispose()
+
+
+class SqliteBackend(Backend):
+    name = "sqlite"
+
+    def __init__(self, url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
+        self.synchronous = synchronous
+        self.busy_timeout_ms = busy_timeout_ms
+        path = sqlite_path(url)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(url)
+        self._install_hooks(self.reader.sync_engine, begin=None)  # autocommit reads
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-ledger-sqlite-writer")
+        self._write_engine: Engine | None = None
+        self._write_conn: Connection | None = None
+
+    def _reader_kwargs(self) -> dict[str, Any]:
+        return {"connect_args": {"timeout": self.busy_timeout_ms / 1000}}
+
+    def _install_hooks(self, engine: Engine, *, begin: str | None) -> None:
+        pragmas = (
+            f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}",
+            "PRAGMA journal_mode=WAL",
+            f"PRAGMA synchronous={self.synchronous}",
+        )
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # SQLAlchemy, not the driver, sends BEGIN
+            cursor = dbapi_connection.cursor()
+            for pragma in pragmas:
+                cursor.execute(pragma)
+            cursor.close()
+
+        if begin is not None:
+
+            @event.listens_for(engine, "begin")
+            def _on_begin(conn: Any) -> None:
+                conn.exec_driver_sql(begin)
+
+    def make_write_engine(self) -> Engine:
+        """A sync engine on the same file whose transactions start with ``BEGIN IMMEDIATE``."""
+        engine = create_engine(
+            self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1),
+            connect_args={"timeout": self.busy_timeout_ms / 1000},
+        )
+        self._install_hooks(engine, begin="BEGIN IMMEDIATE")
+        return engine
+
+    def _write_in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._write_conn is None:
+            if self._write_engine is None:
+                self._write_engine = self.make_write_engine()
+            self._write_conn = self._write_engine.connect()
+        conn = self._write_conn
+        try:
+            with conn.begin():
+                return fn(conn, *args)
+        except BaseException:
+            self._write_conn = None
+            conn.close()
+            raise
+
+    async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._write_in_thread, fn, args)
+
+    def insert_rows(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+        # The Core insert compiled once to SQL, tuples straight to cursor.executemany: no
+        # per-row parameter processing (the writer's hottest loop).
+        conn.exec_driver_sql(_SQLITE_INSERT, rows)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        msg = str(getattr(exc, "orig", exc)).lower()
+        return isinstance(exc, DBAPIError) and ("database is locked" in msg or "database is busy" in msg)
+
+    def _dispose_in_thread(self) -> None:
+        if self._write_conn is not None:
+            self._write_conn.close()
+            self._write_conn = None
+        if self._write_engine is not None:
+            self._write_engine.dispose()
+            self._write_engine = None
+
+    async def dispose(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._dispose_in_thread)
+        self._thread.shutdown(wait=True)
+        await super().dispose()
+
+
+class PostgresBackend(Backend):
+    name = "postgresql"
+
+    def _reader_kwargs(self) -> dict[str, Any]:
+        return {"pool_size": 5, "max_overflow": 10}
+
+    async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        async with self.reader.connect() as conn:
+            async with conn.begin():
+                return await conn.run_sync(fn, *args)
+
+    def lock_for_append(self, conn: Connection) -> None:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": APPEND_LOCK_KEY})
+
+    def is_transient(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", None)
+        code = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
+        return code in ("40001", "40P01")  # serialization failure, deadlock detected
+
+
+def make_backend(url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000) -> Backend:
+    """The backend a URL selects (see :func:`events.store.url.backend_of`). Raises ValueError
+    for an unsupported URL."""
+    if backend_of(url) == "sqlite":
+        return SqliteBackend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+    return PostgresBackend(url)

@@ -1,0 +1,40 @@
+"""Typed errors raised by the event store. None of them is a raw driver error."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every error the store raises on purpose."""
+
+
+class ConcurrencyError(StoreError):
+    """Optimistic concurrency failed: ``stream_id`` was at version ``actual`` when the caller
+    expected ``expected`` (0 = "the stream must not exist yet"). Nothing was appended."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int) -> None:
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"stream {stream_id!r}: expected version {expected}, but it is at version {actual}"
+        )
+
+
+class EventIdConflict(StoreError):
+    """Some event ids of a call are already stored but the call is not an exact re-append of
+    them (only part of the batch exists, or the stored copy sits in another stream).
+    Nothing was appended. ``event_ids`` lists the ids at fault (strings)."""
+
+    def __init__(self, stream_id: str, event_ids: list[str], reason: str) -> None:
+        self.stream_id = stream_id
+        self.event_ids = event_ids
+        super().__init__(f"stream {stream_id!r}: {reason}: {', '.join(event_ids[:5])}"
+                         + (f" (+{len(event_ids) - 5} more)" if len(event_ids) > 5 else ""))
+
+
+class SchemaRevisionError(StoreError):
+    """The database schema revision differs from the code's (older, newer or missing)."""
+
+
+class StoreClosed(StoreError):
+    """The store was closed; no further appends are accepted."""

@@ -1,0 +1,119 @@
+"""Pure, in-memory planning of one group-commit batch (no I/O).
+
+Inside the write transaction the recorder loads a :class:`BatchState` (head position, the
+current version of every stream the batch touches, the stored copies of every event id it
+names), then :func:`plan_call` decides each call in queue order. A call that fails raises
+its own typed error and leaves the state untouched, so one bad call never fails the others in
+the batch (no savepoints needed: nothing of it was written).
+
+Idempotency rules (documented decision):
+
+* ``append`` (one stream, ``bulk=False``): if *every* event id of the call is already stored
+  in that stream, the call succeeds without writing and returns the original positions — no
+  version check, since a retry after a lost acknowledgement necessarily carries a stale
+  expected version. If only *some* are stored, or any is stored in another stream, the call
+  raises :class:`EventIdConflict` (the batch differs from what was stored: ambiguous).
+* bulk import (``bulk=True``): rows whose event id is stored (in the same stream) are skipped
+  and report their original position; the others are appended at the end of their stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from events.store.errors import ConcurrencyError, EventIdConflict
+from events.store.rows import NewRow
+
+
+@dataclass(frozen=True, slots=True)
+class Existing:
+    stream_id: str
+    version: int
+    position: int
+
+
+@dataclass(slots=True)
+class AppendCall:
+    """One caller's request. ``stream_id`` is None for bulk calls spanning many streams."""
+
+    rows: list[NewRow]
+    stream_id: str | None = None
+    expected_version: int | None = None
+    bulk: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    positions: list[int]  # one per row of the call, in order
+    appended: int  # rows written (the rest were already stored)
+
+
+@dataclass(slots=True)
+class BatchState:
+    head: int
+    versions: dict[str, int] = field(default_factory=dict)  # stream -> current version (absent = 0)
+    existing: dict[str, Existing] = field(default_factory=dict)  # event_id -> stored copy
+    inserts: list[tuple[object, ...]] = field(default_factory=list)  # rows to write (schema.ROW_COLUMNS order)
+
+
+def plan_call(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
+    """Decide one call against ``state``; on success record its rows in ``state``.
+
+    Raises ConcurrencyError or EventIdConflict (state unchanged)."""
+    if call.bulk:
+        return _plan_bulk(state, call, now_us)
+    assert call.stream_id is not None
+    stream = call.stream_id
+    found = [state.existing.get(r.event_id) for r in call.rows]
+    present = [r.event_id for r, f in zip(call.rows, found) if f is not None]
+    if present:
+        elsewhere = [r.event_id for r, f in zip(call.rows, found) if f is not None and f.stream_id != stream]
+        if elsewhere:
+            raise EventIdConflict(stream, elsewhere, "event ids already stored in another stream")
+        if len(present) != len(call.rows):
+            raise EventIdConflict(stream, present, "only part of this batch is already stored")
+        return CallResult([f.position for f in found if f is not None], 0)
+    current = state.versions.get(stream, 0)
+    if call.expected_version is not None and call.expected_version != current:
+        raise ConcurrencyError(stream, call.expected_version, current)
+    positions = [_accept(state, row, current + i + 1, now_us) for i, row in enumerate(call.rows)]
+    return CallResult(positions, len(positions))
+
+
+def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
+    versions: dict[str, int] = {}
+    planned: list[tuple[NewRow, int] | Existing] = []
+    for row in call.rows:
+        stored = state.existing.get(row.event_id)
+        if stored is not None:
+            if stored.stream_id != row.stream_id:
+                raise EventIdConflict(row.stream_id, [row.event_id], "event id already stored in another stream")
+            planned.append(stored)
+            continue
+        current = versions.get(row.stream_id, state.versions.get(row.stream_id, 0))
+        if row.version is not None and row.version != current + 1:
+            raise ConcurrencyError(row.stream_id, row.version - 1, current)
+        versions[row.stream_id] = current + 1
+        planned.append((row, current + 1))
+    positions = [p.position if isinstance(p, Existing) else _accept(state, p[0], p[1], now_us) for p in planned]
+    return CallResult(positions, sum(1 for p in planned if not isinstance(p, Existing)))
+
+
+def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
+    state.head += 1
+    state.versions[row.stream_id] = version
+    state.existing[row.event_id] = Existing(row.stream_id, version, state.head)
+    state.inserts.append(
+        (
+            state.head,
+            row.stream_id,
+            version,
+            row.event_id,
+            row.type,
+            row.schema_version,
+            row.ts_us,
+            now_us if row.recorded_at_us is None else row.recorded_at_us,
+            row.data,
+        )
+    )
+    return state.head

@@ -1,0 +1,194 @@
+"""Recorders: the SQL side of the store, as a small ladder (after the ``eventsourcing`` library).
+
+* :class:`AggregateRecorder` — streams: one write transaction per batch of append calls
+  (lock, plan in memory, one ``executemany`` insert), and reading one stream.
+* :class:`ApplicationRecorder` — adds the global order: rows by position range, head position.
+* :class:`SubscribableRecorder` — adds a commit signal so live readers wake up at once
+  (other processes' commits are picked up by polling).
+
+Positions are allocated by the writer as ``max(position) + 1, …`` *while holding the
+database's write lock*: ``BEGIN IMMEDIATE`` on SQLite, ``pg_advisory_xact_lock`` on
+PostgreSQL. Why the lock on PostgreSQL: with a sequence (``BIGSERIAL``), transaction A can take
+position 10 and transaction B position 11, and B can commit first; a reader polling
+``position > 9`` then sees 11, moves its cursor past 10 and never sees A's event. Under the
+advisory lock, B cannot allocate until A has committed (or rolled back, freeing nothing:
+positions stay gap-free), so allocation order equals commit order, and a reader that sees
+``N + 1`` has already been able to see ``N``. PostgreSQL makes a commit visible before it
+releases the transaction's locks, and under READ COMMITTED B's ``max(position)`` (a new
+statement after the lock) sees A's rows.
+
+No code path here updates or deletes an event row; the database's triggers refuse it anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from events.store.backends import Backend
+from events.store.errors import StoreError
+from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call
+from events.store.rows import StoredRow
+from events.store.schema import events
+
+_IN_CHUNK = 900  # bound on parameters per IN (...) list
+_MAX_CACHED_STREAMS = 100_000
+Outcome = CallResult | StoreError
+
+
+_HEAD = sa.select(sa.func.coalesce(sa.func.max(events.c.position), 0))
+_VERSIONS = (
+    sa.select(events.c.stream_id, sa.func.max(events.c.version))
+    .where(events.c.stream_id.in_(sa.bindparam("streams", expanding=True)))
+    .group_by(events.c.stream_id)
+)
+_EXISTING = sa.select(events.c.event_id, events.c.stream_id, events.c.version, events.c.position).where(
+    events.c.event_id.in_(sa.bindparam("ids", expanding=True))
+)
+
+
+def _chunks(items: Sequence[str]) -> list[Sequence[str]]:
+    return [items[i : i + _IN_CHUNK] for i in range(0, len(items), _IN_CHUNK)]
+
+
+class AggregateRecorder:
+    """Appends batches of calls in one transaction; reads a stream.
+
+    Keeps a cache of stream versions that is valid only while the head position equals the
+    head after this recorder's last commit: the log is append-only (enforced by triggers),
+    so an unchanged head proves nobody else wrote in between.
+    """
+
+    def __init__(self, backend: Backend, *, retry_deadline_s: float = 60.0) -> None:
+        self.backend = backend
+        self.retry_deadline_s = retry_deadline_s
+        self._versions: dict[str, int] = {}
+        self._versions_head: int | None = None
+
+    # --- writing -----------------------------------------------------------------------
+    async def write_batch(self, calls: Sequence[AppendCall]) -> list[Outcome]:
+        """Run ``calls`` in one durable transaction; one outcome per call (a CallResult, or
+        the StoreError that call alone failed with). Lock contention (``database is locked``,
+        deadlock) is retried here for up to ``retry_deadline_s`` and never reaches a caller
+        before that; any other database error propagates (nothing committed)."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = 0.005
+        while True:
+            try:
+                return await self.backend.run_write(self.write_in, calls)
+            except Exception as exc:
+                self._forget_versions()
+                if not self.backend.is_transient(exc) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    def write_in(self, conn: Connection, calls: Sequence[AppendCall]) -> list[Outcome]:
+        """Lock, plan and insert ``calls`` inside the open transaction on the sync ``conn``
+        (commit is the caller's job). Tests holding a transaction open call it directly."""
+        self.backend.lock_for_append(conn)
+        state = self._load_state(conn, calls)
+        now_us = time.time_ns() // 1000
+        outcomes: list[Outcome] = []
+        for call in calls:
+            try:
+                outcomes.append(plan_call(state, call, now_us))
+            except StoreError as exc:
+                outcomes.append(exc)
+        if state.inserts:
+            self.backend.insert_rows(conn, state.inserts)
+        self._remember_versions(state)
+        return outcomes
+
+    def _load_state(self, conn: Connection, calls: Sequence[AppendCall]) -> BatchState:
+        head = conn.execute(_HEAD).scalar_one()
+        if head != self._versions_head:
+            self._versions.clear()
+        streams = {r.stream_id for c in calls for r in c.rows}
+        state = BatchState(head=head, versions={s: self._versions[s] for s in streams if s in self._versions})
+        for chunk in _chunks(sorted(streams - state.versions.keys())):
+            state.versions.update({s: v for s, v in conn.execute(_VERSIONS, {"streams": chunk}).all()})
+        for chunk in _chunks([r.event_id for c in calls for r in c.rows]):
+            for eid, sid, ver, pos in conn.execute(_EXISTING, {"ids": chunk}).all():
+                state.existing[eid] = Existing(sid, ver, pos)
+        return state
+
+    def _remember_versions(self, state: BatchState) -> None:
+        if len(self._versions) > _MAX_CACHED_STREAMS:
+            self._versions.clear()
+        self._versions.update(state.versions)
+        self._versions_head = state.head
+
+    def _forget_versions(self) -> None:
+        self._versions.clear()
+        self._versions_head = None
+
+    async def close(self) -> None:
+        await self.backend.dispose()
+
+    # --- reading -----------------------------------------------------------------------
+    async def select_stream(self, stream_id: str, *, from_version: int = 1) -> list[StoredRow]:
+        """Rows of one stream with ``version >= from_version``, in version order."""
+        q = (
+            sa.select(*events.c)
+            .where(events.c.stream_id == stream_id, events.c.version >= from_version)
+            .order_by(events.c.version)
+        )
+        async with self.backend.reader.connect() as conn:
+            return [StoredRow(*r) for r in (await conn.execute(q)).all()]
+
+
+class ApplicationRecorder(AggregateRecorder):
+    """Adds reads in global (commit) order."""
+
+    async def select_rows(
+        self, from_position: int, *, until_position: int | None = None, limit: int = 1000, stream_id: str | None = None
+    ) -> list[StoredRow]:
+        """Up to ``limit`` rows with ``from_position <= position <= until_position`` (no upper
+        bound when None), optionally of one stream, in position order."""
+        q = sa.select(*events.c).where(events.c.position >= from_position)
+        if until_position is not None:
+            q = q.where(events.c.position <= until_position)
+        if stream_id is not None:
+            q = q.where(events.c.stream_id == stream_id)
+        q = q.order_by(events.c.position).limit(limit)
+        async with self.backend.reader.connect() as conn:
+            return [StoredRow(*r) for r in (await conn.execute(q)).all()]
+
+    async def max_position(self) -> int:
+        """The head position (0 for an empty log)."""
+        async with self.backend.reader.connect() as conn:
+            return int((await conn.execute(_HEAD)).scalar_one())
+
+
+class CommitSignal:
+    """Wakes live readers in this process after each commit."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def current(self) -> asyncio.Event:
+        """Take this *before* reading, then wait on it: a commit in between is not missed."""
+        return self._event
+
+    def fire(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+
+class SubscribableRecorder(ApplicationRecorder):
+    """Adds :attr:`committed`, fired after every batch this recorder commits."""
+
+    def __init__(self, backend: Backend, **kw: float) -> None:
+        super().__init__(backend, **kw)
+        self.committed = CommitSignal()
+
+    async def write_batch(self, calls: Sequence[AppendCall]) -> list[Outcome]:
+        outcomes = await super().write_batch(calls)
+        self.committed.fire()
+        return outcomes

@@ -1,0 +1,205 @@
+"""The event store: the async API the rest of the ledger uses.
+
+    store = await EventStore.open("sqlite+aiosqlite:///ledger.db", create=True)
+    positions = await store.append("S1", [SessionOpened(session_id="S1", ts=...)], expected_version=0)
+    async for stored in store.read_all(from_position=1): ...
+    await store.close()
+
+Positions start at 1, are gap-free and follow commit order; stream versions start at 1.
+``from_position`` / ``until_position`` bounds are inclusive (0 and 1 both mean "from the
+start").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+
+from events.records import StoredEvent
+from events.store.backends import Synchronous, make_backend
+from events.store.migrate import check_revision, upgrade
+from events.store.planning import AppendCall
+from events.store.recorder import SubscribableRecorder
+from events.store.rows import ImportRow, NewRow, StoredRow
+from events.store.url import resolve_url
+from events.store.writer import GroupCommitWriter
+from events.types import EventBase
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """``positions``: one per input row (original position for rows already stored);
+    ``appended``: rows written now; ``skipped``: rows that were already stored."""
+
+    positions: list[int]
+    appended: int
+
+    @property
+    def skipped(self) -> int:
+        return len(self.positions) - self.appended
+
+
+class EventStore:
+    """Append-only, totally ordered event log on SQLite or PostgreSQL (see module doc)."""
+
+    def __init__(self, url: str, recorder: SubscribableRecorder, *, max_batch_rows: int = 4000) -> None:
+        self.url = url
+        self.recorder = recorder
+        self._writer = GroupCommitWriter(recorder.write_batch, max_batch_rows=max_batch_rows)
+
+    @classmethod
+    async def open(
+        cls,
+        url: str | None = None,
+        *,
+        create: bool = False,
+        synchronous: Synchronous = "FULL",
+        busy_timeout_ms: int = 30_000,
+        max_batch_rows: int = 4000,
+    ) -> "EventStore":
+        """Open the log at ``url`` (default: ``$DUPLEX_LEDGER_DB_URL`` or ``./duplex-ledger.db``).
+
+        ``create=True`` first upgrades the schema to the code's revision. ``synchronous``
+        (SQLite only): FULL (durable on power loss, default) or NORMAL. Raises
+        SchemaRevisionError when the schema is missing, older or newer than the code (the
+        message names ``duplex-ledger db upgrade --db URL``); ValueError for an unsupported URL.
+        """
+        url = resolve_url(url)
+        backend = make_backend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        if create:
+            await upgrade(url)
+        try:
+            await backend.run_read(check_revision, url)
+        except BaseException:
+            await backend.dispose()
+            raise
+        return cls(url, SubscribableRecorder(backend), max_batch_rows=max_batch_rows)
+
+    async def __aenter__(self) -> "EventStore":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- writing -----------------------------------------------------------------------
+    async def append(self, stream_id: str, events: Sequence[EventBase], expected_version: int | None = None) -> list[int]:
+        """Append ``events`` (all with ``session_id == stream_id``) to the end of the stream.
+
+        ``expected_version``: None = no check; 0 = the stream must not exist yet; N = the
+        stream must be at version N. Returns the positions, one per event, once durable.
+        Re-appending exactly the same event ids returns their original positions and writes
+        nothing. Raises ConcurrencyError(stream_id, expected, actual); EventIdConflict when only
+        some ids are stored or they belong to another stream; ValueError for an empty batch,
+        a foreign ``session_id`` or a repeated event id.
+        """
+        if not events:
+            raise ValueError(f"append to {stream_id!r}: no events given")
+        if expected_version is not None and expected_version < 0:
+            raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
+        rows = [NewRow.from_event(e) for e in events]
+        for e in events:
+            if e.session_id != stream_id:
+                raise ValueError(f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}")
+        _check_unique_ids(rows)
+        result = await self._writer.submit(AppendCall(rows, stream_id, expected_version))
+        return result.positions
+
+    async def append_records(self, rows: Iterable[ImportRow]) -> ImportResult:
+        """Bulk append across many streams, in one transaction (all rows or none).
+
+        Each row goes to the end of its stream in input order; a row whose event id is
+        already stored is skipped (idempotent re-import). A row with ``version`` set must land
+        at exactly that version, else ConcurrencyError and nothing is appended. Raises
+        EventIdConflict if a stored id belongs to another stream, ValueError for an id repeated
+        in the input.
+        """
+        new_rows = [NewRow.from_import(r) for r in rows]
+        if not new_rows:
+            return ImportResult([], 0)
+        _check_unique_ids(new_rows)
+        result = await self._writer.submit(AppendCall(new_rows, bulk=True))
+        return ImportResult(result.positions, result.appended)
+
+    # --- reading -----------------------------------------------------------------------
+    async def read_stream(self, stream_id: str, *, from_version: int = 1) -> list[StoredEvent]:
+        """Events of one stream with ``version >= from_version``, decoded (upcast), in order.
+        An unknown stream gives ``[]``."""
+        return [row.decode() for row in await self.recorder.select_stream(stream_id, from_version=from_version)]
+
+    async def read_rows(
+        self,
+        from_position: int = 0,
+        *,
+        until_position: int | None = None,
+        stream_id: str | None = None,
+        batch_size: int = 1000,
+    ) -> AsyncIterator[StoredRow]:
+        """Undecoded rows in position order, fetched ``batch_size`` at a time (each batch a short
+        read, so a long export never blocks writers)."""
+        cursor = from_position
+        while True:
+            batch = await self.recorder.select_rows(
+                cursor, until_position=until_position, limit=batch_size, stream_id=stream_id
+            )
+            for row in batch:
+                yield row
+            if len(batch) < batch_size:
+                return
+            cursor = batch[-1].position + 1
+
+    async def read_all(
+        self, from_position: int = 0, *, until_position: int | None = None, batch_size: int = 1000
+    ) -> AsyncIterator[StoredEvent]:
+        """Decoded events with ``from_position <= position <= until_position`` in commit order.
+        Raises what decoding raises (UnknownEventType, FutureSchemaVersion, …)."""
+        async for row in self.read_rows(from_position, until_position=until_position, batch_size=batch_size):
+            yield row.decode()
+
+    async def subscribe_rows(
+        self, from_position: int = 0, *, poll_interval: float = 0.25, batch_size: int = 1000
+    ) -> AsyncIterator[StoredRow]:
+        """Like :meth:`subscribe`, undecoded."""
+        cursor = max(from_position, 1)
+        while True:
+            signal = self.recorder.committed.current()
+            batch = await self.recorder.select_rows(cursor, limit=batch_size)
+            for row in batch:
+                yield row
+                cursor = row.position + 1
+            if len(batch) < batch_size:
+                try:
+                    await asyncio.wait_for(signal.wait(), poll_interval)
+                except TimeoutError:
+                    pass
+
+    async def subscribe(
+        self, from_position: int = 0, *, poll_interval: float = 0.25, batch_size: int = 1000
+    ) -> AsyncIterator[StoredEvent]:
+        """Catch up from ``from_position`` (inclusive), then follow the log forever.
+
+        Commits through this store wake the iterator at once; commits by other processes are
+        seen within ``poll_interval`` seconds. Never skips or repeats a position. Stop it by
+        cancelling the consuming task or calling ``aclose()`` on the iterator.
+        """
+        async for row in self.subscribe_rows(from_position, poll_interval=poll_interval, batch_size=batch_size):
+            yield row.decode()
+
+    async def head_position(self) -> int:
+        """The last committed position (0 for an empty log)."""
+        return await self.recorder.max_position()
+
+    async def close(self) -> None:
+        """Let queued appends commit, then release every connection. Idempotent."""
+        await self._writer.close()
+        await self.recorder.close()
+
+
+def _check_unique_ids(rows: Sequence[NewRow]) -> None:
+    seen: set[str] = set()
+    for row in rows:
+        if row.event_id in seen:
+            raise ValueError(f"event id {row.event_id} appears twice in one append")
+        seen.add(row.event_id)
+
+

@@ -1,0 +1,90 @@
+"""Group commit: one writer task turns many concurrent append calls into few transactions.
+
+Callers :meth:`GroupCommitWriter.submit` a call and await its future. The writer task takes
+everything queued (up to ``max_batch_rows`` rows), runs it as one transaction through
+``write_batch`` and resolves each future with that call's own outcome — only after the
+transaction committed, so an append returns only once its events are durable. While one
+transaction runs, new calls queue up and form the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from events.store.errors import StoreClosed
+from events.store.planning import AppendCall, CallResult
+
+WriteBatch = Callable[[Sequence[AppendCall]], Awaitable[list[Any]]]
+
+
+class GroupCommitWriter:
+    def __init__(self, write_batch: WriteBatch, *, max_batch_rows: int = 4000) -> None:
+        self._write_batch = write_batch
+        self._max_batch_rows = max_batch_rows
+        self._queue: asyncio.Queue[tuple[AppendCall, asyncio.Future[CallResult]] | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def submit(self, call: AppendCall) -> CallResult:
+        """Queue ``call`` and wait until it is committed. Raises the call's StoreError, the
+        database error that failed its whole batch, or StoreClosed."""
+        if self._closed:
+            raise StoreClosed("the event store is closed")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="duplex-ledger-writer")
+        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((call, future))
+        return await future
+
+    async def _run(self) -> None:
+        pending: tuple[AppendCall, asyncio.Future[CallResult]] | None = None
+        while True:
+            item = pending or await self._queue.get()
+            pending = None
+            if item is None:
+                return
+            # Let callers woken by the previous commit queue their next calls first.
+            await asyncio.sleep(0)
+            batch = [item]
+            rows = len(item[0].rows)
+            while not self._queue.empty() and rows < self._max_batch_rows:
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    self._queue.put_nowait(None)  # stop after this batch
+                    break
+                batch.append(nxt)
+                rows += len(nxt[0].rows)
+            live = [(c, f) for c, f in batch if not f.cancelled()]
+            if live:
+                await self._commit(live)
+
+    async def _commit(self, batch: list[tuple[AppendCall, asyncio.Future[CallResult]]]) -> None:
+        try:
+            outcomes = await self._write_batch([c for c, _ in batch])
+        except asyncio.CancelledError:
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(StoreClosed("the event store was closed during the append"))
+            raise
+        except Exception as exc:  # the whole transaction failed: every call in it fails
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(exc)
+            return
+        for (_, f), outcome in zip(batch, outcomes):
+            if f.done():
+                continue
+            if isinstance(outcome, BaseException):
+                f.set_exception(outcome)
+            else:
+                f.set_result(outcome)
+
+    async def close(self) -> None:
+        """Stop accepting calls, let queued ones commit, stop the task."""
+        self._closed = True
+        if self._task is not None:
+            self._queue.put_nowait(None)
+            await self._task
+            self._task = None

@@ -1,0 +1,241 @@
+"""CLI commands on live vLLM engines: ``demo``, ``run TRACE.jsonl``, ``model prepare``.
+
+``demo`` / ``run``: parse the trace(s) (every bad line reported, exit 2, before anything
+starts), prepare the models, start two :class:`~engine_bridge.vllm_port.VllmStagePort` s
+(Stage0 thinker on ``--model``, Stage1 talker on ``--talker-model``, tiny by default), run the
+trace against a :class:`~engine_bridge.engine.SessionEngine` on ``--db`` while the
+conversation and a progress bar go to stderr, then print to stdout exactly what
+``duplex-ledger tables --db URL`` and ``duplex-ledger audit --db URL`` print (the same
+functions run), and those two commands. Exit codes: 0 clean audit, 1 leaks, 2 bad trace,
+model or database error.
+
+vllm and torch are imported only inside the commands (``reports.cli`` stays light). The
+engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the port); vLLM's own
+logging is lowered to WARNING unless ``--verbose`` or ``$VLLM_LOGGING_LEVEL`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from engine_bridge.messages import ClientEvent, EngineConfig
+from engine_bridge.trace_runner import LineOutcome, RunProgress, TraceRunResult
+from engine_bridge.traces import Trace, TraceError, TraceLine, parse_traces
+from events.store.url import resolve_url
+from reports import cli_projections
+from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+MODEL_HELP = "Stage0 (thinker) model: smollm2, tiny, or a model directory holding config.json."
+TABLES_MARK = "== per-turn tables =="
+AUDIT_MARK = "== audit =="
+
+model_app = typer.Typer(help="Prepare the models the live engines run.", no_args_is_help=True)
+
+
+def bundled_traces() -> list[Path]:
+    """The demo's traces: ``examples/*.jsonl``, sorted by name."""
+    return sorted(EXAMPLES_DIR.glob("*.jsonl"))
+
+
+def engine_config(model: str, max_tokens: Optional[int]) -> EngineConfig:
+    """Turn sizes: the tiny random model never stops by itself, so it runs with ``ignore_eos``
+    (exact lengths); a real model stops at its own EOS within ``max_tokens`` (default 32)."""
+    tiny = model.strip().lower() == "tiny"
+    budget = max_tokens or 32
+    return EngineConfig(max_tokens=budget, talker_max_tokens=budget, ignore_eos=tiny)
+
+
+def _prepare(spec: str, err: Console) -> Path:
+    """resolve_model with a spinner and its progress messages; exit 2 when it cannot."""
+    from engine_bridge.models import resolve_model
+
+    with err.status(f"preparing model {spec!r}…") as status:
+        def progress(msg: str) -> None:
+            status.update(msg)
+            err.print(f"  {msg}", highlight=False)
+
+        try:
+            path = resolve_model(spec, progress=progress)
+        except (FileNotFoundError, ImportError, OSError, RuntimeError) as exc:
+            err.print(f"[bold red]error:[/] model {spec!r}: {exc}")
+            raise typer.Exit(2) from None
+    err.print(f"model {spec!r}: {path}", highlight=False)
+    return path
+
+
+def _parse(paths: list[Path], err: Console) -> Trace:
+    try:
+        return parse_traces(paths)
+    except TraceError as exc:
+        for problem in exc.problems:
+            err.print(problem, markup=False, highlight=False)
+        err.print(f"[bold red]{len(exc.problems)} bad trace line(s); nothing was run[/]")
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+class _Live:
+    """The stderr display: conversation lines above a progress bar."""
+
+    def __init__(self, err: Console, trace: Trace) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=err)
+        self.task = self.progress.add_task("trace lines", total=len(trace.lines), status="")
+        self.turns = trace.turns
+
+    def say(self, text: str) -> None:
+        self.progress.console.print(text, markup=False, highlight=False)
+
+    def on_progress(self, p: RunProgress) -> None:
+        self.progress.update(self.task, completed=p.lines_done,
+                             status=f"sessions closed {p.sessions_closed}/{p.sessions_total} · "
+                                    f"turns ended {p.turns_ended} (answered {p.responses_done})")
+
+    def on_line(self, line: TraceLine, outcome: LineOutcome) -> None:
+        tag = f"[{line.session}]"
+        if line.type == "input.append" and line.is_speech:
+            self.say(f"{tag} user: {line.text or line.transcript or '(speech)'}")
+        elif line.type not in ("input.append", "input.commit"):
+            self.say(f"{tag} {line.type}" + (f" — {outcome.detail}" if outcome.detail else ""))
+        if outcome.status != "ok":
+            self.say(f"{tag} line {line.line_no} {line.type}: {outcome.status}: {outcome.detail}")
+
+    def on_event(self, event: ClientEvent) -> None:
+        tag = f"[{event.session_id}]"
+        if event.type == "response.done":
+            self.say(f"{tag} assistant: {(event.data.get('text') or '').strip()}")
+        elif event.type == "response.listen":
+            self.say(f"{tag} assistant keeps listening")
+        elif event.type == "response.cancelled":
+            self.say(f"{tag} response cancelled ({event.data.get('reason')})")
+
+    def on_turn(self, session, turn) -> None:  # type: ignore[no-untyped-def]
+        from reports.render_text import omni_timing_line
+
+        self.say(omni_timing_line(turn))
+
+
+async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, config: EngineConfig, speed: float,
+                 log_stats: Optional[bool], err: Console) -> tuple[TraceRunResult, dict[str, float]]:
+    from engine_bridge.engine import SessionEngine
+    from engine_bridge.trace_runner import run_trace
+    from engine_bridge.vllm_port import VllmStagePort
+
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    with err.status("starting Stage0 (thinker) engine…"):
+        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker")
+    timings["thinker_start_s"] = time.monotonic() - t0
+    ports = [thinker]
+    try:
+        t1 = time.monotonic()
+        with err.status("starting Stage1 (talker) engine…"):
+            ports.append(await VllmStagePort.start(talker_dir, stage_id=1, name="talker"))
+        timings["talker_start_s"] = time.monotonic() - t1
+        err.print(f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
+                  f"{len(trace.lines)} trace lines", highlight=False)
+        live = _Live(err, trace)
+        engine = await SessionEngine.open(url, ports, config=config, on_turn=live.on_turn)
+        async with engine:
+            with live.progress:
+                result = await run_trace(engine, trace, speed=speed, log_stats=log_stats,
+                                         on_progress=live.on_progress, on_line=live.on_line, on_event=live.on_event)
+        timings["trace_s"] = result.wall_s
+    finally:
+        for port in reversed(ports):
+            await port.shutdown()
+    return result, timings
+
+
+def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: str, speed: float,
+              log_stats: Optional[bool], max_tokens: Optional[int], verbose: bool) -> None:
+    """Shared body of ``demo`` and ``run`` (see the module docstring); raises typer.Exit."""
+    err = Console(stderr=True)
+    started = time.monotonic()
+    trace = _parse(paths, err)
+    if speed <= 0:
+        err.print("[bold red]error:[/] --speed must be > 0")
+        raise typer.Exit(2)
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    url = resolve_url(db)
+    thinker_dir = _prepare(model, err)
+    talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
+    config = engine_config(model, max_tokens)
+    result, timings = cli_projections._run(
+        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, err))
+    problems = result.problems
+    if problems:
+        err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]")
+        for o in problems:
+            err.print(f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}",
+                      markup=False, highlight=False)
+    typer.echo(TABLES_MARK)
+    cli_projections.tables(db=url, session=None, response=None, until_position=None, fmt=TablesFormat.text)
+    typer.echo(AUDIT_MARK)
+    try:
+        cli_projections.audit(db=url, session=None, max_idle=30.0, until_position=None, fmt=AuditFormat.text)
+        code = 0
+    except typer.Exit as exc:
+        code = exc.exit_code
+    typer.echo("Re-project them later from the same ledger:")
+    typer.echo(f"  duplex-ledger tables --db {url}")
+    typer.echo(f"  duplex-ledger audit --db {url}")
+    err.print(f"done in {time.monotonic() - started:.1f} s (thinker start {timings.get('thinker_start_s', 0):.1f} s, "
+              f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
+              highlight=False)
+    raise typer.Exit(code)
+
+
+def demo(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    model: str = typer.Option("smollm2", "--model", help=MODEL_HELP),
+    talker_model: str = typer.Option("tiny", "--talker-model", help="Stage1 (talker) model; default tiny."),
+    speed: float = typer.Option(1.0, "--speed", help="Time scale of the traces (2 = twice as fast)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
+) -> None:
+    """Run the bundled example conversations (examples/*.jsonl) concurrently on live vLLM
+    engines, then print the per-turn tables and the leak audit (exit 1 if not clean)."""
+    _live_run(bundled_traces(), db, model, talker_model, speed, None, max_tokens, verbose)
+
+
+def run(
+    trace: Path = typer.Argument(..., help="JSONL trace (format: examples/README.md)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    model: str = typer.Option("smollm2", "--model", help=MODEL_HELP),
+    talker_model: str = typer.Option("tiny", "--talker-model", help="Stage1 (talker) model; default tiny."),
+    log_stats: Optional[bool] = typer.Option(None, "--log-stats/--no-log-stats",
+                                             help="Override every session's log_stats (default: the trace's)."),
+    speed: float = typer.Option(1.0, "--speed", help="Time scale of the trace (2 = twice as fast)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
+) -> None:
+    """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
+    Exit 2 (nothing run) on bad trace lines, 1 when the audit after the run is not clean."""
+    _live_run([trace], db, model, talker_model, speed, log_stats, max_tokens, verbose)
+
+
+@model_app.command("prepare")
+def prepare(spec: str = typer.Argument("smollm2", help="smollm2, tiny, or a model directory.")) -> None:
+    """Prepare a model (build tiny / convert SmolLM2 into the cache); prints its directory."""
+    path = _prepare(spec, Console(stderr=True))
+    typer.echo(str(path))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``demo``, ``run`` and ``model prepare`` to the main CLI app."""
+    app.command("demo")(demo)
+    app.command("run")(run)
+    app.add_typer(model_app, name="model")

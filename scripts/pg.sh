@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install (Debian's packages), start a local PostgreSQL server and create the test role and
+# database used by the PostgreSQL half of the test suite. Idempotent; run as root.
+# Prints the export line for DUPLEX_LEDGER_TEST_PG_URL on its last line.
+set -euo pipefail
+
+PG_USER=${PG_USER:-ledger}
+PG_PASS=${PG_PASS:-ledger}
+PG_DB=${PG_DB:-ledger_test}
+
+if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+
+ver=$(ls /usr/lib/postgresql | sort -V | tail -1)
+if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$ver main"; then
+  pg_createcluster "$ver" main >/dev/null
+fi
+if ! pg_lsclusters -h | awk -v v="$ver" '$1==v && $2=="main" {print $4}' | grep -q online; then
+  pg_ctlcluster "$ver" main start
+fi
+port=$(pg_lsclusters -h | awk -v v="$ver" '$1==v && $2=="main" {print $3}')
+for _ in $(seq 1 60); do
+  pg_isready -q -h 127.0.0.1 -p "$port" && break
+  sleep 0.5
+done
+
+psql_su() { su postgres -c "psql -p $port -v ON_ERROR_STOP=1 -tAc \"$1\""; }
+if [ "$(psql_su "SELECT 1 FROM pg_roles WHERE rolname='$PG_USER'")" != "1" ]; then
+  psql_su "CREATE ROLE $PG_USER LOGIN PASSWORD '$PG_PASS' CREATEDB" >/dev/null
+fi
+if [ "$(psql_su "SELECT 1 FROM pg_database WHERE datname='$PG_DB'")" != "1" ]; then
+  psql_su "CREATE DATABASE $PG_DB OWNER $PG_USER" >/dev/null
+fi
+
+echo "export DUPLEX_LEDGER_TEST_PG_URL=postgresql+asyncpg://$PG_USER:$PG_PASS@127.0.0.1:$port/$PG_DB"

@@ -1,0 +1,145 @@
+"""``duplex-ledger events import|export|tail`` and the JSONL format."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tests.cli.conftest import Cli
+
+GOOD = [
+    {"stream": "S1", "type": "SessionOpened", "ts": 1757000000.5, "data": {"auto_response": True}},
+    {"stream": "S1", "type": "TurnCommitted", "ts": "2025-09-04T23:33:40+08:00", "data": {"turn_id": 0}},
+    {"stream": "sess/ü:1.2", "type": "StageOutput", "ts": 1757000020.850001,
+     "data": {"stage_id": 0, "request_id": "duplex-s.czE.i.0.e.0.r.stage0_t0", "text_delta": "héllo"}},
+    {"stream": "S1", "type": "StageRequestSubmitted", "ts": 1757000021, "schema_version": 1,
+     "data": {"stage_id": 0, "request_id": "duplex-s.UzE.i.0.e.0.r.stage0_t0", "tokens_in": 12}},
+    {"stream": "S1", "type": "ResponseEnded", "ts": "2025-09-04T15:33:40+00:00",
+     "data": {"response_id": "resp-2", "status": "completed"}},
+]
+
+
+def write_jsonl(path: Path, objs: list[dict] | list[str]) -> Path:
+    with path.open("w", encoding="utf-8") as fh:
+        for o in objs:
+            fh.write((o if isinstance(o, str) else json.dumps(o, ensure_ascii=False)) + "\n")
+    return path
+
+
+def with_ids(objs: list[dict]) -> list[dict]:
+    return [{**o, "event_id": str(uuid.UUID(int=i + 1))} for i, o in enumerate(objs)]
+
+
+def test_export_import_export_is_byte_identical(cli: Cli, tmp_path: Path, sqlite_url: str) -> None:
+    """Source on the parametrised backend, copy on SQLite (and vice versa for [postgresql])."""
+    src = write_jsonl(tmp_path / "in.jsonl", GOOD)
+    assert cli("db", "upgrade").exit_code == 0
+    assert cli("events", "import", str(src)).exit_code == 0
+    first = cli("events", "export")
+    assert first.exit_code == 0 and len(first.output.splitlines()) == 5
+
+    copy = Cli(sqlite_url if cli.url != sqlite_url else f"sqlite+aiosqlite:///{tmp_path / 'copy.db'}")
+    assert copy("db", "upgrade").exit_code == 0
+    exported = tmp_path / "export.jsonl"
+    exported.write_text(first.output, encoding="utf-8")
+    r = copy("events", "import", str(exported))
+    assert r.exit_code == 0 and "imported 5 event(s)" in r.output
+    second = copy("events", "export", "--output", str(tmp_path / "again.jsonl"))
+    assert second.exit_code == 0
+    assert (tmp_path / "again.jsonl").read_bytes() == first.output.encode("utf-8")
+
+
+def test_export_format(cli: Cli, tmp_path: Path) -> None:
+    cli("db", "upgrade")
+    cli("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))
+    lines = cli("events", "export").output.splitlines()
+    first = json.loads(lines[1])
+    assert list(first) == ["position", "stream", "version", "type", "event_id", "schema_version", "ts", "recorded_at", "data"]
+    assert (first["position"], first["stream"], first["version"]) == (2, "S1", 2)
+    assert '"ts":1757000020.000000,' in lines[1]  # +08:00 normalised to UTC, exact decimals
+    assert '"ts":1757000020.850001,' in lines[2] and "sess/ü:1.2" in lines[2]
+    v1 = json.loads(lines[3])
+    assert v1["schema_version"] == 1 and v1["data"]["tokens_in"] == 12  # kept as stored
+    assert json.loads(lines[0])["data"]["auto_response"] is True
+
+
+def test_bad_lines_are_all_reported_and_nothing_is_imported(sqlite_cli: Cli, tmp_path: Path) -> None:
+    sqlite_cli("db", "upgrade")
+    lines = [
+        json.dumps(GOOD[0]),
+        json.dumps({"stream": "S1", "type": "StageOutput", "ts": 1.0, "data": {"stage_id": "x", "request_id": "r"}}),
+        "{not json",
+        json.dumps({"stream": "S1", "type": "Bogus", "ts": 1.0, "data": {}}),
+        json.dumps({"stream": "S1", "type": "TurnCommitted", "data": {"turn_id": 1}}),
+        json.dumps({"stream": "S1", "type": "TurnCommitted", "ts": "yesterday", "data": {"turn_id": 1}}),
+        json.dumps({"stream": "S1", "type": "TurnCommitted", "ts": 1.0, "data": {"turn_id": 1, "colour": "red"}}),
+        json.dumps(GOOD[1]),
+    ]
+    r = sqlite_cli("events", "import", str(write_jsonl(tmp_path / "bad.jsonl", lines)))
+    assert r.exit_code == 2
+    out = r.output
+    assert "line 2: StageOutput.stage_id: Input should be a valid integer" in out and "(got 'x')" in out
+    assert "line 3: not valid JSON" in out
+    assert "line 4: type: unknown event type 'Bogus'" in out
+    assert "line 5: ts: missing" in out
+    assert "line 6: TurnCommitted.ts:" in out and "yesterday" in out
+    assert "line 7: TurnCommitted.colour: Extra inputs are not permitted" in out
+    assert "line 1:" not in out and "line 8:" not in out
+    assert "6 bad line(s); nothing was imported" in out
+    assert sqlite_cli("events", "export").output == ""
+
+
+def test_reimport_is_idempotent(cli: Cli, tmp_path: Path) -> None:
+    cli("db", "upgrade")
+    src = write_jsonl(tmp_path / "in.jsonl", with_ids(GOOD))
+    assert "imported 5 event(s)" in cli("events", "import", str(src)).output
+    r = cli("events", "import", str(src))
+    assert r.exit_code == 0 and "imported 0 event(s)" in r.output and "5 already present" in r.output
+    assert len(cli("events", "export").output.splitlines()) == 5
+
+
+def test_version_conflict_imports_nothing(sqlite_cli: Cli, tmp_path: Path) -> None:
+    sqlite_cli("db", "upgrade")
+    sqlite_cli("events", "import", str(write_jsonl(tmp_path / "a.jsonl", GOOD[:2])))
+    clash = [{**GOOD[4], "version": 1}, {**GOOD[0], "stream": "S9"}]
+    r = sqlite_cli("events", "import", str(write_jsonl(tmp_path / "b.jsonl", clash)))
+    assert r.exit_code == 2 and "stream 'S1': expected version 0, but it is at version 2" in r.output
+    assert len(sqlite_cli("events", "export").output.splitlines()) == 2
+
+
+def test_export_filters(sqlite_cli: Cli, tmp_path: Path) -> None:
+    sqlite_cli("db", "upgrade")
+    sqlite_cli("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))
+    s1 = sqlite_cli("events", "export", "--stream", "S1").output.splitlines()
+    assert [json.loads(x)["position"] for x in s1] == [1, 2, 4, 5]
+    tail = sqlite_cli("events", "export", "--from-position", "4").output.splitlines()
+    assert [json.loads(x)["position"] for x in tail] == [4, 5]
+
+
+def test_tail_follows_and_exits_cleanly_on_ctrl_c(sqlite_cli: Cli, tmp_path: Path) -> None:
+    sqlite_cli("db", "upgrade")
+    sqlite_cli("events", "import", str(write_jsonl(tmp_path / "a.jsonl", GOOD[:1])))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reports.cli", "events", "tail", "--from-position", "1", "--poll-interval", "0.05",
+         "--db", sqlite_cli.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        assert json.loads(proc.stdout.readline())["position"] == 1  # catch-up
+        sqlite_cli("events", "import", str(write_jsonl(tmp_path / "b.jsonl", GOOD[1:3])))
+        assert json.loads(proc.stdout.readline())["position"] == 2  # live, written by another process
+        assert json.loads(proc.stdout.readline())["position"] == 3
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,56 @@
+"""Pure batch planning: per-call decisions inside one group-commit batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from events.store.errors import ConcurrencyError, EventIdConflict
+from events.store.planning import AppendCall, BatchState, Existing, plan_call
+from events.store.rows import NewRow
+
+
+def row(stream: str, eid: str, version: int | None = None) -> NewRow:
+    return NewRow(stream, eid, "TurnCommitted", 1, 1, "{}", version=version)
+
+
+def test_calls_in_one_batch_see_each_other() -> None:
+    state = BatchState(head=10, versions={"A": 2})
+    r1 = plan_call(state, AppendCall([row("A", "a3")], "A", 2), now_us=5)
+    r2 = plan_call(state, AppendCall([row("A", "a4"), row("A", "a5")], "A", 3), now_us=5)
+    assert (r1.positions, r2.positions) == ([11], [12, 13])
+    assert [(r[0], r[2]) for r in state.inserts] == [(11, 3), (12, 4), (13, 5)]
+
+
+def test_failed_call_leaves_state_untouched() -> None:
+    state = BatchState(head=10, versions={"A": 2})
+    with pytest.raises(ConcurrencyError):
+        plan_call(state, AppendCall([row("A", "x")], "A", 1), now_us=5)
+    assert state.head == 10 and state.inserts == [] and "x" not in state.existing
+    with pytest.raises(ConcurrencyError):
+        plan_call(state, AppendCall([row("B", "y1"), row("B", "y2", version=5)], bulk=True), now_us=5)
+    assert state.head == 10 and state.inserts == [] and "B" not in state.versions
+
+
+def test_duplicate_retry_inside_batch_is_idempotent() -> None:
+    state = BatchState(head=0)
+    first = plan_call(state, AppendCall([row("A", "e1")], "A", 0), now_us=5)
+    again = plan_call(state, AppendCall([row("A", "e1")], "A", 0), now_us=5)
+    assert first.positions == again.positions == [1] and again.appended == 0
+    assert len(state.inserts) == 1
+
+
+def test_partial_and_foreign_ids() -> None:
+    state = BatchState(head=3, existing={"e1": Existing("A", 1, 1)})
+    with pytest.raises(EventIdConflict, match="only part"):
+        plan_call(state, AppendCall([row("A", "e1"), row("A", "new")], "A"), now_us=5)
+    with pytest.raises(EventIdConflict, match="another stream"):
+        plan_call(state, AppendCall([row("B", "e1")], "B"), now_us=5)
+    with pytest.raises(EventIdConflict, match="another stream"):
+        plan_call(state, AppendCall([row("B", "e1")], bulk=True), now_us=5)
+
+
+def test_bulk_keeps_given_recorded_at() -> None:
+    state = BatchState(head=0)
+    r = NewRow("A", "e", "T", 1, 7, "{}", recorded_at_us=42)
+    plan_call(state, AppendCall([r, row("A", "f")], bulk=True), now_us=99)
+    assert [x[7] for x in state.inserts] == [42, 99]
