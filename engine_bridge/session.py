@@ -580,14 +580,21 @@ class Session:
         await self.log.emit(*events)
         try:
             await cleanup_id(self.log, self.ports, turn.request_id, cause=source, force_abort=True)
-        finally:
-            turn.chunks.put_nowait(None)
-            if turn.task is not None:
-                turn.task.cancel()
-                await asyncio.gather(turn.task, return_exceptions=True)
+        except CleanupFailed:
+            # The id still runs and its keys are restored (R3). Do not cancel the consuming task:
+            # closing vLLM's iterator would abort the request behind the log's back. The task
+            # drains the outputs silently (turn.cancelled); close retries the abort (R7).
             if self.active is turn:
                 self.active = None
             self._idle.set()
+            raise
+        turn.chunks.put_nowait(None)
+        if turn.task is not None:
+            turn.task.cancel()
+            await asyncio.gather(turn.task, return_exceptions=True)
+        if self.active is turn:
+            self.active = None
+        self._idle.set()
         if turn.response_id is not None:
             self._send("response.cancelled", response_id=turn.response_id, reason=wire)
         self._send("audio.cancelled", reason=wire)
