@@ -246,13 +246,18 @@ class TurnsFold:
         d = target.setdefault(e.stage_id, DerivedStage(e.request_id))
         d.submit_ts, d.num_tokens_in = e.ts, e.num_tokens_in
 
+    def _derived_for(self, s: SessionTurns, stage_id: int, request_id: str) -> DerivedStage:
+        """The ledger-derived accumulator an event of ``request_id`` feeds: the open turn's, or
+        the pre-begin pending one."""
+        turn = s.open
+        target = turn.derived if turn is not None and self._belongs_to_open(s, request_id) else s.pending_derived
+        return target.setdefault(stage_id, DerivedStage(request_id))
+
     def _forwarded(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
         if not rid.is_duplex(e.request_id):
             return
-        turn = s.open
-        target = turn.derived if turn is not None and self._belongs_to_open(s, e.request_id) else s.pending_derived
-        d = target.setdefault(e.stage_id, DerivedStage(e.request_id))
+        d = self._derived_for(s, e.stage_id, e.request_id)
         if d.submit_ts is None:
             d.submit_ts = e.ts
 
@@ -260,9 +265,7 @@ class TurnsFold:
         e = st.event
         if not rid.is_duplex(e.request_id):
             return
-        turn = s.open
-        target = turn.derived if turn is not None and self._belongs_to_open(s, e.request_id) else s.pending_derived
-        d = target.setdefault(e.stage_id, DerivedStage(e.request_id))
+        d = self._derived_for(s, e.stage_id, e.request_id)
         d.last_ts = e.ts
         if e.num_new_tokens > 0:
             if d.first_token_ts is None:

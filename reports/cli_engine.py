@@ -10,13 +10,13 @@ functions run), and those two commands. Exit codes: 0 clean audit, 1 leaks, 2 ba
 model or database error.
 
 vllm and torch are imported only inside the commands (``reports.cli`` stays light). The
-engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the port); vLLM's own
-logging is lowered to WARNING unless ``--verbose`` or ``$VLLM_LOGGING_LEVEL`` says otherwise.
+engine processes are spawned by vLLM (the console script's ``main()`` is import-guarded).
+vLLM's own logging goes to stderr and is lowered to ERROR unless ``--verbose`` or
+``$VLLM_LOGGING_LEVEL`` says otherwise.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from pathlib import Path
@@ -35,6 +35,8 @@ from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 MODEL_HELP = "Stage0 (thinker) model: smollm2, tiny, or a model directory holding config.json."
+DTYPE_HELP = ("Engine dtype: float32 (default; CPUs without native fp16 run float16 ~1.6x slower) or float16 "
+              "(never bfloat16 on CPU).")
 TABLES_MARK = "== per-turn tables =="
 AUDIT_MARK = "== audit =="
 
@@ -95,7 +97,7 @@ class _Live:
         self.turns = trace.turns
 
     def say(self, text: str) -> None:
-        self.progress.console.print(text, markup=False, highlight=False)
+        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def on_progress(self, p: RunProgress) -> None:
         self.progress.update(self.task, completed=p.lines_done,
@@ -127,7 +129,7 @@ class _Live:
 
 
 async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, config: EngineConfig, speed: float,
-                 log_stats: Optional[bool], err: Console) -> tuple[TraceRunResult, dict[str, float]]:
+                 log_stats: Optional[bool], dtype: str, err: Console) -> tuple[TraceRunResult, dict[str, float]]:
     from engine_bridge.engine import SessionEngine
     from engine_bridge.trace_runner import run_trace
     from engine_bridge.vllm_port import VllmStagePort
@@ -135,13 +137,13 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     with err.status("starting Stage0 (thinker) engine…"):
-        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker")
+        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker", dtype=dtype)
     timings["thinker_start_s"] = time.monotonic() - t0
     ports = [thinker]
     try:
         t1 = time.monotonic()
         with err.status("starting Stage1 (talker) engine…"):
-            ports.append(await VllmStagePort.start(talker_dir, stage_id=1, name="talker"))
+            ports.append(await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype))
         timings["talker_start_s"] = time.monotonic() - t1
         err.print(f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
                   f"{len(trace.lines)} trace lines", highlight=False)
@@ -159,7 +161,7 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
 
 
 def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: str, speed: float,
-              log_stats: Optional[bool], max_tokens: Optional[int], verbose: bool) -> None:
+              log_stats: Optional[bool], max_tokens: Optional[int], dtype: str, verbose: bool) -> None:
     """Shared body of ``demo`` and ``run`` (see the module docstring); raises typer.Exit."""
     err = Console(stderr=True)
     started = time.monotonic()
@@ -168,13 +170,14 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
         err.print("[bold red]error:[/] --speed must be > 0")
         raise typer.Exit(2)
     if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
     url = resolve_url(db)
     thinker_dir = _prepare(model, err)
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = engine_config(model, max_tokens)
     result, timings = cli_projections._run(
-        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, err))
+        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err))
     problems = result.problems
     if problems:
         err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]")
@@ -204,11 +207,13 @@ def demo(
     talker_model: str = typer.Option("tiny", "--talker-model", help="Stage1 (talker) model; default tiny."),
     speed: float = typer.Option(1.0, "--speed", help="Time scale of the traces (2 = twice as fast)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
+    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
 ) -> None:
-    """Run the bundled example conversations (examples/*.jsonl) concurrently on live vLLM
-    engines, then print the per-turn tables and the leak audit (exit 1 if not clean)."""
-    _live_run(bundled_traces(), db, model, talker_model, speed, None, max_tokens, verbose)
+    """Run the bundled example conversations on live vLLM engines; print tables and audit.
+
+    The traces in examples/*.jsonl run concurrently; exit 1 if the audit is not clean."""
+    _live_run(bundled_traces(), db, model, talker_model, speed, None, max_tokens, dtype, verbose)
 
 
 def run(
@@ -220,11 +225,13 @@ def run(
                                              help="Override every session's log_stats (default: the trace's)."),
     speed: float = typer.Option(1.0, "--speed", help="Time scale of the trace (2 = twice as fast)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
+    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
 ) -> None:
     """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
+
     Exit 2 (nothing run) on bad trace lines, 1 when the audit after the run is not clean."""
-    _live_run([trace], db, model, talker_model, speed, log_stats, max_tokens, verbose)
+    _live_run([trace], db, model, talker_model, speed, log_stats, max_tokens, dtype, verbose)
 
 
 @model_app.command("prepare")

@@ -25,9 +25,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 CONFIG = EngineConfig(max_tokens=8, talker_max_tokens=6, ignore_eos=True, flush_interval_s=0.01)
 
 
-def engine_for(tmp_path, live_ports, name="ledger", **kw) -> "asyncio.Future[SessionEngine]":
+LONG = EngineConfig(max_tokens=900, talker_max_tokens=6, ignore_eos=True, flush_interval_s=0.01)
+
+
+def engine_for(tmp_path, live_ports, name="ledger", config=CONFIG, **kw) -> "asyncio.Future[SessionEngine]":
+    """A SessionEngine on the shared live ports (wrapped so a test can inject abort failures).
+    ``LONG`` responses (900 tokens) leave time to interrupt them."""
     ports = [FlakyAbortPort(live_ports.thinker), FlakyAbortPort(live_ports.talker)]
-    return SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/{name}.db", ports, config=CONFIG, **kw)
+    return SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/{name}.db", ports, config=config, **kw)
 
 
 async def turn(session, text):
@@ -82,9 +87,7 @@ async def test_resident_session_streams_updates_on_one_id(tmp_path, live_ports):
 
 
 async def test_barge_in_mid_response_aborts_every_pool(tmp_path, live_ports):
-    cfg = EngineConfig(max_tokens=900, talker_max_tokens=6, ignore_eos=True, flush_interval_s=0.01)
-    ports = [live_ports.thinker, live_ports.talker]
-    async with await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/b.db", ports, config=cfg) as engine:
+    async with await engine_for(tmp_path, live_ports, "b", LONG) as engine:
         s = await engine.open_session("live-barge")
         await s.append_text("Tell me a very long story about the sea.")
         await s.commit()
@@ -101,9 +104,7 @@ async def test_barge_in_mid_response_aborts_every_pool(tmp_path, live_ports):
 
 
 async def test_cancel_and_close_mid_response(tmp_path, live_ports):
-    cfg = EngineConfig(max_tokens=900, talker_max_tokens=6, ignore_eos=True, flush_interval_s=0.01)
-    ports = [live_ports.thinker, live_ports.talker]
-    async with await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/c.db", ports, config=cfg) as engine:
+    async with await engine_for(tmp_path, live_ports, "c", LONG) as engine:
         a = await engine.open_session("live-cancel")
         await a.append_text("Describe every planet in detail.")
         await a.commit()
@@ -138,9 +139,8 @@ async def test_listen_only_then_speak(tmp_path, live_ports):
 
 
 async def test_injected_abort_failure_on_live_engine_restores_keys(tmp_path, live_ports):
-    cfg = EngineConfig(max_tokens=900, talker_max_tokens=6, ignore_eos=True, flush_interval_s=0.01)
-    ports = [FlakyAbortPort(live_ports.thinker), FlakyAbortPort(live_ports.talker)]
-    async with await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/f.db", ports, config=cfg) as engine:
+    async with await engine_for(tmp_path, live_ports, "f", LONG) as engine:
+        ports = engine.ports
         s = await engine.open_session("live-flaky")
         await s.append_text("Tell me everything about volcanoes.")
         await s.commit()
