@@ -149,15 +149,21 @@ class ProjectionRunner:
 
     async def follow(self, stop: asyncio.Event, *, idle_flush_s: float = 0.2) -> int:
         """Catch up, then fold live events until ``stop`` is set; commits a batch when it is
-        full or the log has been quiet for ``idle_flush_s``."""
+        full or the log has been quiet for ``idle_flush_s``. (The subscription runs in its own
+        task feeding a queue: cancelling a pending ``__anext__`` would close the generator.)"""
         await self.catch_up()
+        queue: asyncio.Queue[StoredEvent] = asyncio.Queue()
+
+        async def pump() -> None:
+            async for stored in self.store.subscribe(self.position + 1):
+                queue.put_nowait(stored)
+
+        pumper = asyncio.get_running_loop().create_task(pump())
         batch: list[StoredEvent] = []
-        subscription = self.store.subscribe(self.position + 1)
         try:
             while not stop.is_set():
                 try:
-                    stored = await asyncio.wait_for(subscription.__anext__(), idle_flush_s)
-                    batch.append(stored)
+                    batch.append(await asyncio.wait_for(queue.get(), idle_flush_s))
                     if len(batch) < self.batch_size:
                         continue
                 except TimeoutError:
@@ -166,7 +172,10 @@ class ProjectionRunner:
                     await self._commit(batch)
                     batch = []
         finally:
-            await subscription.aclose()
+            pumper.cancel()
+            await asyncio.gather(pumper, return_exceptions=True)
+        while not queue.empty():
+            batch.append(queue.get_nowait())
         if batch:
             await self._commit(batch)
         return self.position
