@@ -32,7 +32,8 @@ class EngineConfig:
       codec frames (480 frames at 24 kHz = 20 ms per token);
     * ``overlap_short_ack_ms``: DEFER_ACTIVE_RESPONSE drops overlap up to this (DOMAIN §2.3);
     * ``flush_interval_s``: output events are batched to the log at most this long;
-    * ``ignore_eos``: generate exactly the budget (tiny random models never stop by themselves).
+    * ``ignore_eos``: generate exactly the budget (tiny random models never stop by themselves);
+      ``talker_ignore_eos`` the same for Stage1 (None: as ``ignore_eos``).
     """
 
     max_tokens: int = 32
@@ -44,6 +45,7 @@ class EngineConfig:
     max_sessions: int = 256
     flush_interval_s: float = 0.02
     ignore_eos: bool = False
+    talker_ignore_eos: bool | None = None
     temperature: float = 0.0
     system_prompt: str = "You are a helpful voice assistant. Answer in one short sentence."
     stats_logger_name: str = "duplex_ledger.stats"

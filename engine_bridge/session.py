@@ -353,9 +353,11 @@ class Session:
             prompt = port0.chat_prompt(messages)
         return prompt, port0.count_tokens(prompt)
 
-    def _params(self, max_tokens: int) -> GenerationParams:
-        return GenerationParams(max_tokens=max_tokens, temperature=self.config.temperature,
-                                ignore_eos=self.config.ignore_eos)
+    def _params(self, max_tokens: int, stage_id: int = 0) -> GenerationParams:
+        ignore_eos = self.config.ignore_eos
+        if stage_id >= 1 and self.config.talker_ignore_eos is not None:
+            ignore_eos = self.config.talker_ignore_eos
+        return GenerationParams(max_tokens=max_tokens, temperature=self.config.temperature, ignore_eos=ignore_eos)
 
     async def _stage0_chunks(self, turn: TurnRun, prompt: str, kind: str) -> AsyncIterator[StageChunk]:
         port0 = self.ports[0]
@@ -474,7 +476,7 @@ class Session:
         forwarded_ts = time.time()
         await self.log.emit(StageRequestForwarded(session_id=self.session_id, ts=forwarded_ts, stage_id=1,
                                                   request_id=turn.request_id, fence=self.fence(), from_stage=0))
-        stream = port1.generate(turn.request_id, text or " ", self._params(budget))
+        stream = port1.generate(turn.request_id, text or " ", self._params(budget, stage_id=1))
         tx_ms = (time.perf_counter() - tx_start) * 1000.0
         self.log.emit_later(TransferTx(session_id=self.session_id, ts=time.time(), from_stage=0, to_stage=1,
                                        request_id=turn.request_id, size_bytes=payload_bytes, tx_time_ms=tx_ms))

@@ -48,12 +48,17 @@ def bundled_traces() -> list[Path]:
     return sorted(EXAMPLES_DIR.glob("*.jsonl"))
 
 
-def engine_config(model: str, max_tokens: Optional[int]) -> EngineConfig:
-    """Turn sizes: the tiny random model never stops by itself, so it runs with ``ignore_eos``
-    (exact lengths); a real model stops at its own EOS within ``max_tokens`` (default 32)."""
-    tiny = model.strip().lower() == "tiny"
+def engine_config(model: str, max_tokens: Optional[int], talker_model: str = "tiny") -> EngineConfig:
+    """Turn sizes: the tiny random model never stops by itself, so a stage running it uses
+    ``ignore_eos`` (exact lengths); a real model stops at its own EOS within ``max_tokens``
+    (default 32)."""
     budget = max_tokens or 32
-    return EngineConfig(max_tokens=budget, talker_max_tokens=budget, ignore_eos=tiny)
+    return EngineConfig(max_tokens=budget, talker_max_tokens=budget, ignore_eos=_is_tiny(model),
+                        talker_ignore_eos=_is_tiny(talker_model))
+
+
+def _is_tiny(model: str) -> bool:
+    return model.strip().lower() == "tiny"
 
 
 def _prepare(spec: str, err: Console) -> Path:
@@ -175,7 +180,7 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
     url = resolve_url(db)
     thinker_dir = _prepare(model, err)
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
-    config = engine_config(model, max_tokens)
+    config = engine_config(model, max_tokens, talker_model)
     result, timings = cli_projections._run(
         lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err))
     problems = result.problems
