@@ -36,11 +36,12 @@ def pct(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-async def run_ledger(ports, config, db_path: Path) -> tuple[float, list[float], int, int]:
+async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[float, list[float], int, int]:
     from engine_bridge.engine import SessionEngine
 
     latencies: list[float] = []
-    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", ports, config=config)
+    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", ports, config=config,
+                                      synchronous=synchronous)
 
     async def one(i: int) -> None:
         s = await engine.open_session(f"bench-{i}-{time.monotonic_ns()}")
@@ -94,27 +95,30 @@ async def run_plain(ports, config) -> tuple[float, list[float]]:
     return time.perf_counter() - start, latencies
 
 
-async def main(model: str, rounds: int) -> None:
+async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float) -> None:
     from engine_bridge.messages import EngineConfig
     from engine_bridge.models import resolve_model
     from engine_bridge.vllm_port import VllmStagePort
 
     model_dir = resolve_model(model)
     talker_dir = resolve_model("tiny")
-    thinker = await VllmStagePort.start(model_dir, stage_id=0, name="thinker")
-    talker = await VllmStagePort.start(talker_dir, stage_id=1, name="talker")
-    config = EngineConfig(max_tokens=24, talker_max_tokens=24, ignore_eos=True)
+    thinker = await VllmStagePort.start(model_dir, stage_id=0, name="thinker", dtype=dtype)
+    talker = await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype)
+    # Exact lengths on both arms: both stages run to their budget.
+    config = EngineConfig(max_tokens=24, talker_max_tokens=24, ignore_eos=True, flush_interval_s=flush_s)
     ports = [thinker, talker]
     ledger_walls, plain_walls, ledger_lat, plain_lat = [], [], [], []
     events = size = 0
+    cpu = {"ledger": 0.0, "plain": 0.0}
     try:
         await run_plain(ports, config)  # warm-up (not counted)
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
                 order = ("ledger", "plain") if r % 2 == 0 else ("plain", "ledger")
                 for which in order:
+                    cpu0 = time.process_time()
                     if which == "ledger":
-                        wall, lat, ev, sz = await run_ledger(ports, config, Path(tmp) / f"round{r}.db")
+                        wall, lat, ev, sz = await run_ledger(ports, config, Path(tmp) / f"round{r}.db", synchronous)
                         ledger_walls.append(wall)
                         ledger_lat += lat
                         events += ev
@@ -123,18 +127,22 @@ async def main(model: str, rounds: int) -> None:
                         wall, lat = await run_plain(ports, config)
                         plain_walls.append(wall)
                         plain_lat += lat
+                    cpu[which] += time.process_time() - cpu0
     finally:
         await talker.shutdown()
         await thinker.shutdown()
     turns = SESSIONS * TURNS * rounds
     lw, pw = statistics.median(ledger_walls), statistics.median(plain_walls)
-    print(f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds alternating")
+    print(f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds alternating, "
+          f"SQLite synchronous={synchronous}, flush interval {flush_s} s, {dtype}")
     print(f"{'':28s}{'wall s (median)':>16s}{'turn p50 ms':>14s}{'turn p99 ms':>14s}")
     print(f"{'vLLM straight (no ledger)':28s}{pw:>16.3f}{pct(plain_lat, .5):>14.1f}{pct(plain_lat, .99):>14.1f}")
     print(f"{'through duplex-ledger':28s}{lw:>16.3f}{pct(ledger_lat, .5):>14.1f}{pct(ledger_lat, .99):>14.1f}")
     print(f"wall ratio ledger/plain: {lw / pw:.3f} ({(lw / pw - 1) * 100:+.1f} %); "
           f"p99 delta: {pct(ledger_lat, .99) - pct(plain_lat, .99):+.1f} ms; "
           f"p50 delta: {pct(ledger_lat, .5) - pct(plain_lat, .5):+.1f} ms")
+    print(f"CPU of this process (frontend + ledger): plain {cpu['plain'] / turns * 1000:.1f} ms/turn, "
+          f"ledger {cpu['ledger'] / turns * 1000:.1f} ms/turn")
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
 
 
@@ -143,5 +151,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="NORMAL")
+    parser.add_argument("--flush-interval", type=float, default=0.1, help="EngineConfig.flush_interval_s (s)")
+    parser.add_argument("--dtype", default="float32", help="float32 is faster than float16 on CPUs without fp16")
     args = parser.parse_args()
-    asyncio.run(main(args.model, args.rounds))
+    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval))

@@ -70,8 +70,8 @@ async def cleanup_id(log: SessionLog, ports: Sequence[StagePort], request_id: st
     released: list[EventBase] = [StageRequestReleased(session_id=sid, ts=now, stage_id=s, request_id=request_id,
                                                       cause=cause) for s, _, _ in keys]
     if not submitted or (finished and not force_abort):
-        await log.emit(*released, ReleaseRequested(session_id=sid, ts=now, request_ids=[request_id], cause=cause))
-        await log.emit(ReleaseResult(session_id=sid, ts=time.time(), request_ids=[request_id], outcome="ok"))
+        log.emit_later(*released, ReleaseRequested(session_id=sid, ts=now, request_ids=[request_id], cause=cause))
+        log.emit_later(ReleaseResult(session_id=sid, ts=time.time(), request_ids=[request_id], outcome="ok"))
         return
     await log.emit(*released, AbortRequested(session_id=sid, ts=now, request_ids=[request_id], reason=cause))
     results: list[EventBase] = []
@@ -88,6 +88,6 @@ async def cleanup_id(log: SessionLog, ports: Sequence[StagePort], request_id: st
     if errors:
         restored = [StageRequestRestored(session_id=sid, ts=time.time(), stage_id=s, request_id=request_id,
                                          fence=fence, submitted=sub, cause="abort_failed") for s, fence, sub in keys]
-        await log.emit(*results, *restored)
+        log.emit_later(*results, *restored)
         raise CleanupFailed(request_id, errors)
-    await log.emit(*results)
+    log.emit_later(*results)

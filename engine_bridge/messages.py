@@ -31,7 +31,8 @@ class EngineConfig:
     * ``frames_per_talker_token`` at ``audio_sample_rate_hz``: Stage1 tokens stand for audio
       codec frames (480 frames at 24 kHz = 20 ms per token);
     * ``overlap_short_ack_ms``: DEFER_ACTIVE_RESPONSE drops overlap up to this (DOMAIN §2.3);
-    * ``flush_interval_s``: output events are batched to the log at most this long;
+    * ``flush_interval_s``: events without an engine call after them (outputs, results) reach
+      the log within this long; outputs are merged per window of this length;
     * ``ignore_eos``: generate exactly the budget (tiny random models never stop by themselves);
       ``talker_ignore_eos`` the same for Stage1 (None: as ``ignore_eos``).
     """
@@ -43,7 +44,7 @@ class EngineConfig:
     audio_sample_rate_hz: int = 24_000
     overlap_short_ack_ms: float = 700.0
     max_sessions: int = 256
-    flush_interval_s: float = 0.02
+    flush_interval_s: float = 0.1
     ignore_eos: bool = False
     talker_ignore_eos: bool | None = None
     temperature: float = 0.0

@@ -42,7 +42,6 @@ from events.types import (
     ResponseListened,
     SessionClosed,
     StageMetricsReported,
-    StageOutput,
     StageRequestFinished,
     StageRequestForwarded,
     StageRequestReleased,
@@ -58,6 +57,7 @@ from projections.resources import stale_before_submit
 
 from engine_bridge.cleanup import CleanupFailed, cleanup_id
 from engine_bridge.messages import ClientEvent, EngineConfig, SessionError
+from engine_bridge.outputs import OutputCoalescer
 from engine_bridge.plugin import ModelPlugin
 from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment
 from engine_bridge.segments import SegmentRecorder
@@ -88,6 +88,7 @@ class TurnRun:
     cancelled: bool = False
     chunks: asyncio.Queue[StageChunk | None] = field(default_factory=asyncio.Queue)
     text: list[str] = field(default_factory=list)
+    outputs: OutputCoalescer | None = None  # the stage currently streaming
 
 
 class Session:
@@ -182,12 +183,13 @@ class Session:
     # ------------------------------------------------------------------ open
     async def start(self) -> None:
         await self._reserve(self.stage0_id())
+        await self.log.flush()  # open is durable: SessionOpened and the turn-0 reservation
         self._send("session.created", incarnation=self.incarnation,
                    capabilities=self.capabilities.model_dump(), auto_response=self.auto_response)
 
     async def _reserve(self, request_id: str) -> None:
         if self._bound(request_id) is None:
-            await self.log.emit(StageRequestReserved(session_id=self.session_id, ts=time.time(), stage_id=0,
+            self.log.emit_later(StageRequestReserved(session_id=self.session_id, ts=time.time(), stage_id=0,
                                                      request_id=request_id, fence=self.fence()))
 
     # ------------------------------------------------------------------ input
@@ -214,7 +216,7 @@ class Session:
     async def _append(self, event: InputAppended, text: str, is_speech: bool) -> None:
         self._check_open("append")
         async with self._lock:
-            await self.log.emit(event)
+            self.log.emit_later(event)
             await self._reserve(self.stage0_id())
             if text:
                 self._input.append(text)
@@ -239,19 +241,19 @@ class Session:
         self._input, self._input_chunks, self._input_speech = [], 0, False
         base = dict(session_id=self.session_id, ts=now, turn_id=self.turn_id, overlap_speech_ms=overlap_speech_ms)
         if not speech:  # silent commit: nothing to answer
-            await self.log.emit(TurnCommitted(**base, create_response=False, action="COMMIT_ONLY"))
+            self.log.emit_later(TurnCommitted(**base, create_response=False, action="COMMIT_ONLY"))
             self._send("input_audio_buffer.committed", action="COMMIT_ONLY")
             self._send("response.listen", turn_id=self.turn_id)
             return "LISTEN"
         if self.active is not None:
             if not self.auto_response and overlap_speech_ms > 0:
-                await self.log.emit(TurnCommitted(**base, create_response=create_response,
+                self.log.emit_later(TurnCommitted(**base, create_response=create_response,
                                                   action="DEFER_ACTIVE_RESPONSE"))
                 if overlap_speech_ms > self.config.overlap_short_ack_ms:
                     self._deferred.append(text)  # promoted after the active response ends (E9)
                 self._send("input_audio_buffer.committed", action="DEFER_ACTIVE_RESPONSE")
                 return "DEFER_ACTIVE_RESPONSE"
-            await self.log.emit(TurnCommitted(**base, create_response=create_response, action="COMMIT_ONLY"))
+            self.log.emit_later(TurnCommitted(**base, create_response=create_response, action="COMMIT_ONLY"))
             self._pending_text.append(text)
             self._send("input_audio_buffer.committed", action="COMMIT_ONLY")
             return "COMMIT_ONLY"
@@ -259,17 +261,17 @@ class Session:
         self._pending_text = []
         if self.auto_response:
             speak = self.plugin.decide(text) == "speak"
-            await self.log.emit(TurnCommitted(**base, create_response=False, action="START_AUTO_RESPONSE"))
+            self.log.emit_later(TurnCommitted(**base, create_response=False, action="START_AUTO_RESPONSE"))
             self._send("input_audio_buffer.committed", action="START_AUTO_RESPONSE")
             await self._start_turn(text, speak=speak, response_id=None, commit_ts=now)
             return "START_AUTO_RESPONSE"
         if not create_response:
-            await self.log.emit(TurnCommitted(**base, create_response=False, action="COMMIT_ONLY"))
+            self.log.emit_later(TurnCommitted(**base, create_response=False, action="COMMIT_ONLY"))
             self._pending_text.append(text)
             self._send("input_audio_buffer.committed", action="COMMIT_ONLY")
             return "COMMIT_ONLY"
         response_id = self._mint_response_id()
-        await self.log.emit(TurnCommitted(**base, create_response=True, action="COMMIT_ONLY", response_id=response_id))
+        self.log.emit_later(TurnCommitted(**base, create_response=True, action="COMMIT_ONLY", response_id=response_id))
         self._send("input_audio_buffer.committed", action="COMMIT_ONLY", response_id=response_id)
         await self._start_turn(text, speak=True, response_id=response_id, commit_ts=now)
         return "COMMIT_ONLY"
@@ -305,7 +307,7 @@ class Session:
         if existing is not None and existing.submitted:
             completed = self.turn_id
             self.turn_id += 1
-            await self.log.emit(TurnCompleted(session_id=self.session_id, ts=time.time(), completed_turn_id=completed,
+            self.log.emit_later(TurnCompleted(session_id=self.session_id, ts=time.time(), completed_turn_id=completed,
                                               new_turn_id=self.turn_id, cause="mechanical"))
             request_id = self.stage0_id()
         state = self._state()
@@ -322,7 +324,7 @@ class Session:
             request_id = self.stage0_id() if self.resident else await self._prepare_ephemeral_id("commit")
         except SessionError:
             if response_id is not None:
-                await self.log.emit(TurnFinalized(session_id=self.session_id, ts=time.time(),
+                self.log.emit_later(TurnFinalized(session_id=self.session_id, ts=time.time(),
                                                   response_id=response_id, finished_reason="error"))
             raise
         turn = TurnRun(request_id, self.turn_id, self.epoch, text, speak, response_id, commit_ts)
@@ -335,7 +337,7 @@ class Session:
             StageRequestSubmitted(session_id=self.session_id, ts=now, stage_id=0, request_id=request_id,
                                   fence=self.fence(), kind=kind, resumable=self.resident, num_tokens_in=tokens_in))
         if response_id is not None:
-            await self.log.emit(ResponseBegun(session_id=self.session_id, ts=time.time(), response_id=response_id,
+            self.log.emit_later(ResponseBegun(session_id=self.session_id, ts=time.time(), response_id=response_id,
                                               turn_id=turn.turn_id, request_id=request_id, commit_ts=commit_ts))
             self._send("response.created", response_id=response_id)
         self.active = turn
@@ -420,14 +422,12 @@ class Session:
 
     async def _consume_stage0(self, turn: TurnRun, prompt: str, kind: str, recorder: SegmentRecorder) -> str | None:
         finish_reason = None
+        turn.outputs = OutputCoalescer(self.log, 0, turn.request_id, window_s=self.config.flush_interval_s)
         async for chunk in self._stage0_chunks(turn, prompt, kind):
             if turn.cancelled:
                 continue
             recorder.add(chunk)
-            self.log.emit_later(StageOutput(session_id=self.session_id, ts=chunk.received_ts, stage_id=0,
-                                            request_id=turn.request_id, num_new_tokens=len(chunk.new_token_ids),
-                                            text_delta=chunk.text_delta or None,
-                                            finished=chunk.finished, finish_reason=chunk.finish_reason))
+            turn.outputs.add(chunk)
             if turn.speak and chunk.new_token_ids:
                 if turn.response_id is None:  # auto_response: the response begins at first visible output
                     turn.response_id = self._mint_response_id()
@@ -438,6 +438,7 @@ class Session:
                 turn.text.append(chunk.text_delta)
                 self._send("response.text.delta", response_id=turn.response_id, delta=chunk.text_delta)
             finish_reason = chunk.finish_reason
+        turn.outputs.flush()
         return finish_reason
 
     async def _finish_stage0(self, turn: TurnRun, recorder: SegmentRecorder, finish_reason: str | None) -> None:
@@ -449,7 +450,7 @@ class Session:
         if not self.resident:
             events.append(StageRequestFinished(session_id=self.session_id, ts=time.time(), stage_id=0,
                                                request_id=turn.request_id, finish_reason=finish_reason))
-        await self.log.emit(*events)
+        self.log.emit_later(*events)
 
     async def _listen(self, turn: TurnRun) -> None:
         """Listen-only unit: ``response.listen``, no response. The resident placeholder's
@@ -458,7 +459,7 @@ class Session:
                                               request_id=turn.request_id)]
         if self.resident:
             events.append(ActiveRequestBound(session_id=self.session_id, ts=time.time(), request_id=None))
-        await self.log.emit(*events)
+        self.log.emit_later(*events)
         self._send("response.listen", turn_id=turn.turn_id)
 
     async def _talk(self, turn: TurnRun) -> None:
@@ -484,24 +485,24 @@ class Session:
                                    frames_per_token=self.config.frames_per_talker_token,
                                    sample_rate_hz=self.config.audio_sample_rate_hz, rx_bytes=payload_bytes)
         last: StageChunk | None = None
+        turn.outputs = OutputCoalescer(self.log, 1, turn.request_id, window_s=self.config.flush_interval_s,
+                                       frames_per_token=self.config.frames_per_talker_token)
         async for chunk in stream:
             if turn.cancelled:
                 continue
             recorder.add(chunk)
+            turn.outputs.add(chunk)
             frames = len(chunk.new_token_ids) * self.config.frames_per_talker_token
-            self.log.emit_later(StageOutput(session_id=self.session_id, ts=chunk.received_ts, stage_id=1,
-                                            request_id=turn.request_id, num_new_tokens=len(chunk.new_token_ids),
-                                            audio_frames=frames, finished=chunk.finished,
-                                            finish_reason=chunk.finish_reason))
             if frames:
                 self._send("response.audio.delta", response_id=turn.response_id, frames=frames,
                            sample_rate_hz=self.config.audio_sample_rate_hz)
             last = chunk
+        turn.outputs.flush()
         if turn.cancelled or (last is not None and last.finish_reason == "abort"):
             raise asyncio.CancelledError
         stats, stamps = recorder.stats(port1.pop_finished_stats(turn.request_id))
         now = time.time()
-        await self.log.emit(
+        self.log.emit_later(
             StageMetricsReported(session_id=self.session_id, ts=now, stage_id=1, request_id=turn.request_id,
                                  stats=stats, stage_submit_ts=forwarded_ts, **stamps),
             StageRequestFinished(session_id=self.session_id, ts=now, stage_id=1, request_id=turn.request_id,
@@ -522,7 +523,7 @@ class Session:
         if turn.response_id is not None:
             events.append(TurnFinalized(session_id=self.session_id, ts=now, response_id=turn.response_id,
                                         finished_reason="stop"))
-        await self.log.emit(*events)
+        self.log.emit_later(*events)
         answer = "".join(turn.text)
         self._history += [{"role": "user", "content": turn.user_text}, {"role": "assistant", "content": answer}]
         self._send("response.done", response_id=turn.response_id, reason="stop", text=answer)
@@ -539,11 +540,11 @@ class Session:
         if turn.response_id is not None:
             events.append(TurnFinalized(session_id=self.session_id, ts=now, response_id=turn.response_id,
                                         finished_reason="error"))
-        await self.log.emit(*events)
+        self.log.emit_later(*events)
         await self._reject("commit", code, str(exc), turn.request_id)
         for stage_id in (0, 1):
             if self._bound(turn.request_id, stage_id) is not None:
-                await self.log.emit(StageRequestReleased(session_id=self.session_id, ts=time.time(),
+                self.log.emit_later(StageRequestReleased(session_id=self.session_id, ts=time.time(),
                                                          stage_id=stage_id, request_id=turn.request_id,
                                                          cause="submit_failed"))
 
@@ -554,7 +555,7 @@ class Session:
             async with self._lock:
                 response_id = self._mint_response_id()
                 now = time.time()
-                await self.log.emit(TurnCommitted(session_id=self.session_id, ts=now, turn_id=self.turn_id,
+                self.log.emit_later(TurnCommitted(session_id=self.session_id, ts=now, turn_id=self.turn_id,
                                                   create_response=True, action="COMMIT_ONLY",
                                                   response_id=response_id))
                 try:
@@ -570,6 +571,8 @@ class Session:
         if turn is None:
             return False
         turn.cancelled = True
+        if turn.outputs is not None:
+            turn.outputs.flush()  # what was received before the cancel is in the log
         wire = WIRE_REASON.get(source, source)
         now = time.time()
         events: list[Any] = [CancelRequested(session_id=self.session_id, ts=now, source=source, wire_reason=wire,
@@ -579,7 +582,7 @@ class Session:
                                         finished_reason=reason_for_cancel_source(source)))
         events.append(EpochAdvanced(session_id=self.session_id, ts=now, old_epoch=self.epoch, new_epoch=self.epoch + 1))
         self.epoch += 1
-        await self.log.emit(*events)
+        self.log.emit_later(*events)
         try:
             await cleanup_id(self.log, self.ports, turn.request_id, cause=source, force_abort=True)
         except CleanupFailed:
@@ -641,7 +644,7 @@ class Session:
             self.closed = True
             state = self._state()
             held = sorted({k[1] for k in state.bindings}) if state else []
-            await self.log.emit(SessionClosed(session_id=self.session_id, ts=time.time(), reason=reason))
+            self.log.emit_later(SessionClosed(session_id=self.session_id, ts=time.time(), reason=reason))
             failures: list[str] = []
             try:
                 await self._cancel_active(reason)

@@ -1,15 +1,21 @@
 """One session's writer to the append-only log, and the session's own projector.
 
-Every event the engine records goes through :class:`SessionLog`: it is appended to the
-session's stream (optimistic concurrency on the stream version), then applied to the
+Every event the engine records goes through :class:`SessionLog`. It is applied at once to the
 session's :class:`projections.projector.Projector` — the same folds the offline audit and
-tables use, so live decisions and offline re-projection cannot disagree. Turn tables the fold
-finalizes are handed to ``on_turn`` (live ``--log-stats`` printing).
+tables use, so live decisions and offline re-projection cannot disagree — and appended to the
+session's stream in order (optimistic concurrency on the stream version). Turn tables the
+fold finalizes are handed to ``on_turn`` (live ``--log-stats`` printing).
 
-* :meth:`emit` — durable: returns once the events (and every buffered one before them) are
-  committed. Intents (submit, update, abort, release) use it before the engine call.
-* :meth:`emit_later` — buffered: output events are batched to the log within
-  ``flush_interval_s`` (or by the next :meth:`emit`), in order.
+* :meth:`emit` — durable: returns once the events, and every buffered one before them, are
+  committed. Intents that precede an engine call (submit, forward, abort) use it: the intent is
+  in the log before the engine acts (write-ahead).
+* :meth:`emit_later` — buffered: everything else (commands without an engine call, outputs,
+  results) is committed within ``flush_interval_s`` or by the next :meth:`emit`, in order. A
+  crash can lose at most that window: the log stays a prefix of what happened.
+
+Live folds see provisional positions (the stream version); findings' positions offline are the
+log's. A failed write leaves the projector ahead of the log: the log is then marked broken and
+every later emit raises :class:`SessionLogBroken`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
 
+class SessionLogBroken(RuntimeError):
+    """An earlier append of this session failed; nothing more is written for it."""
+
+
 class SessionLog:
     def __init__(self, store: EventStore, session_id: str, version: int, *, flush_interval_s: float = 0.02,
                  on_turn: Callable[[TurnTables], None] | None = None, projector: Projector | None = None) -> None:
@@ -36,43 +46,40 @@ class SessionLog:
         self.on_turn = on_turn
         self.events_written = 0
         self._pending: list[EventBase] = []
+        self._applied = version  # provisional positions for the live fold
+        self._broken: BaseException | None = None
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
 
-    async def emit(self, *events: EventBase) -> list[StoredEvent]:
-        """Append ``events`` after everything buffered, durably. Raises what the store raises
-        (ConcurrencyError when another writer touched the stream)."""
+    async def emit(self, *events: EventBase) -> None:
+        """Apply ``events`` and append them after everything buffered, durably. Raises what the
+        store raises (then SessionLogBroken on later calls)."""
+        self._apply(events)
         async with self._lock:
-            return await self._write(list(events))
+            await self._write()
 
     def emit_later(self, *events: EventBase) -> None:
-        """Buffer ``events`` (in order) for the next flush."""
-        self._pending.extend(events)
+        """Apply ``events`` now; append them (in order) at the next flush."""
+        self._apply(events)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def flush(self) -> None:
         async with self._lock:
-            await self._write([])
+            await self._write()
 
     async def _flush_soon(self) -> None:
         await asyncio.sleep(self.flush_interval_s)
         await self.flush()
 
-    async def _write(self, events: list[EventBase]) -> list[StoredEvent]:
-        batch = self._pending + events
-        self._pending = []
-        if not batch:
-            return []
-        positions = await self.store.append(self.session_id, batch, expected_version=self.version)
+    def _apply(self, events: tuple[EventBase, ...]) -> None:
+        if self._broken is not None:
+            raise SessionLogBroken(f"session {self.session_id!r}: an earlier append failed: {self._broken}")
         now = time.time()
-        stored = []
-        for offset, (position, event) in enumerate(zip(positions, batch), 1):
-            st = StoredEvent(position, self.session_id, self.version + offset, now, event)
-            self.projector.apply(st)
-            stored.append(st)
-        self.version += len(batch)
-        self.events_written += len(batch)
+        for event in events:
+            self._applied += 1
+            self.projector.apply(StoredEvent(self._applied, self.session_id, self._applied, now, event))
+            self._pending.append(event)
         for turn in self.projector.turns.take_finalized():
             self.projector.turn_tables.append(turn)
             if self.on_turn is not None:
@@ -80,7 +87,18 @@ class SessionLog:
                     self.on_turn(turn)
                 except Exception:  # noqa: BLE001 - DOMAIN §5.5: printing failures never block
                     pass
-        return stored[-len(events):] if events else []
+
+    async def _write(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            await self.store.append(self.session_id, batch, expected_version=self.version)
+        except BaseException as exc:
+            self._broken = exc
+            raise
+        self.version += len(batch)
+        self.events_written += len(batch)
 
     async def close(self) -> None:
         await self.flush()
