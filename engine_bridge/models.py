@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CACHE_ENV_VAR",
@@ -255,24 +256,29 @@ def build_tiny_model(dest: Path, progress: ProgressFn | None = None) -> Path:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
     model = model.to(torch.float16).eval()
 
+    marker = {"name": "tiny", "architecture": "Qwen2ForCausalLM", "dtype": "float16",
+              "vocab_size": vocab_size, "seed": _TINY_SEED}
+    return _save(model, tokenizer, dest, marker, t0, progress,
+                 hashed=["model.safetensors", "tokenizer.json"])
+
+
+def _save(model: Any, tokenizer: Any, dest: Path, marker: dict[str, Any], t0: float,
+          progress: ProgressFn | None, hashed: list[str] | None = None) -> Path:
+    """Save model + tokenizer into a staging folder, then publish it at ``dest`` with its
+    marker file written last (so a half-written folder is never taken for a model)."""
+    name = marker["name"]
     tmp = _staging_dir(dest)
     try:
-        _say(progress, f"tiny: saving to {dest}")
+        _say(progress, f"{name}: saving float16 safetensors to {dest}")
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        marker = {
-            "name": "tiny",
-            "architecture": "Qwen2ForCausalLM",
-            "dtype": "float16",
-            "vocab_size": vocab_size,
-            "seed": _TINY_SEED,
-            "seconds": round(time.monotonic() - t0, 3),
-            "sha256": _sha256_files(tmp, ["model.safetensors", "tokenizer.json"]),
-        }
+        marker = {**marker, "seconds": round(time.monotonic() - t0, 3)}
+        if hashed:
+            marker["sha256"] = _sha256_files(tmp, hashed)
         _publish(tmp, dest, marker)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _say(progress, f"tiny: done in {time.monotonic() - t0:.1f} s")
+    _say(progress, f"{name}: done in {time.monotonic() - t0:.1f} s")
     return dest
 
 
@@ -374,24 +380,9 @@ def prepare_smollm2(dest: Path, progress: ProgressFn | None = None) -> Path:
     del state
     fresh = fresh.to(torch.float16).eval()
 
-    tmp = _staging_dir(dest)
-    try:
-        _say(progress, f"smollm2: saving float16 safetensors to {dest}")
-        fresh.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        marker = {
-            "name": "smollm2",
-            "source": str(gguf_path),
-            "source_bytes": gguf_path.stat().st_size,
-            "architecture": type(fresh).__name__,
-            "dtype": "float16",
-            "seconds": round(time.monotonic() - t0, 3),
-        }
-        _publish(tmp, dest, marker)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _say(progress, f"smollm2: done in {time.monotonic() - t0:.1f} s")
-    return dest
+    marker = {"name": "smollm2", "source": str(gguf_path), "source_bytes": gguf_path.stat().st_size,
+              "architecture": type(fresh).__name__, "dtype": "float16"}
+    return _save(fresh, tokenizer, dest, marker, t0, progress)
 
 
 # ---------------------------------------------------------------------------
