@@ -1,5 +1,5 @@
 """Rebuild benchmark (issue 3): full rebuild of all three projections over a ~1,000,000-event
-synthetic log (1,000 sessions x ~30 turns, both id modes, barge-ins, listen-only turns, a few
+synthetic log (1,000 sessions x ~36 turns, both id modes, barge-ins, listen-only turns, a few
 leaks), including writing the read-model tables; against the ceiling measured in the same run:
 the same rows read and JSON-decoded by plain ``sqlite3`` with no projection work.
 
@@ -94,7 +94,7 @@ async def rebuild(path: Path) -> tuple[int, float, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--turns", type=int, default=30)
+    parser.add_argument("--turns", type=int, default=36)
     parser.add_argument("--db", type=Path, default=Path("/tmp/duplex-ledger-bench-rebuild.db"))
     parser.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
