@@ -36,7 +36,9 @@ def pct(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[float, list[float], int, int]:
+async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[float, list[float], int, int, float]:
+    """(wall s, per-turn latencies ms, events, log bytes, CPU s of this process while the
+    sessions ran — opening and migrating the ledger excluded)."""
     from engine_bridge.engine import SessionEngine
 
     latencies: list[float] = []
@@ -53,13 +55,14 @@ async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[fl
             latencies.append((time.perf_counter() - t0) * 1000)
         await s.close()
 
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(i) for i in range(SESSIONS)))
     wall = time.perf_counter() - start
+    cpu_s = time.process_time() - cpu0
     events = sum(s.log.events_written for s in engine.sessions.values())
     await engine.aclose()
     size = sum(p.stat().st_size for p in db_path.parent.glob(db_path.name + "*"))
-    return wall, latencies, events, size
+    return wall, latencies, events, size, cpu_s
 
 
 async def run_plain(ports, config) -> tuple[float, list[float]]:
@@ -116,18 +119,20 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
             for r in range(rounds):
                 order = ("ledger", "plain") if r % 2 == 0 else ("plain", "ledger")
                 for which in order:
-                    cpu0 = time.process_time()
                     if which == "ledger":
-                        wall, lat, ev, sz = await run_ledger(ports, config, Path(tmp) / f"round{r}.db", synchronous)
+                        wall, lat, ev, sz, cpu_s = await run_ledger(ports, config, Path(tmp) / f"round{r}.db",
+                                                                    synchronous)
                         ledger_walls.append(wall)
+                        cpu["ledger"] += cpu_s
                         ledger_lat += lat
                         events += ev
                         size += sz
                     else:
+                        cpu0 = time.process_time()
                         wall, lat = await run_plain(ports, config)
+                        cpu["plain"] += time.process_time() - cpu0
                         plain_walls.append(wall)
                         plain_lat += lat
-                    cpu[which] += time.process_time() - cpu0
     finally:
         await talker.shutdown()
         await thinker.shutdown()
@@ -141,7 +146,7 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     print(f"wall ratio ledger/plain: {lw / pw:.3f} ({(lw / pw - 1) * 100:+.1f} %); "
           f"p99 delta: {pct(ledger_lat, .99) - pct(plain_lat, .99):+.1f} ms; "
           f"p50 delta: {pct(ledger_lat, .5) - pct(plain_lat, .5):+.1f} ms")
-    print(f"CPU of this process (frontend + ledger): plain {cpu['plain'] / turns * 1000:.1f} ms/turn, "
+    print(f"CPU of this process during the timed runs (vLLM frontend + ledger): plain {cpu['plain'] / turns * 1000:.1f} ms/turn, "
           f"ledger {cpu['ledger'] / turns * 1000:.1f} ms/turn")
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
 
