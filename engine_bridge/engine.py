@@ -136,8 +136,9 @@ class SessionEngine:
         if not session.log_stats:
             return
         self.printed.append(turn)
-        for message in turn_log_messages(turn):
-            self._logger.info(message)
+        if self._logger.isEnabledFor(logging.INFO):  # render only when someone will see it
+            for message in turn_log_messages(turn):
+                self._logger.info(message)
         if self._on_turn is not None:
             self._on_turn(session, turn)
 

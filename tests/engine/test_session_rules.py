@@ -291,3 +291,17 @@ async def test_crash_recovery_closes_and_reconciles(tmp_path):
         await s2.close()
     for port in ports:
         await port.shutdown()
+
+
+async def test_tables_printed_to_the_stats_logger_at_finalize(engine, caplog):
+    caplog.set_level("INFO", logger="duplex_ledger.stats")
+    s = await engine.open_session("otto")
+    await turn(s, "Hello")
+    quiet = await engine.open_session("quiet", log_stats=False)
+    await turn(quiet, "Hello")
+    messages = [r.getMessage() for r in caplog.records if r.name == "duplex_ledger.stats"]
+    assert sum(m.startswith("[OmniTiming] req=duplex-s.") for m in messages) == 1  # one line per turn
+    assert any(m.startswith("\n[StageRequestStats [request_id=") for m in messages)  # its own message
+    assert all("quiet" not in m and ids.encode_session("quiet") not in m for m in messages)
+    await s.close()
+    await quiet.close()
