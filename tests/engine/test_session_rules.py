@@ -82,7 +82,7 @@ async def test_listen_only_then_speak_rebinds_and_retargets(engine):
     history = await engine.store.read_stream("bob")
     completions = [s.event for s in history if s.event.type == "TurnCompleted"]
     assert completions[0].cause == "mechanical"  # listen-only turn never completed: rebind
-    x0, x1 = ids.mint_ephemeral("bob", 0, 0, 0), ids.mint_ephemeral("bob", 0, 0, 1)
+    _x0, x1 = ids.mint_ephemeral("bob", 0, 0, 0), ids.mint_ephemeral("bob", 0, 0, 1)
     bound = [s.event.request_id for s in history if s.event.type == "ActiveRequestBound"]
     assert bound[-1] == x1  # E5
     assert len(p.turn_tables) == 1  # listen-only turns emit no table (M11)

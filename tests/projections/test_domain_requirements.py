@@ -2,7 +2,6 @@
 (follow) mode of the runner."""
 
 import asyncio
-import logging
 
 import pytest
 
