@@ -193,17 +193,30 @@ class Session:
                                                      request_id=request_id, fence=self.fence()))
 
     # ------------------------------------------------------------------ input
-    async def append_text(self, text: str, *, is_speech: bool = True) -> None:
-        """Append a text chunk (a transcript unit) to the input buffer."""
+    async def _check_fence(self, command: str, fence: Fence | None) -> None:
+        """A client that sends the fence it last saw is refused when that fence is of another
+        incarnation or an older epoch (DOMAIN §2.1: appends of an older epoch are dropped)."""
+        if fence is None:
+            return
+        if fence.incarnation != self.incarnation or fence.epoch < self.epoch:
+            raise await self._reject(command, "stale_fence",
+                                     f"fence (incarnation {fence.incarnation}, epoch {fence.epoch}) is older than "
+                                     f"the session's (incarnation {self.incarnation}, epoch {self.epoch})",
+                                     self.stage0_id())
+
+    async def append_text(self, text: str, *, is_speech: bool = True, fence: Fence | None = None) -> None:
+        """Append a text chunk (a transcript unit) to the input buffer. ``fence``: the fence the
+        client last saw; a stale one raises SessionError ``stale_fence``."""
         await self._append(InputAppended(session_id=self.session_id, ts=time.time(), input_kind="text",
                                          text=text, size_bytes=len(text.encode()), is_speech=is_speech,
-                                         fence=self.fence(), request_id=self.stage0_id()), text, is_speech)
+                                         fence=self.fence(), request_id=self.stage0_id()), text, is_speech, fence)
 
     async def append_audio(self, pcm: bytes, *, audio_format: str = "pcm16", sample_rate_hz: int = 16_000,
-                           transcript: str | None = None, is_speech: bool = True, store_payload: bool = False) -> None:
+                           transcript: str | None = None, is_speech: bool = True, store_payload: bool = False,
+                           fence: Fence | None = None) -> None:
         """Append an audio chunk. Recorded by format, duration (16-bit mono), size and sha256
         digest; the payload itself only with ``store_payload``. ``transcript`` is what the
-        text model hears."""
+        text model hears. ``fence`` as in :meth:`append_text`."""
         duration_ms = len(pcm) / 2 / sample_rate_hz * 1000.0 if audio_format == "pcm16" else None
         event = InputAppended(
             session_id=self.session_id, ts=time.time(), input_kind="audio", text=transcript,
@@ -211,11 +224,12 @@ class Session:
             size_bytes=len(pcm), digest_sha256=hashlib.sha256(pcm).hexdigest(),
             payload_b64=base64.b64encode(pcm).decode() if store_payload else None,
             is_speech=is_speech, fence=self.fence(), request_id=self.stage0_id())
-        await self._append(event, transcript or "", is_speech)
+        await self._append(event, transcript or "", is_speech, fence)
 
-    async def _append(self, event: InputAppended, text: str, is_speech: bool) -> None:
+    async def _append(self, event: InputAppended, text: str, is_speech: bool, fence: Fence | None) -> None:
         self._check_open("append")
         async with self._lock:
+            await self._check_fence("append", fence)
             self.log.emit_later(event)
             await self._reserve(self.stage0_id())
             if text:
@@ -224,13 +238,16 @@ class Session:
             self._input_speech = self._input_speech or is_speech
 
     # ------------------------------------------------------------------ commit (DOMAIN §2.3)
-    async def commit(self, *, create_response: bool = True, overlap_speech_ms: float = 0.0) -> str:
+    async def commit(self, *, create_response: bool = True, overlap_speech_ms: float = 0.0,
+                     fence: Fence | None = None) -> str:
         """input_audio_buffer.commit. Returns the commit action taken: START_AUTO_RESPONSE,
         COMMIT_ONLY, DEFER_ACTIVE_RESPONSE or LISTEN (silent commit). Raises SessionError
         ``input_audio_buffer_empty`` on an empty buffer, ``runtime_append_failed`` when the
-        stale id's abort failed (R3), ``prompt_too_long`` when the model refuses the prompt."""
+        stale id's abort failed (R3), ``prompt_too_long`` when the model refuses the prompt,
+        ``stale_fence`` for a ``fence`` of another incarnation or an older epoch."""
         self._check_open("commit")
         async with self._lock:
+            await self._check_fence("commit", fence)
             return await self._commit(create_response, overlap_speech_ms)
 
     async def _commit(self, create_response: bool, overlap_speech_ms: float) -> str:

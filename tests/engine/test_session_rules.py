@@ -305,3 +305,28 @@ async def test_tables_printed_to_the_stats_logger_at_finalize(engine, caplog):
     assert all("quiet" not in m and ids.encode_session("quiet") not in m for m in messages)
     await s.close()
     await quiet.close()
+
+
+async def test_stale_fence_is_refused_and_nothing_else_changes(long_engine):
+    s = await long_engine.open_session("pia")
+    seen = s.fence()  # what the client saw before the barge-in
+    await s.append_text("Tell me a long story")
+    await s.commit(fence=seen)
+    while not any(e.type == "response.text.delta" for e in s.drain_events()):
+        await asyncio.sleep(0.001)
+    await s.barge_in()
+    before = len(s.log.projector.resources.sessions["pia"].bindings)
+    with pytest.raises(SessionError, match="stale_fence"):
+        await s.append_text("late words from the old epoch", fence=seen)
+    with pytest.raises(SessionError, match="stale_fence"):
+        await s.commit(fence=seen)
+    assert len(s.log.projector.resources.sessions["pia"].bindings) == before
+    await s.append_text("fresh words", fence=s.fence())  # the current fence is accepted
+    await s.close()
+    history = await long_engine.store.read_stream("pia")
+    rejected = [e.event for e in history if e.event.type == "CommandRejected"]
+    assert [r.error_code for r in rejected] == ["stale_fence", "stale_fence"]
+    assert not any(e.event.type == "InputAppended" and e.event.text == "late words from the old epoch"
+                   for e in history)
+    p = await offline(long_engine)
+    assert p.leaks() == []
