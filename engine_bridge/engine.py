@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from events.records import StoredEvent
 from events.store.backends import Synchronous
 from events.store.store import EventStore
 from events.types import SessionClosed, SessionOpened, StageRequestLost, StageRequestReleased
@@ -157,7 +156,7 @@ class SessionEngine:
             if state.closed_at is not None and not state.bindings:
                 continue
             history = await self.store.read_stream(sid)
-            log = SessionLog(self.store, sid, len(history), projector=_session_projector(history))
+            log = SessionLog(self.store, sid, len(history), projector=Projector().apply_all(history))
             if state.closed_at is None:
                 await log.emit(SessionClosed(session_id=sid, ts=time.time(), reason="recovered_after_crash"))
                 report.closed_sessions.append(sid)
@@ -181,10 +180,3 @@ class SessionEngine:
             await log.close()
         return report
 
-
-def _session_projector(history: list[StoredEvent]) -> Projector:
-    projector = Projector()
-    for stored in history:
-        projector.apply(stored)
-    projector.turns.take_finalized()
-    return projector
