@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from events.types import EventBase, event_class, ts_to_us, us_to_ts
+from events.structs import decode_payload
 from events.upcasting import upcast
 
 
@@ -27,8 +28,10 @@ class EventRecord:
     data: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
+class StoredEvent(NamedTuple):
+    """An event with its place in the log. A NamedTuple (immutable; a million of them are
+    built per rebuild, ~3x cheaper than a frozen dataclass)."""
+
     position: int
     stream_id: str
     version: int
@@ -74,8 +77,8 @@ def from_row_json(
     type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
 ) -> EventBase:
     """:func:`from_record` for a stored row whose payload is still JSON text. Rows of the
-    current version are validated straight from JSON by pydantic-core (the read path of
-    rebuilds); older rows go through the upcasters."""
+    current version are validated straight from JSON by pydantic-core; older rows go through
+    the upcasters."""
     cls = event_class(type_name)
     if schema_version != cls.SCHEMA_VERSION:
         return from_record(type_name, schema_version, stream_id, event_id, ts_us, json.loads(data_json))
@@ -83,4 +86,22 @@ def from_row_json(
     rest = "}" if body == "{}" else "," + body[1:]
     envelope = '{"type":%s,"session_id":%s,"event_id":%s,"ts":%r' % (
         json.dumps(type_name), json.dumps(stream_id), json.dumps(str(event_id)), us_to_ts(ts_us))
-    return cls.model_validate_json(envelope + rest)
+    event = cls.model_validate_json(envelope + rest)
+    expected = {"type": type_name, "session_id": stream_id, "event_id": str(event_id), "ts": us_to_ts(ts_us)}
+    for name, want in expected.items():
+        got = getattr(event, name)
+        if (str(got) if name == "event_id" else got) != want:
+            raise ValueError(f"{type_name} row {event_id}: payload field {name!r} ({got!r}) overrides the "
+                             f"row's envelope ({want!r})")
+    return event
+
+
+def struct_from_row_json(
+    type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
+) -> Any:
+    """Like :func:`from_row_json`, but a current-version row decodes into its read-side twin
+    (:mod:`events.structs`: same fields and attribute access as the model, ~15x cheaper).
+    The projection read path. A row the twin refuses, and any older row, takes the pydantic
+    path, so the errors raised are the model's own."""
+    return (decode_payload(type_name, schema_version, stream_id, event_id, ts_us, data_json)
+            or from_row_json(type_name, schema_version, stream_id, event_id, ts_us, data_json))

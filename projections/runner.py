@@ -105,16 +105,21 @@ class ProjectionRunner:
             return await self._catch_up(head, progress)
 
     async def _catch_up(self, head: int, progress: Callable[[int, int], None] | None) -> int:
-        batch: list[StoredEvent] = []
-        async for stored in self.store.read_all(self.position + 1, until_position=head, batch_size=self.batch_size):
-            batch.append(stored)
-            if len(batch) >= self.batch_size:
+        batches = self.store.read_batches(self.position + 1, until_position=head, batch_size=self.batch_size,
+                                          as_structs=True)
+        # Read one batch ahead: the next batch is fetched (in the driver's thread) and decoded
+        # (while this task waits on the write) as the current one is folded and written.
+        ahead = asyncio.ensure_future(anext(batches, None))
+        try:
+            while (batch := await ahead) is not None:
+                ahead = asyncio.ensure_future(anext(batches, None))
                 await self._commit(batch)
-                batch = []
                 if progress is not None:
                     progress(self.position, head)
-        if batch:
-            await self._commit(batch)
+        finally:
+            ahead.cancel()
+            await asyncio.gather(ahead, return_exceptions=True)
+            await batches.aclose()
         if progress is not None:
             progress(self.position, head)
         return self.position
@@ -124,13 +129,14 @@ class ProjectionRunner:
         assert projector is not None
         turn_rows: list[dict] = []
         touched: dict[str, None] = {}
+        apply, turns, done = projector.apply, projector.turns, self.position
         for stored in batch:
-            if stored.position <= self.position:
+            if stored.position <= done:
                 continue  # redelivery: already applied
-            projector.apply(stored)
+            apply(stored)
             touched[stored.stream_id] = None
-            for t in projector.turns.take_finalized():
-                turn_rows.append(readmodels.turn_row(t, stored.position))
+            if turns.finalized:
+                turn_rows.extend(readmodels.turn_row(t, stored.position) for t in turns.take_finalized())
         position = max(self.position, batch[-1].position)
         resources = readmodels.resource_rows(projector.resources, touched)
         findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
@@ -192,7 +198,7 @@ async def project_as_of(store: EventStore, *, until_position: int | None = None,
     ``as_of_ts=until_ts``."""
     projector = Projector()
     limit_us = ts_to_us(until_ts) if until_ts is not None else None
-    async for stored in store.read_all(0, until_position=until_position, batch_size=batch_size):
+    async for stored in store.read_all(0, until_position=until_position, batch_size=batch_size, as_structs=True):
         if limit_us is not None and ts_to_us(stored.event.ts) > limit_us:
             continue
         projector.apply(stored)

@@ -140,7 +140,7 @@ class AggregateRecorder:
             .order_by(events.c.version)
         )
         async with self.backend.reader.connect() as conn:
-            return [StoredRow(*r) for r in (await conn.execute(q)).all()]
+            return list(map(StoredRow._make, (await conn.execute(q)).all()))
 
 
 class ApplicationRecorder(AggregateRecorder):
@@ -158,7 +158,7 @@ class ApplicationRecorder(AggregateRecorder):
             q = q.where(events.c.stream_id == stream_id)
         q = q.order_by(events.c.position).limit(limit)
         async with self.backend.reader.connect() as conn:
-            return [StoredRow(*r) for r in (await conn.execute(q)).all()]
+            return list(map(StoredRow._make, (await conn.execute(q)).all()))
 
     async def max_position(self) -> int:
         """The head position (0 for an empty log)."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
-from events.records import EventRecord, StoredEvent, from_row_json, to_record
+from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
 from events.types import EventBase, ts_to_us
 
 
@@ -87,8 +88,9 @@ class ImportRow:
         return cls(to_record(event), version, recorded_at_us, payload_json(event))
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRow:
+class StoredRow(NamedTuple):
+    """One stored row, undecoded; a NamedTuple (cheap to build from a fetched row)."""
+
     position: int
     stream_id: str
     version: int
@@ -99,16 +101,17 @@ class StoredRow:
     recorded_at_us: int
     data: str
 
-    def decode(self) -> StoredEvent:
-        """The typed, upcast event. Raises UnknownEventType, FutureSchemaVersion,
-        MissingUpcaster or ValidationError (see :func:`events.records.from_record`)."""
-        event: EventBase = from_row_json(
-            self.type, self.schema_version, self.stream_id, self.event_id, self.ts_us, self.data
-        )
-        return StoredEvent(
-            position=self.position,
-            stream_id=self.stream_id,
-            version=self.version,
-            recorded_at=self.recorded_at_us / 1_000_000,
-            event=event,
-        )
+    def decode(self, *, as_struct: bool = False) -> StoredEvent:
+        """The typed, upcast event (its read-side twin when ``as_struct``, see
+        :func:`events.records.struct_from_row_json`). Raises UnknownEventType,
+        FutureSchemaVersion, MissingUpcaster or ValidationError (see
+        :func:`events.records.from_record`)."""
+        return decode_rows((self,), as_struct=as_struct)[0]
+
+
+def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[StoredEvent]:
+    """:meth:`StoredRow.decode` over many rows (the rebuild loop: one call, locals only)."""
+    decode = struct_from_row_json if as_struct else from_row_json
+    return [StoredEvent(r.position, r.stream_id, r.version, r.recorded_at_us / 1_000_000,
+                        decode(r.type, r.schema_version, r.stream_id, r.event_id, r.ts_us, r.data))
+            for r in rows]

@@ -21,7 +21,7 @@ from events.store.backends import Synchronous, make_backend
 from events.store.migrate import check_revision, upgrade
 from events.store.planning import AppendCall
 from events.store.recorder import SubscribableRecorder
-from events.store.rows import ImportRow, NewRow, StoredRow
+from events.store.rows import ImportRow, NewRow, StoredRow, decode_rows
 from events.store.url import resolve_url
 from events.store.writer import GroupCommitWriter
 from events.types import EventBase
@@ -127,6 +127,27 @@ class EventStore:
         An unknown stream gives ``[]``."""
         return [row.decode() for row in await self.recorder.select_stream(stream_id, from_version=from_version)]
 
+    async def read_row_batches(
+        self,
+        from_position: int = 0,
+        *,
+        until_position: int | None = None,
+        stream_id: str | None = None,
+        batch_size: int = 1000,
+    ) -> AsyncIterator[list[StoredRow]]:
+        """Undecoded rows in position order, as lists of up to ``batch_size`` (each batch a
+        short read, so a long export never blocks writers)."""
+        cursor = from_position
+        while True:
+            batch = await self.recorder.select_rows(
+                cursor, until_position=until_position, limit=batch_size, stream_id=stream_id
+            )
+            if batch:
+                yield batch
+            if len(batch) < batch_size:
+                return
+            cursor = batch[-1].position + 1
+
     async def read_rows(
         self,
         from_position: int = 0,
@@ -135,26 +156,33 @@ class EventStore:
         stream_id: str | None = None,
         batch_size: int = 1000,
     ) -> AsyncIterator[StoredRow]:
-        """Undecoded rows in position order, fetched ``batch_size`` at a time (each batch a short
-        read, so a long export never blocks writers)."""
-        cursor = from_position
-        while True:
-            batch = await self.recorder.select_rows(
-                cursor, until_position=until_position, limit=batch_size, stream_id=stream_id
-            )
+        """Undecoded rows in position order (see :meth:`read_row_batches`)."""
+        async for batch in self.read_row_batches(
+                from_position, until_position=until_position, stream_id=stream_id, batch_size=batch_size):
             for row in batch:
                 yield row
-            if len(batch) < batch_size:
-                return
-            cursor = batch[-1].position + 1
+
+    async def read_batches(
+        self, from_position: int = 0, *, until_position: int | None = None, batch_size: int = 1000,
+        as_structs: bool = False,
+    ) -> AsyncIterator[list[StoredEvent]]:
+        """Decoded events with ``from_position <= position <= until_position`` in commit order,
+        as lists of up to ``batch_size``. ``as_structs``: current-version rows decode into
+        their read-side twins (:mod:`events.structs`; attribute access like the models, ~15x
+        cheaper: the projection path). Raises what decoding raises (UnknownEventType,
+        FutureSchemaVersion, ValidationError…)."""
+        async for batch in self.read_row_batches(from_position, until_position=until_position, batch_size=batch_size):
+            yield decode_rows(batch, as_struct=as_structs)
 
     async def read_all(
-        self, from_position: int = 0, *, until_position: int | None = None, batch_size: int = 1000
+        self, from_position: int = 0, *, until_position: int | None = None, batch_size: int = 1000,
+        as_structs: bool = False,
     ) -> AsyncIterator[StoredEvent]:
-        """Decoded events with ``from_position <= position <= until_position`` in commit order.
-        Raises what decoding raises (UnknownEventType, FutureSchemaVersion, …)."""
-        async for row in self.read_rows(from_position, until_position=until_position, batch_size=batch_size):
-            yield row.decode()
+        """Decoded events one by one (see :meth:`read_batches`)."""
+        async for batch in self.read_batches(from_position, until_position=until_position, batch_size=batch_size,
+                                             as_structs=as_structs):
+            for stored in batch:
+                yield stored
 
     async def subscribe_rows(
         self, from_position: int = 0, *, poll_interval: float = 0.25, batch_size: int = 1000
