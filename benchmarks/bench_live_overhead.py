@@ -36,9 +36,11 @@ def pct(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[float, list[float], int, int, float]:
+async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[float, list[float], int, int, float,
+                                                                          tuple[int, float]]:
     """(wall s, per-turn latencies ms, events, log bytes, CPU s of this process while the
-    sessions ran — opening and migrating the ledger excluded)."""
+    sessions ran — opening and migrating the ledger excluded, (durable emits, seconds callers
+    waited on them))."""
     from engine_bridge.engine import SessionEngine
 
     latencies: list[float] = []
@@ -60,9 +62,11 @@ async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[fl
     wall = time.perf_counter() - start
     cpu_s = time.process_time() - cpu0
     events = sum(s.log.events_written for s in engine.sessions.values())
+    durable = (sum(s.log.durable_emits for s in engine.sessions.values()),
+               sum(s.log.durable_wait_s for s in engine.sessions.values()))
     await engine.aclose()
     size = sum(p.stat().st_size for p in db_path.parent.glob(db_path.name + "*"))
-    return wall, latencies, events, size, cpu_s
+    return wall, latencies, events, size, cpu_s, durable
 
 
 async def run_plain(ports, config) -> tuple[float, list[float]]:
@@ -111,7 +115,8 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     config = EngineConfig(max_tokens=24, talker_max_tokens=24, ignore_eos=True, flush_interval_s=flush_s)
     ports = [thinker, talker]
     ledger_walls, plain_walls, ledger_lat, plain_lat = [], [], [], []
-    events = size = 0
+    events = size = durable_n = 0
+    durable_wait_s = 0.0
     cpu = {"ledger": 0.0, "plain": 0.0}
     try:
         await run_plain(ports, config)  # warm-up (not counted)
@@ -120,8 +125,10 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
                 order = ("ledger", "plain") if r % 2 == 0 else ("plain", "ledger")
                 for which in order:
                     if which == "ledger":
-                        wall, lat, ev, sz, cpu_s = await run_ledger(ports, config, Path(tmp) / f"round{r}.db",
-                                                                    synchronous)
+                        wall, lat, ev, sz, cpu_s, (n_durable, wait_s) = await run_ledger(
+                            ports, config, Path(tmp) / f"round{r}.db", synchronous)
+                        durable_n += n_durable
+                        durable_wait_s += wait_s
                         ledger_walls.append(wall)
                         cpu["ledger"] += cpu_s
                         ledger_lat += lat
@@ -138,6 +145,8 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
         await thinker.shutdown()
     turns = SESSIONS * TURNS * rounds
     lw, pw = statistics.median(ledger_walls), statistics.median(plain_walls)
+    paired = sorted(lw_r / pw_r for lw_r, pw_r in zip(ledger_walls, plain_walls))
+    plain_spread = (max(plain_walls) - min(plain_walls)) / pw
     print(f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds alternating, "
           f"SQLite synchronous={synchronous}, flush interval {flush_s} s, {dtype}")
     print(f"{'':28s}{'wall s (median)':>16s}{'turn p50 ms':>14s}{'turn p99 ms':>14s}")
@@ -146,6 +155,10 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     print(f"wall ratio ledger/plain: {lw / pw:.3f} ({(lw / pw - 1) * 100:+.1f} %); "
           f"p99 delta: {pct(ledger_lat, .99) - pct(plain_lat, .99):+.1f} ms; "
           f"p50 delta: {pct(ledger_lat, .5) - pct(plain_lat, .5):+.1f} ms")
+    print(f"per-round paired ratios ledger/plain: {', '.join(f'{x:.2f}' for x in paired)}; "
+          f"plain arm alone varied by {plain_spread * 100:.0f} % of its median across rounds (noise floor)")
+    print(f"durable emits (write-ahead intents): {durable_n / turns:.1f} per turn, callers waited "
+          f"{durable_wait_s / max(durable_n, 1) * 1000:.1f} ms each, {durable_wait_s / turns * 1000:.1f} ms per turn")
     print(f"CPU of this process during the timed runs (vLLM frontend + ledger): plain {cpu['plain'] / turns * 1000:.1f} ms/turn, "
           f"ledger {cpu['ledger'] / turns * 1000:.1f} ms/turn")
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")

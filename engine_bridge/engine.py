@@ -33,7 +33,7 @@ from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import ModelPlugin, TextPlugin
 from engine_bridge.ports import StagePort
 from engine_bridge.session import Session
-from engine_bridge.session_log import SessionLog
+from engine_bridge.session_log import FlushTicker, SessionLog
 
 
 @dataclass
@@ -61,6 +61,7 @@ class SessionEngine:
         self._on_turn = on_turn
         self._owns_store = owns_store
         self._logger = logging.getLogger(self.config.stats_logger_name)
+        self._ticker = FlushTicker(self.config.flush_interval_s)
 
     @classmethod
     async def open(cls, url: str | None, ports: Sequence[StagePort], *, recover: bool = True,
@@ -88,6 +89,7 @@ class SessionEngine:
         for session in list(self.sessions.values()):
             if not session.closed:
                 await session.close(reason)
+        await self._ticker.aclose()
         if self._owns_store:
             await self.store.close()
 
@@ -110,7 +112,7 @@ class SessionEngine:
         if opened and not closed and history[-1].event.type != "SessionClosed":
             raise SessionError("session_exists", "session is open in the log (recover first)", session_id=session_id)
         incarnation = (max(e.incarnation for e in opened) + 1) if opened else 0
-        log = SessionLog(self.store, session_id, len(history), flush_interval_s=self.config.flush_interval_s)
+        log = SessionLog(self.store, session_id, len(history), ticker=self._ticker)
         session = Session(session_id, incarnation=incarnation, log=log, ports=self.ports, plugin=plugin,
                           config=self.config, auto_response=auto_response, log_stats=log_stats,
                           on_closed=lambda sid: None)
@@ -156,7 +158,8 @@ class SessionEngine:
             if state.closed_at is not None and not state.bindings:
                 continue
             history = await self.store.read_stream(sid)
-            log = SessionLog(self.store, sid, len(history), projector=Projector().apply_all(history))
+            log = SessionLog(self.store, sid, len(history), projector=Projector().apply_all(history),
+                             ticker=self._ticker)
             if state.closed_at is None:
                 await log.emit(SessionClosed(session_id=sid, ts=time.time(), reason="recovered_after_crash"))
                 report.closed_sessions.append(sid)

@@ -11,7 +11,8 @@ fold finalizes are handed to ``on_turn`` (live ``--log-stats`` printing).
   in the log before the engine acts (write-ahead).
 * :meth:`emit_later` — buffered: everything else (commands without an engine call, outputs,
   results) is committed within ``flush_interval_s`` or by the next :meth:`emit`, in order. A
-  crash can lose at most that window: the log stays a prefix of what happened.
+  crash can lose at most that window: the log stays a prefix of what happened. The engine's
+  sessions share one :class:`FlushTicker`, so their buffered events commit together.
 
 Live folds see provisional positions (the stream version); findings' positions offline are the
 log's. A failed write leaves the projector ahead of the log: the log is then marked broken and
@@ -35,42 +36,76 @@ class SessionLogBroken(RuntimeError):
     """An earlier append of this session failed; nothing more is written for it."""
 
 
+class FlushTicker:
+    """One clock for the buffered events of many sessions. A log with buffered events is
+    flushed at the next tick (at most ``interval_s`` after it asked), together with every
+    other log due then: the store's group-commit writer turns them into one transaction and
+    one thread hop, where a timer per session cost one each (bench_live_overhead)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._due: dict[int, SessionLog] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def schedule(self, log: "SessionLog") -> None:
+        self._due[id(log)] = log
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        await asyncio.sleep(self.interval_s)
+        due, self._due = list(self._due.values()), {}
+        # A failed flush marks its own log broken (SessionLogBroken on its next emit).
+        await asyncio.gather(*(log.flush() for log in due), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Flush what is due now and stop the clock."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        due, self._due = list(self._due.values()), {}
+        await asyncio.gather(*(log.flush() for log in due), return_exceptions=True)
+
+
 class SessionLog:
     def __init__(self, store: EventStore, session_id: str, version: int, *, flush_interval_s: float = 0.02,
-                 on_turn: Callable[[TurnTables], None] | None = None, projector: Projector | None = None) -> None:
+                 on_turn: Callable[[TurnTables], None] | None = None, projector: Projector | None = None,
+                 ticker: FlushTicker | None = None) -> None:
+        """``ticker``: the clock shared by the engine's sessions (a private one by default,
+        ticking every ``flush_interval_s``)."""
         self.store = store
         self.session_id = session_id
         self.version = version
         self.projector = projector or Projector()
-        self.flush_interval_s = flush_interval_s
+        self.ticker = ticker or FlushTicker(flush_interval_s)
         self.on_turn = on_turn
         self.events_written = 0
+        self.durable_emits = 0
+        self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
         self._pending: list[EventBase] = []
         self._applied = version  # provisional positions for the live fold
         self._broken: BaseException | None = None
         self._lock = asyncio.Lock()
-        self._flusher: asyncio.Task[None] | None = None
 
     async def emit(self, *events: EventBase) -> None:
         """Apply ``events`` and append them after everything buffered, durably. Raises what the
         store raises (then SessionLogBroken on later calls)."""
         self._apply(events)
-        async with self._lock:
-            await self._write()
+        start = time.perf_counter()
+        try:
+            async with self._lock:
+                await self._write()
+        finally:
+            self.durable_emits += 1
+            self.durable_wait_s += time.perf_counter() - start
 
     def emit_later(self, *events: EventBase) -> None:
         """Apply ``events`` now; append them (in order) at the next flush."""
         self._apply(events)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+        self.ticker.schedule(self)
 
     async def flush(self) -> None:
         async with self._lock:
             await self._write()
-
-    async def _flush_soon(self) -> None:
-        await asyncio.sleep(self.flush_interval_s)
-        await self.flush()
 
     def _apply(self, events: tuple[EventBase, ...]) -> None:
         if self._broken is not None:
@@ -102,5 +137,3 @@ class SessionLog:
 
     async def close(self) -> None:
         await self.flush()
-        if self._flusher is not None and not self._flusher.done():
-            self._flusher.cancel()

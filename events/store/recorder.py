@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from events.store.backends import Backend
+from events.store.backends import HEAD, Backend
 from events.store.errors import StoreError
 from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call
 from events.store.rows import StoredRow
@@ -39,17 +39,6 @@ from events.store.schema import events
 _IN_CHUNK = 900  # bound on parameters per IN (...) list
 _MAX_CACHED_STREAMS = 100_000
 Outcome = CallResult | StoreError
-
-
-_HEAD = sa.select(sa.func.coalesce(sa.func.max(events.c.position), 0))
-_VERSIONS = (
-    sa.select(events.c.stream_id, sa.func.max(events.c.version))
-    .where(events.c.stream_id.in_(sa.bindparam("streams", expanding=True)))
-    .group_by(events.c.stream_id)
-)
-_EXISTING = sa.select(events.c.event_id, events.c.stream_id, events.c.version, events.c.position).where(
-    events.c.event_id.in_(sa.bindparam("ids", expanding=True))
-)
 
 
 def _chunks(items: Sequence[str]) -> list[Sequence[str]]:
@@ -106,15 +95,16 @@ class AggregateRecorder:
         return outcomes
 
     def _load_state(self, conn: Connection, calls: Sequence[AppendCall]) -> BatchState:
-        head = conn.execute(_HEAD).scalar_one()
+        backend = self.backend
+        head = backend.select_head(conn)
         if head != self._versions_head:
             self._versions.clear()
         streams = {r.stream_id for c in calls for r in c.rows}
         state = BatchState(head=head, versions={s: self._versions[s] for s in streams if s in self._versions})
         for chunk in _chunks(sorted(streams - state.versions.keys())):
-            state.versions.update({s: v for s, v in conn.execute(_VERSIONS, {"streams": chunk}).all()})
+            state.versions.update(backend.select_versions(conn, chunk))
         for chunk in _chunks([r.event_id for c in calls for r in c.rows]):
-            for eid, sid, ver, pos in conn.execute(_EXISTING, {"ids": chunk}).all():
+            for eid, sid, ver, pos in backend.select_existing(conn, chunk):
                 state.existing[eid] = Existing(sid, ver, pos)
         return state
 
@@ -163,7 +153,7 @@ class ApplicationRecorder(AggregateRecorder):
     async def max_position(self) -> int:
         """The head position (0 for an empty log)."""
         async with self.backend.reader.connect() as conn:
-            return int((await conn.execute(_HEAD)).scalar_one())
+            return int((await conn.execute(HEAD)).scalar_one())
 
 
 class CommitSignal:
