@@ -115,7 +115,7 @@ class SessionLog:
             self._applied += 1
             self.projector.apply(StoredEvent(self._applied, self.session_id, self._applied, now, event))
             self._pending.append(event)
-        for turn in self.projector.turns.take_finalized():
+        for turn in (self.projector.turns.take_finalized() if self.projector.turns.finalized else ()):
             self.projector.turn_tables.append(turn)
             if self.on_turn is not None:
                 try:

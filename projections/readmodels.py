@@ -81,12 +81,17 @@ READ_MODEL_TABLES = (turn_tables, audit_findings, request_resources, checkpoints
 
 
 # ---------------------------------------------------------------- (de)serialisation
+_TURN_FIELDS = tuple(f.name for f in fields(TurnTables))
+_EDGE_FIELDS = tuple(f.name for f in fields(TransferEdge))
+_dumps_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def turn_to_json(t: TurnTables) -> str:
     """Lossless JSON of a TurnTables (floats round-trip exactly)."""
-    d = {f.name: getattr(t, f.name) for f in fields(t)}
+    d = {name: getattr(t, name) for name in _TURN_FIELDS}
     d["stages"] = {str(k): v for k, v in t.stages.items()}
-    d["transfers"] = [{f.name: getattr(e, f.name) for f in fields(e)} for e in t.transfers]
-    return json.dumps(d, separators=(",", ":"))  # key order matters: the summary prints in it
+    d["transfers"] = [{name: getattr(e, name) for name in _EDGE_FIELDS} for e in t.transfers]
+    return _dumps_compact(d)  # key order matters: the summary prints in it
 
 
 def turn_from_json(text: str) -> TurnTables:
