@@ -3,10 +3,11 @@ synthetic log (1,000 sessions x ~36 turns, both id modes, barge-ins, listen-only
 leaks), including writing the read-model tables; against the ceiling measured in the same run:
 the same rows read and JSON-decoded by plain ``sqlite3`` with no projection work.
 
-    .venv/bin/python benchmarks/bench_rebuild.py [--sessions 1000] [--turns 30] [--db PATH]
+    .venv/bin/python benchmarks/bench_rebuild.py [--sessions 1000] [--turns 36] [--db PATH] [--workers N]
 
 The log is generated once in a child process (so its memory does not count) and cached at
-``--db``. Prints events/s for both, the ratio, and the peak RSS of the rebuild process.
+``--db``. Prints events/s for both, the ratio, and the peak RSS of the rebuild process and of
+its largest child (a rebuild worker; the generator when the log was just built).
 Targets: >= 200,000 events/s end to end, peak RSS < 500 MB.
 """
 
@@ -74,14 +75,14 @@ def ceiling(path: Path) -> tuple[int, float]:
     return n, time.perf_counter() - start
 
 
-async def rebuild(path: Path) -> tuple[int, float, int, int]:
+async def rebuild(path: Path, workers: int | None) -> tuple[int, float, int, int]:
     from events.store.store import EventStore
     from projections.runner import ProjectionRunner
 
     async with await EventStore.open(f"sqlite+aiosqlite:///{path}", synchronous="NORMAL") as store:
         runner = ProjectionRunner(store, batch_size=20_000)
         start = time.perf_counter()
-        position = await runner.rebuild()
+        position = await runner.rebuild(workers=workers)
         elapsed = time.perf_counter() - start
         assert runner.projector is not None
         leaks = len(runner.projector.leaks())
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=36)
     parser.add_argument("--db", type=Path, default=Path("/tmp/duplex-ledger-bench-rebuild.db"))
+    parser.add_argument("--workers", type=int, default=None,
+                        help="rebuild worker processes (default: the CPUs available, at most 8; 1 = sequential)")
     parser.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate_only:
@@ -108,8 +111,12 @@ def main() -> None:
                         "--turns", str(args.turns), "--db", str(args.db)], check=True)
         marker.touch()
     n_ceiling, t_ceiling = ceiling(args.db)
-    position, t_rebuild, leaks, turns = asyncio.run(rebuild(args.db))
+    from projections.parallel import default_workers
+
+    workers = args.workers or default_workers()
+    position, t_rebuild, leaks, turns = asyncio.run(rebuild(args.db, workers))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    child_peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     eps_rebuild = position / t_rebuild
     eps_ceiling = n_ceiling / t_ceiling
     print(f"log: {position:,} events, {args.sessions} sessions x {args.turns} turns, {turns:,} turn tables, "
@@ -117,7 +124,9 @@ def main() -> None:
     print(f"{'plain sqlite3 read + json.loads (ceiling)':45s} {eps_ceiling:>12,.0f} events/s  ({t_ceiling:.2f} s)")
     print(f"{'duplex-ledger rebuild (3 projections + rows)':45s} {eps_rebuild:>12,.0f} events/s  ({t_rebuild:.2f} s)")
     print(f"{'ratio rebuild / ceiling':45s} {eps_rebuild / eps_ceiling:>12.2f}")
+    print(f"{'rebuild workers (processes)':45s} {workers:>12d}")
     print(f"{'peak RSS (rebuild process)':45s} {peak_mb:>12.0f} MB")
+    print(f"{'peak RSS of one worker / generator process':45s} {child_peak_mb:>12.0f} MB")
     print(f"targets: >= 200,000 events/s ({'met' if eps_rebuild >= 200_000 else 'NOT met'}), "
           f"peak RSS < 500 MB ({'met' if peak_mb < 500 else 'NOT met'})")
 

@@ -45,6 +45,29 @@ class Projector:
     def leaks(self, max_idle_s: float = 30.0, as_of_ts: float | None = None) -> list[Finding]:
         return [f for f in self.findings(max_idle_s, as_of_ts) if f.severity == "leak"]
 
+    @classmethod
+    def merged(cls, parts: Iterable["Projector"]) -> "Projector":
+        """One projector from projectors that folded DISJOINT sets of sessions of the same log
+        (projections.parallel): per-session state is united, findings and turn tables are put
+        back in log order, and the log-wide position and "now" (ts) come from the part that
+        applied the log's last event. Equal to folding the whole log in one projector."""
+        parts = list(parts)
+        out = cls()
+        for part in parts:
+            out.resources.sessions.update(part.resources.sessions)
+            out.turns.sessions.update(part.turns.sessions)
+            out.resources.point_findings.extend(part.resources.point_findings)
+            out.turns.findings.extend(part.turns.findings)
+            out.turns.finalized.extend(part.turns.finalized)
+            out.turn_tables.extend(part.turn_tables)
+        out.resources.point_findings.sort(key=lambda f: f.last_position)  # stable: emission order
+        out.turns.findings.sort(key=lambda f: f.last_position)
+        if parts:
+            last = max(parts, key=lambda p: p.position)
+            out.position = last.position
+            out.resources.position, out.resources.ts = last.resources.position, last.resources.ts
+        return out
+
     def forget_closed(self) -> None:
         """Drop working state of closed sessions that hold nothing (bounded memory)."""
         self.resources.forget_closed()

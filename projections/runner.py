@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from events.records import StoredEvent
 from events.store.store import EventStore
 from events.types import ts_to_us
-from projections import readmodels
+from events.store.url import sqlite_path
+from projections import parallel, readmodels
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
@@ -85,11 +86,48 @@ class ProjectionRunner:
             self.projector, self.position = Projector(), 0
         return self.projector
 
-    async def rebuild(self, progress: Callable[[int, int], None] | None = None) -> int:
-        """Drop every read-model row and project the whole log again. Returns the position."""
+    async def rebuild(self, progress: Callable[[int, int], None] | None = None, *,
+                      workers: int | None = None) -> int:
+        """Drop every read-model row and project the whole log again. Returns the position.
+
+        ``workers``: worker processes for a SQLite log (:mod:`projections.parallel`); None
+        picks :func:`~projections.parallel.default_workers` for logs of at least
+        ``PARALLEL_MIN_EVENTS`` events and 1 (sequential, in this process) below; PostgreSQL
+        logs always rebuild sequentially."""
         await self._run_write(readmodels.clear_read_models)
         self.projector, self.position = Projector(), 0
+        head = await self.store.head_position()
+        if workers is None:
+            workers = parallel.default_workers() if head >= parallel.PARALLEL_MIN_EVENTS else 1
+        if workers > 1 and self.store.recorder.backend.name == "sqlite" and head > 0:
+            return await self._rebuild_parallel(head, workers, progress)
         return await self.catch_up(progress)
+
+    async def _rebuild_parallel(self, head: int, workers: int,
+                                progress: Callable[[int, int], None] | None) -> int:
+        loop = asyncio.get_running_loop()
+        path = str(sqlite_path(self.store.url).resolve())
+        results: list[parallel.PartitionResult] = []
+        with parallel.pool(workers) as pool:
+            pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, workers, head, self.batch_size)
+                       for part in range(workers)]
+            for done in asyncio.as_completed(pending):
+                results.append(pickle.loads(await done))
+                if progress is not None:
+                    progress(head * len(results) // workers, head)
+        with gc_paused():
+            projector = Projector.merged(r.projector for r in results)
+            turn_rows = sorted((row for r in results for row in r.turn_rows),
+                               key=lambda row: (row["finalize_position"], row["session_id"]))
+            resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
+            findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
+            projector.forget_closed()
+            state = pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
+        await self._run_write(lambda conn: readmodels.write_batch(
+            conn, name=CHECKPOINT_NAME, position=head, fold_version=FOLD_VERSION, state=state, turns=turn_rows,
+            touched=[], resources=resources, findings=findings, before_checkpoint=self.before_checkpoint))
+        self.projector, self.position = projector, head
+        return head
 
     async def catch_up(self, progress: Callable[[int, int], None] | None = None, *,
                        until_position: int | None = None) -> int:

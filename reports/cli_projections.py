@@ -155,11 +155,11 @@ def tables(
     typer.echo(text, nl=not text.endswith("\n"))
 
 
-async def _rebuild(db: Optional[str], quiet: bool) -> int:
+async def _rebuild(db: Optional[str], quiet: bool, workers: Optional[int]) -> int:
     async with await EventStore.open(db) as store:
         runner = ProjectionRunner(store)
         if quiet:
-            return await runner.rebuild()
+            return await runner.rebuild(workers=workers)
         with Progress(TextColumn("rebuilding read models"), BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress:
             task = progress.add_task("rebuild", total=None)
@@ -167,7 +167,7 @@ async def _rebuild(db: Optional[str], quiet: bool) -> int:
             def report(done: int, head: int) -> None:
                 progress.update(task, completed=done, total=head)
 
-            return await runner.rebuild(report)
+            return await runner.rebuild(report, workers=workers)
 
 
 def rebuild(
@@ -176,12 +176,15 @@ def rebuild(
                                    help="Projection to rebuild: all, request_resources, audit or turn_tables. "
                                         "They share one checkpoint, so each rebuilds all three."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+                                          help="Worker processes for a SQLite log (default: the CPUs available, "
+                                               "at most 8, for logs of 200,000 events or more; 1 = sequential)."),
 ) -> None:
     """Drop the read models and rebuild them from the log (never touches the events)."""
     if projection not in PROJECTIONS:
         typer.echo(f"error: --projection must be one of {', '.join(PROJECTIONS)}, got {projection!r}", err=True)
         raise typer.Exit(2)
-    position = _run(lambda: _rebuild(db, quiet))
+    position = _run(lambda: _rebuild(db, quiet, workers))
     typer.echo(f"rebuilt read models up to position {position}")
 
 

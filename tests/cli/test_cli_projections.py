@@ -94,12 +94,13 @@ def test_audit_session_filter_and_max_idle(ledger):
     assert run("audit", "--db", url, "--session", "S1").exit_code == 1
 
 
-def test_rebuild_then_tables_identical(ledger):
-    url = ledger("case-12-arrival")
-    before = run("tables", "--db", url).output
-    result = run("rebuild", "--db", url, "--quiet")
+@pytest.mark.parametrize("workers", [[], ["--workers", "1"], ["--workers", "2"]])
+def test_rebuild_then_tables_and_audit_identical(ledger, workers):
+    url = ledger("case-06-v2-abort-failed")
+    before = run("tables", "--db", url).output, run("audit", "--db", url, "--format", "json").output
+    result = run("rebuild", "--db", url, "--quiet", *workers)
     assert result.exit_code == 0 and "rebuilt" in result.output
-    assert run("tables", "--db", url).output == before
+    assert (run("tables", "--db", url).output, run("audit", "--db", url, "--format", "json").output) == before
 
 
 def test_bad_database_is_a_data_error(tmp_path):

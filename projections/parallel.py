@@ -1,0 +1,96 @@
+"""Parallel full rebuild of a SQLite ledger: one worker process per partition of the sessions.
+
+Every fold keeps its state per session, and an event only ever touches its own session's
+state, so the log splits into independent sub-logs by session: partition ``crc32(session_id)
+% parts``. Each worker (a spawned process, so it shares no GIL, thread or connection with
+the caller) reads the log file read-only with plain ``sqlite3``, keeps the rows of its
+sessions (a SQL function filters them before Python sees a row), decodes them into
+read-side twins and folds them in log order with its own :class:`Projector`; it returns its
+projector and its finalized turn rows. The caller merges the projectors
+(:meth:`Projector.merged`) and writes every read-model row and the checkpoint in ONE
+transaction, exactly as the sequential runner's last batch would have (CASE-16: a crash
+before the commit leaves no rows and no checkpoint, and the next run starts over).
+
+Only the log-wide "now" is shared between sessions: the resources fold evaluates orphans
+against the ts of the last event applied, which the merge takes from the partition holding
+the log's last position — the same value a sequential fold ends with.
+
+Used by :meth:`ProjectionRunner.rebuild` for SQLite logs of at least
+:data:`PARALLEL_MIN_EVENTS` events (spawning workers costs ~1 s); PostgreSQL rebuilds run
+sequentially.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import sqlite3
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing import get_context
+from typing import Any
+
+from events.store.rows import StoredRow, decode_rows
+from projections import readmodels
+from projections.projector import Projector
+
+PARALLEL_MIN_EVENTS = 200_000
+"""Logs shorter than this are rebuilt sequentially by default."""
+
+_SELECT = ("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data "
+           "FROM events WHERE position <= ? AND dl_partition(stream_id) = ? ORDER BY position")
+
+
+def partition_of(session_id: str, parts: int) -> int:
+    """The partition of a session: ``crc32(utf-8 session id) % parts`` (stable across
+    processes, unlike ``hash``)."""
+    return zlib.crc32(session_id.encode()) % parts
+
+
+def default_workers() -> int:
+    """Worker processes for a parallel rebuild: the CPUs this process may use, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
+@dataclass
+class PartitionResult:
+    projector: Projector
+    turn_rows: list[dict[str, Any]]
+    events: int
+
+
+def fold_partition(db_path: str, part: int, parts: int, until_position: int, batch_size: int = 20_000) -> bytes:
+    """Worker: fold the events of partition ``part`` of ``parts`` with position <=
+    ``until_position``; returns a pickled :class:`PartitionResult`. Raises what decoding
+    raises (the caller sees it)."""
+    gc.disable()  # the folds allocate many short-lived acyclic objects (see runner.gc_paused)
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    conn.create_function("dl_partition", 1, partial(partition_of, parts=parts), deterministic=True)
+    projector = Projector()
+    apply, turns = projector.apply, projector.turns
+    turn_rows: list[dict[str, Any]] = []
+    events = 0
+    try:
+        cursor = conn.execute(_SELECT, (until_position, part))
+        while rows := cursor.fetchmany(batch_size):
+            for stored in decode_rows(map(StoredRow._make, rows), as_struct=True):
+                apply(stored)
+                if turns.finalized:
+                    turn_rows.extend(readmodels.turn_row(t, stored.position) for t in turns.take_finalized())
+            events += len(rows)
+            projector.forget_closed()
+    finally:
+        conn.close()
+    return pickle.dumps(PartitionResult(projector, turn_rows, events), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def pool(workers: int) -> ProcessPoolExecutor:
+    """Spawned workers: the caller runs an event loop and threads, which must not be forked."""
+    return ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
