@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 PREFIX = "duplex-s"
+_PREFIX_DOT = PREFIX + "."
 RESIDENT_ROLE = "stage0"
 _ROLE_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _EPHEMERAL_ROLE_RE = re.compile(r"^stage(\d+)_t(\d+)$")
@@ -118,7 +119,7 @@ class ParsedId:
 
 def is_duplex(request_id: object) -> bool:
     """Cheap filter (DOMAIN §1.3): ``duplex-s.`` prefix, exactly 8 parts, markers i/e/r."""
-    if not isinstance(request_id, str) or not request_id.startswith(PREFIX + "."):
+    if not isinstance(request_id, str) or not request_id.startswith(_PREFIX_DOT):
         return False
     return _is_duplex_str(request_id)
 

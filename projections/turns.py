@@ -251,7 +251,10 @@ class TurnsFold:
         the pre-begin pending one."""
         turn = s.open
         target = turn.derived if turn is not None and self._belongs_to_open(s, request_id) else s.pending_derived
-        return target.setdefault(stage_id, DerivedStage(request_id))
+        derived = target.get(stage_id)
+        if derived is None:
+            derived = target[stage_id] = DerivedStage(request_id)
+        return derived
 
     def _forwarded(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
