@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing import get_context
+from collections.abc import Iterator
 from typing import Any
 
 from events.store.rows import StoredRow, decode_rows
@@ -59,36 +60,68 @@ def default_workers() -> int:
     return max(1, min(cpus, 8))
 
 
+_TURN_COLUMNS = tuple(c.name for c in readmodels.turn_tables.c)
+
+
 @dataclass
 class PartitionResult:
+    """A worker's projector, and the file its finalized turn rows were spooled to (so neither
+    the worker nor the caller holds every turn table in memory)."""
+
     projector: Projector
-    turn_rows: list[dict[str, Any]]
+    turns_path: str
+    turns: int
     events: int
 
 
-def fold_partition(db_path: str, part: int, parts: int, until_position: int, batch_size: int = 20_000) -> bytes:
+def fold_partition(db_path: str, part: int, parts: int, until_position: int, spool_dir: str,
+                   batch_size: int = 20_000) -> bytes:
     """Worker: fold the events of partition ``part`` of ``parts`` with position <=
-    ``until_position``; returns a pickled :class:`PartitionResult`. Raises what decoding
-    raises (the caller sees it)."""
+    ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``;
+    returns a pickled :class:`PartitionResult`. Raises what decoding raises (the caller sees
+    it)."""
     gc.disable()  # the folds allocate many short-lived acyclic objects (see runner.gc_paused)
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     conn.create_function("dl_partition", 1, partial(partition_of, parts=parts), deterministic=True)
+    spool_path = os.path.join(spool_dir, f"turns-{part}.db")
+    spool = sqlite3.connect(spool_path)
+    spool.execute(f"CREATE TABLE turns ({', '.join(_TURN_COLUMNS)})")
+    insert = f"INSERT INTO turns VALUES ({', '.join('?' * len(_TURN_COLUMNS))})"
     projector = Projector()
     apply, turns = projector.apply, projector.turns
-    turn_rows: list[dict[str, Any]] = []
-    events = 0
+    events = n_turns = 0
     try:
         cursor = conn.execute(_SELECT, (until_position, part))
         while rows := cursor.fetchmany(batch_size):
+            turn_rows: list[tuple[Any, ...]] = []
             for stored in decode_rows(map(StoredRow._make, rows), as_struct=True):
                 apply(stored)
                 if turns.finalized:
-                    turn_rows.extend(readmodels.turn_row(t, stored.position) for t in turns.take_finalized())
+                    for t in turns.take_finalized():
+                        row = readmodels.turn_row(t, stored.position)
+                        turn_rows.append(tuple(row[c] for c in _TURN_COLUMNS))
+            spool.executemany(insert, turn_rows)
             events += len(rows)
+            n_turns += len(turn_rows)
             projector.forget_closed()
+        spool.commit()
     finally:
         conn.close()
-    return pickle.dumps(PartitionResult(projector, turn_rows, events), protocol=pickle.HIGHEST_PROTOCOL)
+        spool.close()
+    return pickle.dumps(PartitionResult(projector, spool_path, n_turns, events), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def spooled_turn_rows(paths: list[str], chunk: int = 5000) -> Iterator[dict[str, Any]]:
+    """The turn rows the workers spooled, streamed (read on the caller's write thread)."""
+    for path in paths:
+        conn = sqlite3.connect(path)
+        try:
+            cursor = conn.execute(f"SELECT {', '.join(_TURN_COLUMNS)} FROM turns")
+            while rows := cursor.fetchmany(chunk):
+                for r in rows:
+                    yield dict(zip(_TURN_COLUMNS, r))
+        finally:
+            conn.close()
 
 
 def pool(workers: int) -> ProcessPoolExecutor:

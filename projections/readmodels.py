@@ -139,14 +139,22 @@ def finding_from_row(row: Any) -> Finding:
 
 # ---------------------------------------------------------------- batch write
 def write_batch(conn: Connection, *, name: str, position: int, fold_version: int, state: bytes,
-                turns: Sequence[dict[str, Any]], touched: Sequence[str], resources: Sequence[dict[str, Any]],
+                turns: Iterable[dict[str, Any]], touched: Sequence[str], resources: Sequence[dict[str, Any]],
                 findings: Sequence[dict[str, Any]], before_checkpoint: Any = None) -> None:
     """One transaction: rows of the batch, then the checkpoint (position + fold state).
 
-    ``before_checkpoint`` (tests) is called between the rows and the checkpoint write; if it
-    raises, the whole transaction rolls back: rows and checkpoint never disagree (CASE-16)."""
-    if turns:
-        conn.execute(turn_tables.insert(), list(turns))
+    ``turns`` may be a lazy iterable (a parallel rebuild streams them from its workers' files);
+    it is inserted in chunks. ``before_checkpoint`` (tests) is called between the rows and the
+    checkpoint write; if it raises, the whole transaction rolls back: rows and checkpoint never
+    disagree (CASE-16)."""
+    chunk: list[dict[str, Any]] = []
+    for row in turns:
+        chunk.append(row)
+        if len(chunk) >= 5000:
+            conn.execute(turn_tables.insert(), chunk)
+            chunk = []
+    if chunk:
+        conn.execute(turn_tables.insert(), chunk)
     for chunk_start in range(0, len(touched), 500):
         chunk = list(touched[chunk_start:chunk_start + 500])
         conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(chunk)))

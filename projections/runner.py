@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import pickle
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -108,24 +109,26 @@ class ProjectionRunner:
         loop = asyncio.get_running_loop()
         path = str(sqlite_path(self.store.url).resolve())
         results: list[parallel.PartitionResult] = []
-        with parallel.pool(workers) as pool:
-            pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, workers, head, self.batch_size)
-                       for part in range(workers)]
-            for done in asyncio.as_completed(pending):
-                results.append(pickle.loads(await done))
-                if progress is not None:
-                    progress(head * len(results) // workers, head)
-        with gc_paused():
-            projector = Projector.merged(r.projector for r in results)
-            turn_rows = sorted((row for r in results for row in r.turn_rows),
-                               key=lambda row: (row["finalize_position"], row["session_id"]))
-            resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
-            findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
-            projector.forget_closed()
-            state = pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
-        await self._run_write(lambda conn: readmodels.write_batch(
-            conn, name=CHECKPOINT_NAME, position=head, fold_version=FOLD_VERSION, state=state, turns=turn_rows,
-            touched=[], resources=resources, findings=findings, before_checkpoint=self.before_checkpoint))
+        with tempfile.TemporaryDirectory(prefix="duplex-ledger-rebuild-") as spool_dir:
+            with parallel.pool(workers) as pool:
+                pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, workers, head, spool_dir,
+                                                self.batch_size)
+                           for part in range(workers)]
+                for done in asyncio.as_completed(pending):
+                    results.append(pickle.loads(await done))
+                    if progress is not None:
+                        progress(head * len(results) // workers, head)
+            with gc_paused():
+                projector = Projector.merged(r.projector for r in results)
+                resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
+                findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
+                projector.forget_closed()
+                state = pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
+            spools = sorted(r.turns_path for r in results)
+            await self._run_write(lambda conn: readmodels.write_batch(
+                conn, name=CHECKPOINT_NAME, position=head, fold_version=FOLD_VERSION, state=state,
+                turns=parallel.spooled_turn_rows(spools), touched=[], resources=resources, findings=findings,
+                before_checkpoint=self.before_checkpoint))
         self.projector, self.position = projector, head
         return head
 
