@@ -6,7 +6,7 @@ the same workload driven (a) through duplex-ledger's SessionEngine with its log 
 a/b for several rounds. Prints wall time and per-turn latency p50/p99 for both, the ratios,
 events per turn and log bytes per turn.
 
-    .venv/bin/python benchmarks/bench_live_overhead.py [--model tiny] [--rounds 3]
+    .venv/bin/python benchmarks/bench_live_overhead.py [--model tiny] [--rounds 6]
 
 Targets: the ledger adds <= 3 % wall time and <= 2 ms p99 per turn.
 """
@@ -168,7 +168,7 @@ if __name__ == "__main__":
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6, help="alternating a/b rounds (the VM is noisy: more is steadier)")
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="NORMAL")
     parser.add_argument("--flush-interval", type=float, default=0.1, help="EngineConfig.flush_interval_s (s)")
     parser.add_argument("--dtype", default="float32", help="float32 is faster than float16 on CPUs without fp16")
