@@ -98,11 +98,18 @@ class ProjectionRunner:
         await self._run_write(readmodels.clear_read_models)
         self.projector, self.position = Projector(), 0
         head = await self.store.head_position()
-        if workers is None:
-            workers = parallel.default_workers() if head >= parallel.PARALLEL_MIN_EVENTS else 1
-        if workers > 1 and self.store.recorder.backend.name == "sqlite" and head > 0:
+        workers = self._workers_for(head, workers)
+        if workers > 1:
             return await self._rebuild_parallel(head, workers, progress)
-        return await self.catch_up(progress)
+        with gc_paused():
+            return await self._catch_up(head, progress)
+
+    def _workers_for(self, head: int, workers: int | None) -> int:
+        if self.store.recorder.backend.name != "sqlite" or head == 0:
+            return 1
+        if workers is None:
+            return parallel.default_workers() if head >= parallel.PARALLEL_MIN_EVENTS else 1
+        return workers
 
     async def _rebuild_parallel(self, head: int, workers: int,
                                 progress: Callable[[int, int], None] | None) -> int:
@@ -142,6 +149,13 @@ class ProjectionRunner:
         head = await self.store.head_position()
         if until_position is not None:
             head = min(head, until_position)
+        if self.position == 0 and head > 0:
+            # No checkpoint yet (a copied file, a first audit): a full projection, in parallel
+            # when the log is large enough (see rebuild).
+            workers = self._workers_for(head, None)
+            if workers > 1:
+                await self._run_write(readmodels.clear_read_models)  # rows without a checkpoint: none to keep
+                return await self._rebuild_parallel(head, workers, progress)
         with gc_paused():
             return await self._catch_up(head, progress)
 

@@ -48,6 +48,14 @@ async def _rebuild(store: EventStore, workers: int) -> tuple[dict, list]:
     return await store.recorder.backend.run_read(_dump), [f.to_dict() for f in runner.projector.findings()]
 
 
+async def _assert_same_as_sequential(store: EventStore, runner: ProjectionRunner, reference: EventStore) -> None:
+    """``store``'s read models and ``runner``'s findings equal a sequential rebuild of
+    ``reference`` (the same full log)."""
+    expected, expected_findings = await _rebuild(reference, 1)
+    assert await store.recorder.backend.run_read(_dump) == expected
+    assert [f.to_dict() for f in runner.projector.findings()] == expected_findings
+
+
 def test_partitions_are_stable_and_spread() -> None:
     sessions = {e.session_id for e in EVENTS}
     assert {partition_of(s, 3) for s in sessions} == {0, 1, 2}
@@ -76,9 +84,36 @@ async def test_catch_up_continues_from_a_parallel_checkpoint(tmp_path) -> None:
         await store.append_records([ImportRow.from_event(e) for e in EVENTS[cut:]])
         runner = ProjectionRunner(store, batch_size=300)  # a new process: loads the checkpoint
         await runner.catch_up()
-        expected, expected_findings = await _rebuild(reference, 1)
-        assert await store.recorder.backend.run_read(_dump) == expected
-        assert [f.to_dict() for f in runner.projector.findings()] == expected_findings
+        await _assert_same_as_sequential(store, runner, reference)
+    finally:
+        await store.close()
+        await reference.close()
+
+
+async def test_first_catch_up_of_a_large_log_without_checkpoint_runs_in_parallel(tmp_path, monkeypatch) -> None:
+    """An audit of a copied file (no checkpoint yet) projects it in parallel once the log is
+    large enough; the result equals the sequential one, and later catch-ups are incremental."""
+    from projections import parallel as parallel_mod
+
+    monkeypatch.setattr(parallel_mod, "PARALLEL_MIN_EVENTS", 100)
+    monkeypatch.setattr(parallel_mod, "default_workers", lambda: 2)
+    calls: list[int] = []
+    original = ProjectionRunner._rebuild_parallel
+
+    async def spy(self, head, workers, progress):  # type: ignore[no-untyped-def]
+        calls.append(workers)
+        return await original(self, head, workers, progress)
+
+    monkeypatch.setattr(ProjectionRunner, "_rebuild_parallel", spy)
+    store = await _store(tmp_path / "c.db", EVENTS)
+    reference = await _store(tmp_path / "d.db", EVENTS)
+    try:
+        runner = ProjectionRunner(store)
+        assert await runner.catch_up() == len(EVENTS)
+        assert calls == [2]
+        await runner.catch_up()  # from the checkpoint now: nothing new, no second parallel pass
+        assert calls == [2]
+        await _assert_same_as_sequential(store, runner, reference)
     finally:
         await store.close()
         await reference.close()
