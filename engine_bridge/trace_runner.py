@@ -102,9 +102,7 @@ class _SessionDriver:
 
     async def run(self) -> None:
         for line in self.lines:
-            delay = self.start + line.t / self.speed - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await self._until(line)
             await self._wait(line)
             status, detail = await self._execute(line)
             outcome = self._record(line.session, line.line_no, line.type, status, detail, line.source)
@@ -134,6 +132,21 @@ class _SessionDriver:
             self.result.outcomes.append(LineOutcome(sid, 0, "wait", "error",
                                                     f"timed out after {self.wait_timeout_s} s waiting for {what}"))
             return False
+
+    async def _until(self, line: TraceLine) -> None:
+        """Sleep until the line's ``t``. A ``wait: "output"`` line is meant to land in the
+        middle of a response: it fires at the response's first streamed output when that comes
+        before ``t`` — on a fast machine the response may be over by ``t``."""
+        delay = self.start + line.t / self.speed - time.monotonic()
+        if delay <= 0:
+            return
+        if line.wait == "output" and self.session is not None and not self.session.closed:
+            try:
+                await asyncio.wait_for(self.output_seen.wait(), delay)
+            except TimeoutError:
+                pass
+            return
+        await asyncio.sleep(delay)
 
     async def _wait(self, line: TraceLine) -> None:
         session = self.session

@@ -22,7 +22,8 @@ Every line is an object with ``t`` (seconds from the trace start, float >= 0), `
 
 Any line may carry ``wait``: ``"idle"`` (first wait until the session has no response work) or
 ``"output"`` (first wait until the running response has streamed output, so the line lands in
-the middle of it; no wait when nothing is running). Unknown fields are errors.
+the middle of it — it fires at that first output if it comes before ``t``, so a fast machine
+cannot finish the response first; no wait when nothing is running). Unknown fields are errors.
 
 ``session.update`` is recognised but refused: the engine fixes capabilities and mode at open
 (there is no logged update command).
