@@ -88,19 +88,12 @@ def fold_partition(db_path: str, part: int, parts: int, until_position: int, spo
     spool.execute(f"CREATE TABLE turns ({', '.join(_TURN_COLUMNS)})")
     insert = f"INSERT INTO turns VALUES ({', '.join('?' * len(_TURN_COLUMNS))})"
     projector = Projector()
-    apply, turns = projector.apply, projector.turns
     events = n_turns = 0
     try:
         cursor = conn.execute(_SELECT, (until_position, part))
         while rows := cursor.fetchmany(batch_size):
-            turn_rows: list[tuple[Any, ...]] = []
-            for stored in decode_rows(map(StoredRow._make, rows), as_struct=True):
-                apply(stored)
-                if turns.finalized:
-                    for t in turns.take_finalized():
-                        row = readmodels.turn_row(t, stored.position)
-                        turn_rows.append(tuple(row[c] for c in _TURN_COLUMNS))
-            spool.executemany(insert, turn_rows)
+            turn_rows, _ = readmodels.fold_batch(projector, decode_rows(map(StoredRow._make, rows), as_struct=True))
+            spool.executemany(insert, [tuple(row[c] for c in _TURN_COLUMNS) for row in turn_rows])
             events += len(rows)
             n_turns += len(turn_rows)
             projector.forget_closed()

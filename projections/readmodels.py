@@ -9,7 +9,8 @@
 * ``projection_checkpoints`` — position + pickled fold state, written in the same
   transaction as the rows (exactly once, CASE-16).
 
-Pure row builders + one synchronous write function per batch (run by the async runner).
+Pure row builders (and :func:`fold_batch`, which applies a batch and collects its turn rows) +
+one synchronous write function per batch (run by the async runner).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from events.types import ts_to_us, us_to_ts
+from events.records import StoredEvent
 from projections.findings import Finding
+from projections.projector import Projector
 from projections.resources import ResourcesFold
 from projections.turn_tables import TransferEdge, TurnTables
 
@@ -107,6 +110,23 @@ def turn_row(t: TurnTables, position: int) -> dict[str, Any]:
         "turn_id": t.turn_id, "finished_reason": t.finished_reason, "arrival_ts_us": ts_to_us(t.arrival_ts),
         "finalize_ts_us": ts_to_us(t.finalize_ts), "finalize_position": position, "tables_json": turn_to_json(t),
     }
+
+
+def fold_batch(projector: Projector, events: Iterable[StoredEvent], *,
+               after_position: int = 0) -> tuple[list[dict[str, Any]], dict[str, None]]:
+    """Apply ``events`` (those after ``after_position``: redelivered ones are skipped) and
+    return the turn rows finalized on the way and the sessions touched (in first-seen order)."""
+    turn_rows: list[dict[str, Any]] = []
+    touched: dict[str, None] = {}
+    apply, turns = projector.apply, projector.turns
+    for stored in events:
+        if stored.position <= after_position:
+            continue
+        apply(stored)
+        touched[stored.stream_id] = None
+        if turns.finalized:
+            turn_rows.extend(turn_row(t, stored.position) for t in turns.take_finalized())
+    return turn_rows, touched
 
 
 def resource_rows(fold: ResourcesFold, session_ids: Iterable[str]) -> list[dict[str, Any]]:

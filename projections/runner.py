@@ -22,7 +22,7 @@ import asyncio
 import gc
 import pickle
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -127,10 +127,7 @@ class ProjectionRunner:
                         progress(head * len(results) // workers, head)
             with gc_paused():
                 projector = Projector.merged(r.projector for r in results)
-                resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
-                findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
-                projector.forget_closed()
-                state = pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
+                resources, findings, state = self._snapshot(projector, sorted(projector.resources.sessions))
             spools = sorted(r.turns_path for r in results)
             await self._run_write(lambda conn: readmodels.write_batch(
                 conn, name=CHECKPOINT_NAME, position=head, fold_version=FOLD_VERSION, state=state,
@@ -179,24 +176,21 @@ class ProjectionRunner:
             progress(self.position, head)
         return self.position
 
+    def _snapshot(self, projector: Projector, sessions: Iterable[str]) -> tuple[list[dict], list[dict], bytes]:
+        """What a checkpoint transaction writes besides the turn rows: the request_resources
+        rows of ``sessions``, every finding, and the pickled fold state (closed sessions that
+        hold nothing are dropped from it first)."""
+        resources = readmodels.resource_rows(projector.resources, sessions)
+        findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
+        projector.forget_closed()
+        return resources, findings, pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
+
     async def _commit(self, batch: list[StoredEvent]) -> BatchReport:
         projector = self.projector
         assert projector is not None
-        turn_rows: list[dict] = []
-        touched: dict[str, None] = {}
-        apply, turns, done = projector.apply, projector.turns, self.position
-        for stored in batch:
-            if stored.position <= done:
-                continue  # redelivery: already applied
-            apply(stored)
-            touched[stored.stream_id] = None
-            if turns.finalized:
-                turn_rows.extend(readmodels.turn_row(t, stored.position) for t in turns.take_finalized())
+        turn_rows, touched = readmodels.fold_batch(projector, batch, after_position=self.position)
         position = max(self.position, batch[-1].position)
-        resources = readmodels.resource_rows(projector.resources, touched)
-        findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
-        projector.forget_closed()
-        state = pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
+        resources, findings, state = self._snapshot(projector, touched)
         try:
             await self._run_write(lambda conn: readmodels.write_batch(
                 conn, name=CHECKPOINT_NAME, position=position, fold_version=FOLD_VERSION, state=state,
