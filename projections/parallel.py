@@ -1,12 +1,14 @@
 """Parallel full rebuild of a SQLite ledger: one worker process per partition of the sessions.
 
 Every fold keeps its state per session, and an event only ever touches its own session's
-state, so the log splits into independent sub-logs by session: partition ``crc32(session_id)
-% parts``. Each worker (a spawned process, so it shares no GIL, thread or connection with
-the caller) reads the log file read-only with plain ``sqlite3``, keeps the rows of its
-sessions (a SQL function filters them before Python sees a row), decodes them into
-read-side twins and folds them in log order with its own :class:`Projector`; it returns its
-projector and its finalized turn rows. The caller merges the projectors
+state, so the log splits into independent sub-logs by session. :func:`plan_partitions`
+deals the sessions out by event count (largest first, each to the lightest partition), so
+the workers finish together even when a few sessions are much longer than the rest. Each
+worker (a spawned process, so it shares no GIL, thread or connection with the caller) reads
+the log file read-only with plain ``sqlite3``, keeps the rows of its sessions (SQLite
+filters them against a temporary table of the partition's session ids, before Python sees
+a row), decodes them into read-side twins and folds them in log order with its own
+:class:`Projector`; it returns its projector and its finalized turn rows. The caller merges the projectors
 (:meth:`Projector.merged`) and writes every read-model row and the checkpoint in ONE
 transaction, exactly as the sequential runner's last batch would have (CASE-16: a crash
 before the commit leaves no rows and no checkpoint, and the next run starts over).
@@ -23,15 +25,14 @@ sequentially.
 from __future__ import annotations
 
 import gc
+import heapq
 import os
 import pickle
 import sqlite3
-import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from multiprocessing import get_context
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from events.store.rows import StoredRow, decode_rows
@@ -41,14 +42,36 @@ from projections.projector import Projector
 PARALLEL_MIN_EVENTS = 200_000
 """Logs shorter than this are rebuilt sequentially by default."""
 
+# ``+stream_id``: no index for this term, so SQLite scans the table in position order (one
+# pass, no sort) and checks each row against the temporary table in C.
 _SELECT = ("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data "
-           "FROM events WHERE position <= ? AND dl_partition(stream_id) = ? ORDER BY position")
+           "FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition ORDER BY position")
 
 
-def partition_of(session_id: str, parts: int) -> int:
-    """The partition of a session: ``crc32(utf-8 session id) % parts`` (stable across
-    processes, unlike ``hash``)."""
-    return zlib.crc32(session_id.encode()) % parts
+def session_sizes(db_path: str) -> list[tuple[str, int]]:
+    """``[(session_id, events)]`` of every stream of the log (its head version, read from the
+    ``(stream_id, version)`` index without touching the table)."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT stream_id, max(version) FROM events GROUP BY stream_id").fetchall()
+    finally:
+        conn.close()
+
+
+def plan_partitions(sizes: Iterable[tuple[str, int]], parts: int) -> list[list[str]]:
+    """Split sessions into at most ``parts`` non-empty partitions of nearly equal event
+    counts: largest session first, each to the partition with the fewest events so far
+    (ties: lower partition number). Deterministic for the same sizes; each partition's ids
+    are sorted. ``parts`` must be >= 1 (ValueError otherwise)."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    plan: list[list[str]] = [[] for _ in range(parts)]
+    loads = [(0, i) for i in range(parts)]
+    for session_id, size in sorted(sizes, key=lambda s: (-s[1], s[0])):
+        load, i = heapq.heappop(loads)
+        plan[i].append(session_id)
+        heapq.heappush(loads, (load + size, i))
+    return [sorted(p) for p in plan if p]
 
 
 def default_workers() -> int:
@@ -74,15 +97,16 @@ class PartitionResult:
     events: int
 
 
-def fold_partition(db_path: str, part: int, parts: int, until_position: int, spool_dir: str,
+def fold_partition(db_path: str, part: int, sessions: Sequence[str], until_position: int, spool_dir: str,
                    batch_size: int = 20_000) -> bytes:
-    """Worker: fold the events of partition ``part`` of ``parts`` with position <=
+    """Worker: fold the events of ``sessions`` (partition number ``part``) with position <=
     ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``;
     returns a pickled :class:`PartitionResult`. Raises what decoding raises (the caller sees
     it)."""
     gc.disable()  # the folds allocate many short-lived acyclic objects (see runner.gc_paused)
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    conn.create_function("dl_partition", 1, partial(partition_of, parts=parts), deterministic=True)
+    conn.execute("CREATE TEMP TABLE dl_partition (stream_id TEXT PRIMARY KEY) WITHOUT ROWID")
+    conn.executemany("INSERT INTO temp.dl_partition VALUES (?)", ((s,) for s in sessions))
     spool_path = os.path.join(spool_dir, f"turns-{part}.db")
     spool = sqlite3.connect(spool_path)
     spool.execute(f"CREATE TABLE turns ({', '.join(_TURN_COLUMNS)})")
@@ -90,7 +114,7 @@ def fold_partition(db_path: str, part: int, parts: int, until_position: int, spo
     projector = Projector()
     events = n_turns = 0
     try:
-        cursor = conn.execute(_SELECT, (until_position, part))
+        cursor = conn.execute(_SELECT, (until_position,))
         while rows := cursor.fetchmany(batch_size):
             turn_rows, _ = readmodels.fold_batch(projector, decode_rows(map(StoredRow._make, rows), as_struct=True))
             spool.executemany(insert, [tuple(row[c] for c in _TURN_COLUMNS) for row in turn_rows])

@@ -116,15 +116,16 @@ class ProjectionRunner:
         loop = asyncio.get_running_loop()
         path = str(sqlite_path(self.store.url).resolve())
         results: list[parallel.PartitionResult] = []
+        plan = parallel.plan_partitions(await asyncio.to_thread(parallel.session_sizes, path), workers)
         with tempfile.TemporaryDirectory(prefix="duplex-ledger-rebuild-") as spool_dir:
-            with parallel.pool(workers) as pool:
-                pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, workers, head, spool_dir,
+            with parallel.pool(len(plan)) as pool:
+                pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir,
                                                 self.batch_size)
-                           for part in range(workers)]
+                           for part, sessions in enumerate(plan)]
                 for done in asyncio.as_completed(pending):
                     results.append(pickle.loads(await done))
                     if progress is not None:
-                        progress(head * len(results) // workers, head)
+                        progress(head * len(results) // len(plan), head)
             with gc_paused():
                 projector = Projector.merged(r.projector for r in results)
                 resources, findings, state = self._snapshot(projector, sorted(projector.resources.sessions))

@@ -12,7 +12,7 @@ from events.store.rows import ImportRow
 from events.store.store import EventStore
 from events.types import parse_event
 from projections import readmodels
-from projections.parallel import partition_of
+from projections.parallel import plan_partitions
 from projections.runner import ProjectionRunner
 from tests.projections.test_runner import mixed_log
 
@@ -56,10 +56,22 @@ async def _assert_same_as_sequential(store: EventStore, runner: ProjectionRunner
     assert [f.to_dict() for f in runner.projector.findings()] == expected_findings
 
 
-def test_partitions_are_stable_and_spread() -> None:
-    sessions = {e.session_id for e in EVENTS}
-    assert {partition_of(s, 3) for s in sessions} == {0, 1, 2}
-    assert partition_of("bench-00001", 3) == partition_of("bench-00001", 3)
+def test_partition_plan_covers_every_session_once_and_balances_events() -> None:
+    sizes: dict[str, int] = {}
+    for e in EVENTS:
+        sizes[e.session_id] = sizes.get(e.session_id, 0) + 1
+    plan = plan_partitions(sizes.items(), 3)
+    assert len(plan) == 3
+    assert sorted(s for part in plan for s in part) == sorted(sizes)
+    loads = [sum(sizes[s] for s in part) for part in plan]
+    assert max(loads) - min(loads) <= max(sizes.values())  # the greedy (LPT) bound
+    assert plan == plan_partitions(reversed(list(sizes.items())), 3)  # deterministic, order-free
+    # One long session and many short ones: the long one gets a partition to itself.
+    skewed = [("long", 100)] + [(f"s{i:02d}", 10) for i in range(10)]
+    assert plan_partitions(skewed, 2) == [["long"], [f"s{i:02d}" for i in range(10)]]
+    assert plan_partitions([("only", 5)], 4) == [["only"]]  # never an empty partition
+    with pytest.raises(ValueError, match="parts must be >= 1"):
+        plan_partitions(skewed, 0)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
