@@ -118,12 +118,14 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     events = size = durable_n = 0
     durable_wait_s = 0.0
     cpu = {"ledger": 0.0, "plain": 0.0}
+    steps: dict[str, list[list[int]]] = {"ledger": [], "plain": []}  # engine iterations per round, per stage
     try:
         await run_plain(ports, config)  # warm-up (not counted)
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
                 order = ("ledger", "plain") if r % 2 == 0 else ("plain", "ledger")
                 for which in order:
+                    steps0 = [p.counters.iterations for p in ports]
                     if which == "ledger":
                         wall, lat, ev, sz, cpu_s, (n_durable, wait_s) = await run_ledger(
                             ports, config, Path(tmp) / f"round{r}.db", synchronous)
@@ -140,6 +142,7 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
                         cpu["plain"] += time.process_time() - cpu0
                         plain_walls.append(wall)
                         plain_lat += lat
+                    steps[which].append([p.counters.iterations - n for p, n in zip(ports, steps0)])
     finally:
         await talker.shutdown()
         await thinker.shutdown()
@@ -161,6 +164,9 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
           f"{durable_wait_s / max(durable_n, 1) * 1000:.1f} ms each, {durable_wait_s / turns * 1000:.1f} ms per turn")
     print(f"CPU of this process during the timed runs (vLLM frontend + ledger): plain {cpu['plain'] / turns * 1000:.1f} ms/turn, "
           f"ledger {cpu['ledger'] / turns * 1000:.1f} ms/turn")
+    print("engine iterations per round (median; the same tokens in fewer steps = better batched): "
+          + "; ".join(f"{name} {' + '.join(str(statistics.median(r[i] for r in steps[arm])) for i in range(len(ports)))}"
+                      for arm, name in (("plain", "straight"), ("ledger", "ledger"))) + " (thinker + talker)")
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
 
 

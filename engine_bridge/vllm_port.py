@@ -125,8 +125,18 @@ def _finished_stats(f: Any) -> FinishedStats:
     )
 
 
-def _stat_logger_factory(base: type, sink: OrderedDict[str, FinishedStats]) -> type:
-    """A per-engine ``StatLoggerBase`` class (a valid vLLM StatLoggerFactory) filling ``sink``."""
+@dataclass
+class EngineCounters:
+    """What one engine's stat logger has counted: ``iterations`` — engine-core steps whose
+    outputs reached this frontend (one ``record`` call with iteration stats each). Fewer
+    steps for the same tokens means the requests were batched together more."""
+
+    iterations: int = 0
+
+
+def _stat_logger_factory(base: type, sink: OrderedDict[str, FinishedStats], counters: EngineCounters) -> type:
+    """A per-engine ``StatLoggerBase`` class (a valid vLLM StatLoggerFactory) filling ``sink``
+    and ``counters``."""
 
     class FinishedStatsLogger(base):  # type: ignore[misc, valid-type]
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
@@ -136,6 +146,7 @@ def _stat_logger_factory(base: type, sink: OrderedDict[str, FinishedStats]) -> t
                    engine_idx: int = 0) -> None:
             if iteration_stats is None:
                 return
+            counters.iterations += 1
             for f in iteration_stats.finished_requests:
                 sink[str(f.request_id)] = _finished_stats(f)
                 sink.move_to_end(str(f.request_id))
@@ -171,10 +182,12 @@ class _Stream:
 
 class VllmStagePort:
     """One pipeline stage on one vLLM ``AsyncLLM`` (see the module docstring). Build with
-    :meth:`start`; attributes ``stage_id``, ``name``, ``max_model_len``, ``model_dir``."""
+    :meth:`start`; attributes ``stage_id``, ``name``, ``max_model_len``, ``model_dir``,
+    ``counters`` (:class:`EngineCounters`)."""
 
     def __init__(self, engine: Any, v: SimpleNamespace, *, stage_id: int, name: str, model_dir: Path,
-                 max_model_len: int, finished: OrderedDict[str, FinishedStats]) -> None:
+                 max_model_len: int, finished: OrderedDict[str, FinishedStats],
+                 counters: EngineCounters | None = None) -> None:
         self.stage_id = stage_id
         self.name = name
         self.model_dir = model_dir
@@ -182,6 +195,7 @@ class VllmStagePort:
         self._engine: Any = engine
         self._v = v
         self._finished = finished
+        self.counters = counters or EngineCounters()
         self._streams: dict[str, _Stream] = {}
         self._tokenizer = engine.get_tokenizer()
 
@@ -195,13 +209,15 @@ class VllmStagePort:
         Raises whatever vLLM raises when the engine cannot start."""
         v = _load_vllm()
         finished: OrderedDict[str, FinishedStats] = OrderedDict()
+        counters = EngineCounters()
         args = v.AsyncEngineArgs(
             model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
             kv_cache_memory_bytes=kv_cache_memory_bytes, disable_log_stats=True,
         )
-        engine = v.AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(v.StatLoggerBase, finished)])
+        logger = _stat_logger_factory(v.StatLoggerBase, finished, counters)
+        engine = v.AsyncLLM.from_engine_args(args, stat_loggers=[logger])
         port = cls(engine, v, stage_id=stage_id, name=name, model_dir=Path(model_dir),
-                   max_model_len=max_model_len, finished=finished)
+                   max_model_len=max_model_len, finished=finished, counters=counters)
         # vllm's import machinery keeps the first importing frame chain (this frame) alive; a
         # local ``engine`` here would keep the AsyncLLM alive past shutdown() (__del__ at exit).
         del engine

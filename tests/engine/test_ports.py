@@ -245,11 +245,15 @@ async def test_live_two_engines_stats_are_per_engine(live_ports):
     thinker, talker = live_ports.thinker, live_ports.talker
     assert (thinker.stage_id, talker.stage_id) == (0, 1)
     r = rid("both")
+    steps0 = (thinker.counters.iterations, talker.counters.iterations)
     a, b = await run_with_timeout(asyncio.gather(drain(thinker.generate(r, PROMPT, exact(6))),
                                                  drain(talker.generate(r, PROMPT, exact(9)))))
     assert (ntok(a), ntok(b)) == (6, 9)
     sa, sb = thinker.pop_finished_stats(r), talker.pop_finished_stats(r)
     assert (sa.num_generation_tokens, sb.num_generation_tokens) == (6, 9)
+    # Each engine counts its own iterations: at least one per output it delivered.
+    assert thinker.counters.iterations - steps0[0] >= len(a)
+    assert talker.counters.iterations - steps0[1] >= len(b)
     assert thinker.chat_prompt([{"role": "user", "content": "hi"}]).endswith("<|im_start|>assistant\n")
 
 
