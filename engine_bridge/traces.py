@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from array import array
 from collections.abc import Iterable
@@ -264,6 +265,18 @@ def _order_problems(lines: list, prefix_of) -> list[str]:  # type: ignore[no-unt
     return problems
 
 
+_PLACE = re.compile(r"(.*?)line (\d+):")
+
+
+def _problem_place(problem: str, prefixes: list[str]) -> tuple[int, int]:
+    """(file index, line number) of a ``[file: ]line N: …`` problem, for sorting."""
+    m = _PLACE.match(problem)
+    if m is None:
+        return (len(prefixes), 0)
+    prefix = m.group(1)
+    return (prefixes.index(prefix) if prefix in prefixes else len(prefixes), int(m.group(2)))
+
+
 def parse_trace(path: str | Path) -> Trace:
     """Parse one JSONL trace file. Raises TraceError (every problem) or OSError."""
     return parse_traces([path])
@@ -294,7 +307,8 @@ def parse_traces(paths: Iterable[str | Path]) -> Trace:
     if not lines and not problems:
         problems.append("line 0: trace: no events")
     if problems:
-        raise TraceError(problems)
+        order = list(by_source.values())
+        raise TraceError(sorted(problems, key=lambda p: _problem_place(p, order)))
     return Trace(lines=[line for line in lines if not isinstance(line, _BadOpen)])
 
 

@@ -8,6 +8,7 @@ the client received and the audit verdict, then shuts the engines down.
 
 import argparse
 import asyncio
+import os
 
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
@@ -44,4 +45,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--db", default="sqlite+aiosqlite:///embed.db")
     args = parser.parse_args()
+    # vLLM logs its engine configuration at INFO; keep the example's output readable (vllm is
+    # imported when the first engine starts, so the setting still applies).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     raise SystemExit(asyncio.run(main(args.model, args.db)))

@@ -18,6 +18,8 @@ vLLM's own logging goes to stderr and is lowered to ERROR unless ``--verbose`` o
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -77,6 +79,19 @@ def _prepare(spec: str, err: Console) -> Path:
             raise typer.Exit(2) from None
     err.print(f"model {spec!r}: {path}", highlight=False)
     return path
+
+
+def program_name() -> str:
+    """How the user can type this command again: ``duplex-ledger`` when that is on PATH and
+    is this program, else the path it was started by (e.g. ``.venv/bin/duplex-ledger``)."""
+    argv0 = Path(sys.argv[0])
+    on_path = shutil.which("duplex-ledger")
+    if argv0.name != "duplex-ledger" or (on_path is not None and Path(on_path).resolve() == argv0.resolve()):
+        return "duplex-ledger"
+    try:
+        return os.path.relpath(argv0)
+    except ValueError:  # another drive (Windows)
+        return str(argv0)
 
 
 def _parse(paths: list[Path], err: Console) -> Trace:
@@ -168,7 +183,7 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
 def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: str, speed: float,
               log_stats: Optional[bool], max_tokens: Optional[int], dtype: str, verbose: bool) -> None:
     """Shared body of ``demo`` and ``run`` (see the module docstring); raises typer.Exit."""
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     started = time.monotonic()
     trace = _parse(paths, err)
     if speed <= 0:
@@ -198,8 +213,9 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
     except typer.Exit as exc:
         code = exc.exit_code
     typer.echo("Re-project them later from the same ledger:")
-    typer.echo(f"  duplex-ledger tables --db {url}")
-    typer.echo(f"  duplex-ledger audit --db {url}")
+    prog = program_name()
+    typer.echo(f"  {prog} tables --db {url}")
+    typer.echo(f"  {prog} audit --db {url}")
     err.print(f"done in {time.monotonic() - started:.1f} s (thinker start {timings.get('thinker_start_s', 0):.1f} s, "
               f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
               highlight=False)

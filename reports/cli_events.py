@@ -96,9 +96,14 @@ def db_current(db: DbOption = None) -> None:
     """Print the database's schema revision and the newest one this code knows."""
     from events.store import migrate
 
+    from events.store.url import missing_sqlite_file
+
     now = _run(lambda: migrate.current_revision(db))
     head = migrate.head_revision()
     state = "up to date" if now == head else f"needs `duplex-ledger db upgrade` (code head {head})"
+    missing = missing_sqlite_file(resolve_url(db))
+    if missing is not None:
+        state = f"no such ledger file {str(missing)!r}; `duplex-ledger db upgrade` creates it"
     typer.echo(f"{now or 'none'} ({state})")
 
 
@@ -110,13 +115,17 @@ def events_import(
 ) -> None:
     """Import events from a JSONL file. Every line is checked first; any bad line is reported
     with its line number and field, and then nothing is imported (exit 2). Lines whose
-    event_id is already stored are skipped, so re-importing a file is harmless."""
+    event_id is already stored are skipped, so re-importing a file is harmless. A SQLite
+    file that does not exist yet is created as a new ledger (once every line passed)."""
     from events import jsonl
+    from events.store import EventStore
+    from events.store.url import missing_sqlite_file
 
     async def body() -> Any:
         with file.open(encoding="utf-8") as fh:
             rows = jsonl.parse_lines(fh)
-        store = await _open(db)
+        url = resolve_url(db)
+        store = await EventStore.open(url, create=missing_sqlite_file(url) is not None)
         try:
             return await store.append_records(rows)
         finally:

@@ -53,13 +53,28 @@ def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
     except (typer.Exit, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the CLI boundary: name the error, exit 2
-        Console(stderr=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", markup=True, highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", markup=True,
+                                                   highlight=False)
         raise typer.Exit(2) from None
 
 
-async def _projected(db: Optional[str], until_position: Optional[int]) -> tuple[Projector, int]:
-    """The projector at ``until_position`` (in memory), or caught up and persisted."""
+class UnknownSession(LookupError):
+    """``--session`` names a session the log has no event of."""
+
+
+async def _check_session(store: EventStore, session: Optional[str]) -> None:
+    """Raise UnknownSession when ``session`` is given and the log has no event of it (a typo
+    must not read as a clean audit or an empty table)."""
+    if session is not None and await store.stream_version(session) == 0:
+        raise UnknownSession(f"no session {session!r} in the log {store.url}")
+
+
+async def _projected(db: Optional[str], until_position: Optional[int],
+                     session: Optional[str] = None) -> tuple[Projector, int]:
+    """The projector at ``until_position`` (in memory), or caught up and persisted. Raises
+    UnknownSession for a ``session`` the log does not hold."""
     async with await EventStore.open(db) as store:
+        await _check_session(store, session)
         if until_position is not None:
             return await project_as_of(store, until_position=until_position), until_position
         runner = ProjectionRunner(store)
@@ -91,9 +106,10 @@ def audit(
     """Find leaked engine request ids, with the log positions that prove each leak.
 
     Exit 0 when clean, 1 when leaks were found (warnings alone do not fail), 2 on usage or
-    data errors — so it can gate a deployment.
+    data errors (a missing ledger file, a --session the log does not hold) — so it can gate
+    a deployment.
     """
-    projector, position = _run(lambda: _projected(db, until_position))
+    projector, position = _run(lambda: _projected(db, until_position, session))
     findings = [f for f in projector.findings(max_idle) if session is None or f.session_id == session]
     leaks = [f for f in findings if f.severity == "leak"]
     warnings = [f for f in findings if f.severity == "warning"]
@@ -119,6 +135,7 @@ def audit(
 async def _turns(db: Optional[str], session: Optional[str], response: Optional[str],
                  until_position: Optional[int]) -> list[TurnTables]:
     async with await EventStore.open(db) as store:
+        await _check_session(store, session)
         if until_position is not None:
             projector = await project_as_of(store, until_position=until_position)
             turns = projector.turn_tables
@@ -148,9 +165,17 @@ def tables(
 ) -> None:
     """Re-project the per-turn metric tables (vLLM-Omni --log-stats layout) from the log.
 
-    Text output is byte-identical to what the live engine printed for each turn.
+    Text output is byte-identical to what the live engine printed for each turn. Exit 2 for
+    a missing ledger file or a --session the log does not hold; no matching turn is not an
+    error (a note says so on stderr).
     """
     turns = _run(lambda: _turns(db, session, response, until_position))
+    if not turns:
+        wanted = ", ".join(f"{k} {v!r}" for k, v in (("session", session), ("response", response),
+                                                     ("until position", until_position)) if v is not None)
+        Console(stderr=True, soft_wrap=True).print(f"no turn tables{' for ' + wanted if wanted else ''} "
+                                                   "(listen-only turns, chat ids and log_stats off make none)",
+                                                   highlight=False, markup=False)
     text = RENDERERS[fmt](turns)
     typer.echo(text, nl=not text.endswith("\n"))
 

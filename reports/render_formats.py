@@ -112,10 +112,12 @@ def _md_table(table: Table) -> str:
 
 
 def render_markdown(turns: Iterable[TurnTables]) -> str:
-    """Markdown: ``## Turn <turn_id> — <response_id> (<reason>)`` then each table/line."""
+    """Markdown: ``## <session_id> · turn <turn_id> — <response_id> (<reason>)`` (several
+    sessions each have a turn 0) then each table/line."""
     blocks: list[str] = []
     for t in turns:
-        blocks.append(f"## Turn {t.turn_id} — {_md_escape(t.response_id)} ({t.finished_reason})")
+        blocks.append(f"## {_md_escape(t.session_id)} · turn {t.turn_id} — {_md_escape(t.response_id)} "
+                      f"({t.finished_reason})")
         for section in turn_sections(t):
             blocks.append(f"`{section}`" if isinstance(section, str) else _md_table(section))
     return "\n\n".join(blocks) + ("\n" if blocks else "")

@@ -1,6 +1,13 @@
 """Append-only event store (SQLite default, PostgreSQL) — see :class:`EventStore`."""
 
-from events.store.errors import ConcurrencyError, EventIdConflict, SchemaRevisionError, StoreClosed, StoreError
+from events.store.errors import (
+    ConcurrencyError,
+    EventIdConflict,
+    LedgerNotFound,
+    SchemaRevisionError,
+    StoreClosed,
+    StoreError,
+)
 from events.store.rows import ImportRow, StoredRow
 from events.store.store import EventStore, ImportResult
 from events.store.url import DEFAULT_URL, ENV_VAR, default_url
@@ -13,6 +20,7 @@ __all__ = [
     "EventStore",
     "ImportResult",
     "ImportRow",
+    "LedgerNotFound",
     "SchemaRevisionError",
     "StoreClosed",
     "StoreError",

@@ -59,6 +59,12 @@ _EXISTING = sa.select(_events.c.event_id, _events.c.stream_id, _events.c.version
 )
 
 
+def check_synchronous(synchronous: str) -> None:
+    """ValueError unless ``synchronous`` is FULL or NORMAL (the SQLite levels the store allows)."""
+    if synchronous not in ("FULL", "NORMAL"):
+        raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
+
+
 class Backend:
     """What both backends offer; subclasses implement it."""
 
@@ -113,8 +119,7 @@ class SqliteBackend(Backend):
     name = "sqlite"
 
     def __init__(self, url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000) -> None:
-        if synchronous not in ("FULL", "NORMAL"):
-            raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
+        check_synchronous(synchronous)
         self.synchronous = synchronous
         self.busy_timeout_ms = busy_timeout_ms
         path = sqlite_path(url)

@@ -36,5 +36,10 @@ class SchemaRevisionError(StoreError):
     """The database schema revision differs from the code's (older, newer or missing)."""
 
 
+class LedgerNotFound(SchemaRevisionError):
+    """A SQLite ledger file that does not exist was opened without ``create``. Nothing was
+    created (no file, no folder): a mistyped path must not leave an empty ledger behind."""
+
+
 class StoreClosed(StoreError):
     """The store was closed; no further appends are accepted."""

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 import migrations
 from events.store.backends import make_backend
 from events.store.errors import SchemaRevisionError
-from events.store.url import redact, resolve_url
+from events.store.url import missing_sqlite_file, redact, require_existing, resolve_url
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).resolve().parent)
 
@@ -71,7 +71,9 @@ async def upgrade(url: str | None = None, revision: str = "head") -> str | None:
 
 async def downgrade(url: str | None = None, revision: str = "base") -> str | None:
     """Downgrade to ``revision`` ("base" drops every ledger table, events included: the data
-    is gone). Returns the revision now current (None at base)."""
+    is gone). Returns the revision now current (None at base). Raises LedgerNotFound for a
+    SQLite file that does not exist (nothing is created)."""
+    require_existing(resolve_url(url))
     await _with_connection(url, _command, "downgrade", revision)
     return await current_revision(url)
 
@@ -81,7 +83,10 @@ def _current(sync_conn: Connection, _url: str) -> str | None:
 
 
 async def current_revision(url: str | None = None) -> str | None:
-    """The database's revision (None for an empty database)."""
+    """The database's revision: None for an empty database, and for a SQLite file that does
+    not exist (which is not created by asking)."""
+    if missing_sqlite_file(resolve_url(url)) is not None:
+        return None
     return await _with_connection(url, _current)
 
 

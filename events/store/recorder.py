@@ -150,6 +150,12 @@ class ApplicationRecorder(AggregateRecorder):
         async with self.backend.reader.connect() as conn:
             return list(map(StoredRow._make, (await conn.execute(q)).all()))
 
+    async def stream_version(self, stream_id: str) -> int:
+        """The last version of ``stream_id`` (0 when it has no events)."""
+        q = sa.select(sa.func.coalesce(sa.func.max(events.c.version), 0)).where(events.c.stream_id == stream_id)
+        async with self.backend.reader.connect() as conn:
+            return int((await conn.execute(q)).scalar_one())
+
     async def max_position(self) -> int:
         """The head position (0 for an empty log)."""
         async with self.backend.reader.connect() as conn:

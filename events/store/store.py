@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
 from events.records import StoredEvent
-from events.store.backends import Synchronous, make_backend
+from events.store.backends import Synchronous, check_synchronous, make_backend
 from events.store.migrate import check_revision, upgrade
 from events.store.planning import AppendCall
 from events.store.recorder import SubscribableRecorder
 from events.store.rows import ImportRow, NewRow, StoredRow, decode_rows
-from events.store.url import resolve_url
+from events.store.url import require_existing, resolve_url
 from events.store.writer import GroupCommitWriter
 from events.types import EventBase
 
@@ -60,12 +60,17 @@ class EventStore:
     ) -> "EventStore":
         """Open the log at ``url`` (default: ``$DUPLEX_LEDGER_DB_URL`` or ``./duplex-ledger.db``).
 
-        ``create=True`` first upgrades the schema to the code's revision. ``synchronous``
-        (SQLite only): FULL (durable on power loss, default) or NORMAL. Raises
-        SchemaRevisionError when the schema is missing, older or newer than the code (the
-        message names ``duplex-ledger db upgrade --db URL``); ValueError for an unsupported URL.
+        ``create=True`` first upgrades the schema to the code's revision (creating the SQLite
+        file and its folder when missing). ``synchronous`` (SQLite only): FULL (durable on
+        power loss, default) or NORMAL. Raises LedgerNotFound (without creating anything)
+        for a SQLite file that does not exist when ``create`` is false; SchemaRevisionError
+        when the schema is missing, older or newer than the code (the message names
+        ``duplex-ledger db upgrade --db URL``); ValueError for an unsupported URL.
         """
         url = resolve_url(url)
+        check_synchronous(synchronous)
+        if not create:
+            require_existing(url)
         backend = make_backend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
         if create:
             await upgrade(url)
@@ -212,6 +217,10 @@ class EventStore:
         """
         async for row in self.subscribe_rows(from_position, poll_interval=poll_interval, batch_size=batch_size):
             yield row.decode()
+
+    async def stream_version(self, stream_id: str) -> int:
+        """The stream's last version, i.e. how many events it holds (0 for an unknown stream)."""
+        return await self.recorder.stream_version(stream_id)
 
     async def head_position(self) -> int:
         """The last committed position (0 for an empty log)."""

@@ -47,6 +47,27 @@ def sqlite_path(url: str) -> Path:
     return Path(make_url(url).database or "")
 
 
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite+aiosqlite`` URL when it does not exist yet, else None (also
+    for PostgreSQL URLs). Raises ValueError for an unsupported URL (see :func:`backend_of`)."""
+    if backend_of(url) != "sqlite":
+        return None
+    path = sqlite_path(url)
+    return None if path.exists() else path
+
+
+def require_existing(url: str) -> None:
+    """Raise :class:`~events.store.errors.LedgerNotFound` when ``url`` is a SQLite file that
+    does not exist; ValueError for an unsupported URL."""
+    from events.store.errors import LedgerNotFound
+
+    path = missing_sqlite_file(url)
+    if path is not None:
+        raise LedgerNotFound(
+            f"{redact(url)}: no such ledger file {str(path)!r} (nothing was created); check the path, "
+            f"or create a ledger there with `duplex-ledger db upgrade --db {redact(url)}`")
+
+
 def redact(url: str) -> str:
     """The URL with its password masked, for messages."""
     return make_url(url).render_as_string(hide_password=True)

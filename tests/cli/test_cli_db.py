@@ -11,11 +11,13 @@ from typer.testing import CliRunner
 
 from events.store.migrate import head_revision
 from reports.cli import app
+from tests.cli.conftest import Cli
 
 
 def test_upgrade_current_downgrade(cli) -> None:
     r = cli("db", "current")
-    assert r.exit_code == 0 and r.output.startswith("none (needs `duplex-ledger db upgrade`")
+    assert r.exit_code == 0 and r.output.startswith("none (")
+    assert ("no such ledger file" if cli.url.startswith("sqlite") else "needs `duplex-ledger db upgrade`") in r.output
     r = cli("db", "upgrade")
     assert r.exit_code == 0 and f"is at revision {head_revision()}" in r.output
     assert cli("db", "current").output.startswith(f"{head_revision()} (up to date)")
@@ -36,6 +38,16 @@ def test_commands_on_a_database_without_schema_say_what_to_run(sqlite_cli) -> No
     r = sqlite_cli("events", "export")
     assert r.exit_code == 1
     assert f"duplex-ledger db upgrade --db {sqlite_cli.url}" in r.output
+
+
+def test_current_and_downgrade_on_a_missing_file_create_nothing(tmp_path) -> None:
+    missing = tmp_path / "typo" / "ledger.db"
+    cli = Cli(f"sqlite+aiosqlite:///{missing}")
+    r = cli("db", "current")
+    assert r.exit_code == 0 and r.output.startswith("none (no such ledger file")
+    r = cli("db", "downgrade", "base", "--yes")
+    assert r.exit_code == 1 and "no such ledger file" in r.output
+    assert not missing.parent.exists()
 
 
 def test_unknown_url_is_an_error(sqlite_cli) -> None:

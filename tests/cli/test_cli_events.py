@@ -55,6 +55,18 @@ def test_export_import_export_is_byte_identical(cli: Cli, tmp_path: Path, sqlite
     assert (tmp_path / "again.jsonl").read_bytes() == first.output.encode("utf-8")
 
 
+def test_import_into_a_new_sqlite_file_creates_the_ledger(tmp_path: Path) -> None:
+    """The README's offline path: export, then import into a file that does not exist yet."""
+    target = tmp_path / "copies" / "copy.db"
+    copy = Cli(f"sqlite+aiosqlite:///{target}")
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["{not json"])
+    assert copy("events", "import", str(bad)).exit_code == 2
+    assert not target.exists()  # a rejected file creates nothing
+    r = copy("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))
+    assert r.exit_code == 0 and "imported 5 event(s)" in r.output
+    assert len(copy("events", "export").output.splitlines()) == 5
+
+
 def test_export_format(cli: Cli, tmp_path: Path) -> None:
     cli("db", "upgrade")
     cli("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))

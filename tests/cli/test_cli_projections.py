@@ -90,8 +90,23 @@ def test_audit_time_travel_checkpoint_a_and_b(ledger):
 
 def test_audit_session_filter_and_max_idle(ledger):
     url = ledger("case-06-v2-abort-failed")
-    assert run("audit", "--db", url, "--session", "nobody").exit_code == 0
     assert run("audit", "--db", url, "--session", "S1").exit_code == 1
+
+
+@pytest.mark.parametrize("command", ["audit", "tables"])
+def test_a_session_the_log_does_not_hold_is_a_usage_error(ledger, command):
+    """A mistyped --session must not read as a clean audit (a deployment gate) or no tables."""
+    url = ledger("case-06-v2-abort-failed")
+    result = run(command, "--db", url, "--session", "S1-typo")
+    assert result.exit_code == 2
+    assert "no session 'S1-typo' in the log" in result.output
+
+
+def test_tables_says_when_nothing_matches(ledger):
+    url = ledger("case-12-arrival")
+    result = run("tables", "--db", url, "--response", "resp-none", "--format", "json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["turns"] == []
+    assert "no turn tables for response 'resp-none'" in result.stderr
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "1"], ["--workers", "2"]])
@@ -103,9 +118,13 @@ def test_rebuild_then_tables_and_audit_identical(ledger, workers):
     assert (run("tables", "--db", url).output, run("audit", "--db", url, "--format", "json").output) == before
 
 
-def test_bad_database_is_a_data_error(tmp_path):
-    result = run("audit", "--db", f"sqlite+aiosqlite:///{tmp_path}/missing.db")
+@pytest.mark.parametrize("command", ["audit", "tables", "rebuild"])
+def test_a_missing_ledger_file_is_a_data_error_and_nothing_is_created(tmp_path, command):
+    missing = tmp_path / "no-such-dir" / "missing.db"
+    result = run(command, "--db", f"sqlite+aiosqlite:///{missing}")
     assert result.exit_code == 2
+    assert "no such ledger file" in result.output and str(missing) in result.output
+    assert not missing.parent.exists()
 
 
 def test_rebuild_rejects_unknown_projection(ledger):

@@ -65,7 +65,7 @@ def test_csv_tidy_layout_and_same_numbers_as_text(worked):
 def test_markdown_same_cells_as_text(worked):
     md = render_markdown([worked])
     text_cells = _text_cells(render_turn_text(worked))
-    assert md.startswith("## Turn 3 — resp-s1-0-9f2c41aa (stop)\n")
+    assert md.startswith(f"## {worked.session_id} · turn 3 — resp-s1-0-9f2c41aa (stop)\n")
     assert "| e2e_total_ms | 1,700.000 |" in md
     assert "| vllm_itls_ms | 20.500 (n=12) |  |" in md
     assert "| audio_sample_rate_hz | 0 | 24,000 |" in md
