@@ -201,18 +201,20 @@ class VllmStagePort:
 
     @classmethod
     async def start(cls, model_dir: str | Path, *, stage_id: int, name: str, max_model_len: int = 1024,
-                    kv_cache_memory_bytes: int = 64 * 2**20, dtype: str = "float16") -> VllmStagePort:
+                    kv_cache_memory_bytes: int = 64 * 2**20, dtype: str = "float16",
+                    load_progress: bool = True) -> VllmStagePort:
         """Start an engine on ``model_dir`` (a prepared HF directory, see engine_bridge.models).
 
         Blocks the event loop while vLLM starts (its constructor is synchronous; ~6-20 s on
         CPU). ``kv_cache_memory_bytes`` must be given on CPU; never ``bfloat16`` on CPU.
+        ``load_progress``: vLLM's weight-loading progress bars (``use_tqdm_on_load``).
         Raises whatever vLLM raises when the engine cannot start."""
         v = _load_vllm()
         finished: OrderedDict[str, FinishedStats] = OrderedDict()
         counters = EngineCounters()
         args = v.AsyncEngineArgs(
             model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
-            kv_cache_memory_bytes=kv_cache_memory_bytes, disable_log_stats=True,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, disable_log_stats=True, use_tqdm_on_load=load_progress,
         )
         logger = _stat_logger_factory(v.StatLoggerBase, finished, counters)
         engine = v.AsyncLLM.from_engine_args(args, stat_loggers=[logger])

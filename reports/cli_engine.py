@@ -12,7 +12,9 @@ model or database error.
 vllm and torch are imported only inside the commands (``reports.cli`` stays light). The
 engine processes are spawned by vLLM (the console script's ``main()`` is import-guarded).
 vLLM's own logging goes to stderr and is lowered to ERROR unless ``--verbose`` or
-``$VLLM_LOGGING_LEVEL`` says otherwise.
+``$VLLM_LOGGING_LEVEL`` says otherwise; without ``--verbose`` torch's FutureWarnings and
+platform notes are silenced too (``PYTHONWARNINGS``, ``TORCH_CPP_LOG_LEVEL``, ``TORCH_LOGS``,
+unless already set), and vLLM's weight-loading bars are off (the demo shows its own).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -83,15 +86,17 @@ def _prepare(spec: str, err: Console) -> Path:
 
 def program_name() -> str:
     """How the user can type this command again: ``duplex-ledger`` when that is on PATH and
-    is this program, else the path it was started by (e.g. ``.venv/bin/duplex-ledger``)."""
+    is this program, else the path it was started by: relative below the working directory
+    (e.g. ``.venv/bin/duplex-ledger``), absolute elsewhere."""
     argv0 = Path(sys.argv[0])
     on_path = shutil.which("duplex-ledger")
     if argv0.name != "duplex-ledger" or (on_path is not None and Path(on_path).resolve() == argv0.resolve()):
         return "duplex-ledger"
+    absolute = argv0.absolute()
     try:
-        return os.path.relpath(argv0)
-    except ValueError:  # another drive (Windows)
-        return str(argv0)
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:  # not below the working directory
+        return str(absolute)
 
 
 def _parse(paths: list[Path], err: Console) -> Trace:
@@ -157,13 +162,14 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     with err.status("starting Stage0 (thinker) engine…"):
-        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker", dtype=dtype)
+        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker", dtype=dtype, load_progress=False)
     timings["thinker_start_s"] = time.monotonic() - t0
     ports = [thinker]
     try:
         t1 = time.monotonic()
         with err.status("starting Stage1 (talker) engine…"):
-            ports.append(await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype))
+            ports.append(await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype,
+                                                   load_progress=False))
         timings["talker_start_s"] = time.monotonic() - t1
         err.print(f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
                   f"{len(trace.lines)} trace lines", highlight=False)
@@ -191,6 +197,12 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
         raise typer.Exit(2)
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # Inherited by vLLM's engine-core processes: torch's deprecation warnings and its
+        # platform notes (Triton absent, NUMA binding) say nothing about the sessions.
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        os.environ.setdefault("TORCH_LOGS", "-all")
+        warnings.filterwarnings("ignore", category=FutureWarning)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
     url = resolve_url(db)
     thinker_dir = _prepare(model, err)

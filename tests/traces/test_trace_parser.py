@@ -136,3 +136,23 @@ def test_cli_exits_2_on_bad_lines_before_anything_runs(tmp_path, monkeypatch):
     assert "line 3: barge_in.extra: Extra inputs are not permitted" in result.output
     assert "nothing was run" in result.output
     assert not db.exists()
+
+
+def test_program_name_is_what_the_user_can_type_again(tmp_path, monkeypatch):
+    """The demo prints its re-projection commands with this: they must run as printed."""
+    from reports.cli_engine import program_name
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "duplex-ledger"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setattr("sys.argv", [str(script)])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    assert program_name() == "venv/bin/duplex-ledger"  # below the working directory: relative
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert program_name() == str(script)  # elsewhere: absolute
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin")
+    assert program_name() == "duplex-ledger"  # on PATH and the same program
