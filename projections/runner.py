@@ -95,12 +95,12 @@ class ProjectionRunner:
         picks :func:`~projections.parallel.default_workers` for logs of at least
         ``PARALLEL_MIN_EVENTS`` events and 1 (sequential, in this process) below; PostgreSQL
         logs always rebuild sequentially."""
-        await self._run_write(readmodels.clear_read_models)
         self.projector, self.position = Projector(), 0
         head = await self.store.head_position()
         workers = self._workers_for(head, workers)
         if workers > 1:
             return await self._rebuild_parallel(head, workers, progress)
+        await self._run_write(readmodels.clear_read_models)
         with gc_paused():
             return await self._catch_up(head, progress)
 
@@ -113,19 +113,21 @@ class ProjectionRunner:
 
     async def _rebuild_parallel(self, head: int, workers: int,
                                 progress: Callable[[int, int], None] | None) -> int:
-        loop = asyncio.get_running_loop()
+        """Drop the read-model rows and write them again from worker processes (see
+        projections.parallel). The old rows are deleted on the write thread while the
+        workers fold (the delete, and the WAL checkpoint a previous rebuild's rows leave
+        due, can take seconds on a large log); the new rows and the checkpoint are written
+        after it, in one transaction."""
         path = str(sqlite_path(self.store.url).resolve())
-        results: list[parallel.PartitionResult] = []
-        plan = parallel.plan_partitions(await asyncio.to_thread(parallel.session_sizes, path), workers)
+        clearing = asyncio.ensure_future(self._run_write(readmodels.clear_read_models))
         with tempfile.TemporaryDirectory(prefix="duplex-ledger-rebuild-") as spool_dir:
-            with parallel.pool(len(plan)) as pool:
-                pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir,
-                                                self.batch_size)
-                           for part, sessions in enumerate(plan)]
-                for done in asyncio.as_completed(pending):
-                    results.append(pickle.loads(await done))
-                    if progress is not None:
-                        progress(head * len(results) // len(plan), head)
+            try:
+                plan = parallel.plan_partitions(await asyncio.to_thread(parallel.session_sizes, path), workers)
+                results = await self._fold_partitions(path, plan, head, spool_dir, progress)
+            finally:
+                # A transaction on the write thread is never cut short: wait for it either way.
+                await asyncio.gather(clearing, return_exceptions=True)
+            clearing.result()  # raises the delete's error, if any
             with gc_paused():
                 projector = Projector.merged(r.projector for r in results)
                 resources, findings, state = self._snapshot(projector, sorted(projector.resources.sessions))
@@ -136,6 +138,20 @@ class ProjectionRunner:
                 before_checkpoint=self.before_checkpoint))
         self.projector, self.position = projector, head
         return head
+
+    async def _fold_partitions(self, path: str, plan: list[list[str]], head: int, spool_dir: str,
+                               progress: Callable[[int, int], None] | None) -> list[parallel.PartitionResult]:
+        loop = asyncio.get_running_loop()
+        results: list[parallel.PartitionResult] = []
+        with parallel.pool(len(plan)) as pool:
+            pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir,
+                                            self.batch_size)
+                       for part, sessions in enumerate(plan)]
+            for done in asyncio.as_completed(pending):
+                results.append(pickle.loads(await done))
+                if progress is not None:
+                    progress(head * len(results) // len(plan), head)
+        return results
 
     async def catch_up(self, progress: Callable[[int, int], None] | None = None, *,
                        until_position: int | None = None) -> int:
@@ -151,8 +167,7 @@ class ProjectionRunner:
             # No checkpoint yet (a copied file, a first audit): a full projection, in parallel
             # when the log is large enough (see rebuild).
             workers = self._workers_for(head, None)
-            if workers > 1:
-                await self._run_write(readmodels.clear_read_models)  # rows without a checkpoint: none to keep
+            if workers > 1:  # rows without a checkpoint: none to keep
                 return await self._rebuild_parallel(head, workers, progress)
         with gc_paused():
             return await self._catch_up(head, progress)
