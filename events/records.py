@@ -84,15 +84,16 @@ def from_row_json(
         return from_record(type_name, schema_version, stream_id, event_id, ts_us, json.loads(data_json))
     body = data_json.strip()
     rest = "}" if body == "{}" else "," + body[1:]
+    ts = us_to_ts(ts_us)
     envelope = '{"type":%s,"session_id":%s,"event_id":%s,"ts":%r' % (
-        json.dumps(type_name), json.dumps(stream_id), json.dumps(str(event_id)), us_to_ts(ts_us))
+        json.dumps(type_name), json.dumps(stream_id), json.dumps(str(event_id)), ts)
     event = cls.model_validate_json(envelope + rest)
-    expected = {"type": type_name, "session_id": stream_id, "event_id": str(event_id), "ts": us_to_ts(ts_us)}
-    for name, want in expected.items():
-        got = getattr(event, name)
-        if (str(got) if name == "event_id" else got) != want:
-            raise ValueError(f"{type_name} row {event_id}: payload field {name!r} ({got!r}) overrides the "
-                             f"row's envelope ({want!r})")
+    want = (type_name, stream_id, str(event_id), ts)
+    got = (event.type, event.session_id, str(event.event_id), event.ts)
+    if got != want:  # a payload key repeated an envelope field (JSON: the last one wins)
+        name, value, expected = next(d for d in zip(("type", "session_id", "event_id", "ts"), got, want) if d[1] != d[2])
+        raise ValueError(f"{type_name} row {event_id}: payload field {name!r} ({value!r}) overrides the "
+                         f"row's envelope ({expected!r})")
     return event
 
 

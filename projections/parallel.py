@@ -32,6 +32,7 @@ import sqlite3
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
+from pathlib import Path
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -48,10 +49,16 @@ _SELECT = ("SELECT position, stream_id, version, event_id, type, schema_version,
            "FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition ORDER BY position")
 
 
+def _read_only(db_path: str) -> sqlite3.Connection:
+    """A read-only connection to the ledger file (a file URI: a path with ``?``, ``#`` or
+    ``%`` in it is escaped, not parsed)."""
+    return sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+
+
 def session_sizes(db_path: str) -> list[tuple[str, int]]:
     """``[(session_id, events)]`` of every stream of the log (its head version, read from the
     ``(stream_id, version)`` index without touching the table)."""
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    conn = _read_only(db_path)
     try:
         return conn.execute("SELECT stream_id, max(version) FROM events GROUP BY stream_id").fetchall()
     finally:
@@ -104,7 +111,7 @@ def fold_partition(db_path: str, part: int, sessions: Sequence[str], until_posit
     returns a pickled :class:`PartitionResult`. Raises what decoding raises (the caller sees
     it)."""
     gc.disable()  # the folds allocate many short-lived acyclic objects (see runner.gc_paused)
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    conn = _read_only(db_path)
     conn.execute("CREATE TEMP TABLE dl_partition (stream_id TEXT PRIMARY KEY) WITHOUT ROWID")
     conn.executemany("INSERT INTO temp.dl_partition VALUES (?)", ((s,) for s in sessions))
     spool_path = os.path.join(spool_dir, f"turns-{part}.db")

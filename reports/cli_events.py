@@ -95,15 +95,15 @@ def db_downgrade(
 def db_current(db: DbOption = None) -> None:
     """Print the database's schema revision and the newest one this code knows."""
     from events.store import migrate
-
     from events.store.url import missing_sqlite_file
 
-    now = _run(lambda: migrate.current_revision(db))
+    now = _run(lambda: migrate.current_revision(db))  # also validates the URL (exit 1)
     head = migrate.head_revision()
-    state = "up to date" if now == head else f"needs `duplex-ledger db upgrade` (code head {head})"
     missing = missing_sqlite_file(resolve_url(db))
     if missing is not None:
         state = f"no such ledger file {str(missing)!r}; `duplex-ledger db upgrade` creates it"
+    else:
+        state = "up to date" if now == head else f"needs `duplex-ledger db upgrade` (code head {head})"
     typer.echo(f"{now or 'none'} ({state})")
 
 

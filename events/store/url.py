@@ -8,6 +8,8 @@ from typing import Literal
 
 from sqlalchemy.engine import make_url
 
+from events.store.errors import LedgerNotFound
+
 ENV_VAR = "DUPLEX_LEDGER_DB_URL"
 DEFAULT_URL = "sqlite+aiosqlite:///./duplex-ledger.db"
 Backend = Literal["sqlite", "postgresql"]
@@ -59,8 +61,6 @@ def missing_sqlite_file(url: str) -> Path | None:
 def require_existing(url: str) -> None:
     """Raise :class:`~events.store.errors.LedgerNotFound` when ``url`` is a SQLite file that
     does not exist; ValueError for an unsupported URL."""
-    from events.store.errors import LedgerNotFound
-
     path = missing_sqlite_file(url)
     if path is not None:
         raise LedgerNotFound(

@@ -129,3 +129,14 @@ async def test_first_catch_up_of_a_large_log_without_checkpoint_runs_in_parallel
     finally:
         await store.close()
         await reference.close()
+
+
+async def test_parallel_rebuild_of_a_file_whose_path_has_uri_characters(tmp_path) -> None:
+    folder = tmp_path / "copy #2 ?50%"
+    folder.mkdir()
+    store = await _store(folder / "l.db", EVENTS)
+    try:
+        sequential, _ = await _rebuild(store, 1)
+        assert (await _rebuild(store, 2))[0] == sequential
+    finally:
+        await store.close()
