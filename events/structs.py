@@ -36,7 +36,10 @@ from events.types import EVENT_CLASSES, EventBase
 
 _META_KEYS = {at.Ge: "ge", at.Gt: "gt", at.Le: "le", at.Lt: "lt", at.MinLen: "min_length", at.MaxLen: "max_length"}
 _TWINS: dict[type[BaseModel], type[msgspec.Struct]] = {}
-_ENVELOPE: dict[str, tuple[Any, Any]] = {"event_id": (str, ""), "session_id": (str, ""), "ts": (float, 0.0)}
+# Envelope fields come from the row's columns; in a twin they default to UNSET, so a payload
+# that carries one is told apart from one that does not (decode_payload refuses it).
+_ENVELOPE: dict[str, Any] = {"event_id": Union[str, msgspec.UnsetType], "session_id": Union[str, msgspec.UnsetType],
+                             "ts": Union[float, msgspec.UnsetType]}
 
 
 def _twin_type(annotation: Any) -> Any:
@@ -96,7 +99,7 @@ def twin_of(model: type[BaseModel]) -> type[msgspec.Struct]:
         if meta is not None:
             tp = _constrained(tp, meta)
         if issubclass(model, EventBase) and name in _ENVELOPE:
-            fields.append((name, *_ENVELOPE[name]))  # from the row's columns (decode_payload)
+            fields.append((name, _ENVELOPE[name], msgspec.UNSET))  # from the row's columns (decode_payload)
         elif info.default_factory is not None:
             factory = info.default_factory
             if isinstance(factory, type) and issubclass(factory, BaseModel):
@@ -135,8 +138,8 @@ def decode_payload(type_name: str, schema_version: int, stream_id: str, event_id
         twin = decoder.decode(data_json)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    if twin.session_id:
-        return None  # the payload carried an envelope field
+    if twin.session_id is not _UNSET or twin.ts is not _UNSET or twin.event_id is not _UNSET:
+        return None  # the payload carried an envelope field: the model path names it
     _set(twin, "session_id", stream_id)
     _set(twin, "ts", ts_us / 1_000_000)
     _set(twin, "event_id", event_id)
@@ -144,3 +147,4 @@ def decode_payload(type_name: str, schema_version: int, stream_id: str, event_id
 
 
 _set = msgspec.structs.force_setattr
+_UNSET = msgspec.UNSET

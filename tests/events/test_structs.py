@@ -80,11 +80,13 @@ def test_refused_rows_raise_the_models_error(data: str, field: str) -> None:
     assert field in str(info.value)
 
 
-def test_envelope_field_inside_the_payload_is_refused_on_both_paths() -> None:
-    data = '{"stage_id":0,"request_id":"x","session_id":"other"}'
+@pytest.mark.parametrize("field, value", [("session_id", '"other"'), ("ts", "5.0"),
+                                          ("event_id", '"00000000-0000-0000-0000-0000000000ff"')])
+def test_envelope_field_inside_the_payload_is_refused_on_both_paths(field: str, value: str) -> None:
+    data = '{"stage_id":0,"request_id":"x","%s":%s}' % (field, value)
     assert decode_payload("StageOutput", 1, "S", EID, 1_000_000, data) is None
     for decode in (struct_from_row_json, from_row_json):
-        with pytest.raises(ValueError, match="session_id"):
+        with pytest.raises(ValueError, match=field):
             decode("StageOutput", 1, "S", EID, 1_000_000, data)
 
 
