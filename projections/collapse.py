@@ -21,9 +21,11 @@ denoise_step_latency_ms                                 last positive
 finish_reason, final_output_type, output_unit_type      last non-None
 time_per_output_unit_ms                                 >= 2 segments: max(sum gen - ttfo, 0) /
                                                         (count - 1) if count > 1 else 0.0
-rx_transfer_bytes, rx_decode_time_ms,                   sum *(decision)*: they feed the turn's
-rx_in_flight_time_ms                                    transfer edge as turn totals (never printed
+rx_decode_time_ms, rx_in_flight_time_ms                 sum *(decision)*: they feed the turn's
+                                                        transfer edge as turn totals (never printed
                                                         in the stage table)
+rx_transfer_bytes                                       first positive: a turn edge's size is set
+                                                        once, never summed (DOMAIN §5.7 D3)
 everything else (batch_id, batch_size, replica_id, ...) first segment
 ======================================================  =====================================
 
@@ -76,7 +78,6 @@ SUM_FIELDS: tuple[str, ...] = (
     "audio_duration_s",
     "image_pixels",
     "output_unit_count",
-    "rx_transfer_bytes",
     "rx_decode_time_ms",
     "rx_in_flight_time_ms",
 )
@@ -85,6 +86,7 @@ FIRST_POSITIVE_FIELDS: tuple[str, ...] = (
     "serving_time_to_first_output_ms",
     "image_time_to_first_output_ms",
     "audio_sample_rate",
+    "rx_transfer_bytes",
 )
 LAST_POSITIVE_FIELDS: tuple[str, ...] = ("denoise_step_latency_ms",)
 LAST_NON_NONE_FIELDS: tuple[str, ...] = ("finish_reason", "final_output_type", "output_unit_type")
@@ -136,11 +138,28 @@ class StageCollapse:
     tpot_weight: float = 0.0
 
     @classmethod
-    def from_snapshot(cls, snap: StageRequestStats) -> "StageCollapse":
-        """Accumulator of exactly one segment. Maps extra ``audio_frames`` onto
+    def from_snapshot(cls, snap: Any, overrides: Mapping[str, Any] | None = None) -> "StageCollapse":
+        """Accumulator of exactly one segment. ``snap`` is a ``StageRequestStats`` or its read-side
+        twin (read by attribute only, so both paths run this same code); ``overrides`` replace
+        fields (engine-stamp TTFT/TPOT). Maps extra ``audio_frames`` onto
         ``audio_generated_frames``; other extra keys are logged at DEBUG and dropped (M3)."""
-        sums = {f: getattr(snap, f) for f in SUM_FIELDS}
-        for key, value in snap.extra.items():
+        if overrides:
+            values = {f: overrides[f] if f in overrides else getattr(snap, f) for f in STAT_FIELDS}
+            return cls._from_values(values, snap.extra)
+        return cls._from_values({f: getattr(snap, f) for f in STAT_FIELDS}, snap.extra)
+
+    @classmethod
+    def from_values(cls, **values: Any) -> "StageCollapse":
+        """Accumulator of one segment given as ``STAT_FIELDS`` keywords (missing = None)."""
+        unknown = set(values) - set(STAT_FIELDS)
+        if unknown:
+            raise ValueError(f"not StageRequestStats fields: {sorted(unknown)}")
+        return cls._from_values({f: values.get(f) for f in STAT_FIELDS}, {})
+
+    @classmethod
+    def _from_values(cls, v: Mapping[str, Any], extra: Mapping[str, Any]) -> "StageCollapse":
+        sums = {f: v[f] for f in SUM_FIELDS}
+        for key, value in extra.items():
             target = EXTRA_KEY_MAP.get(key)
             if target is None:
                 logger.debug("collapse: dropping merged key %r=%r with no row field", key, value)
@@ -148,16 +167,16 @@ class StageCollapse:
                 sums[target] = _add(sums[target], value)
             else:
                 logger.debug("collapse: dropping non-numeric %r=%r", key, value)
-        tpot = snap.vllm_tpot_ms
-        weight = float(max((snap.num_tokens_out or 0) - 1, 1)) if _positive(tpot) else 0.0
+        tpot = v["vllm_tpot_ms"]
+        weight = float(max((v["num_tokens_out"] or 0) - 1, 1)) if _positive(tpot) else 0.0
         return cls(
             segments=1,
             sums=sums,
-            first_positive={f: getattr(snap, f) for f in FIRST_POSITIVE_FIELDS if _positive(getattr(snap, f))},
-            last_positive={f: getattr(snap, f) for f in LAST_POSITIVE_FIELDS if _positive(getattr(snap, f))},
-            last_non_none={f: getattr(snap, f) for f in LAST_NON_NONE_FIELDS if getattr(snap, f) is not None},
-            first_segment={f: getattr(snap, f) for f in (*FIRST_SEGMENT_FIELDS, *_OWN_VALUE_FIELDS)},
-            lists={f: tuple(getattr(snap, f) or ()) for f in LIST_MEAN_FIELDS},
+            first_positive={f: v[f] for f in FIRST_POSITIVE_FIELDS if _positive(v[f])},
+            last_positive={f: v[f] for f in LAST_POSITIVE_FIELDS if _positive(v[f])},
+            last_non_none={f: v[f] for f in LAST_NON_NONE_FIELDS if v[f] is not None},
+            first_segment={f: v[f] for f in (*FIRST_SEGMENT_FIELDS, *_OWN_VALUE_FIELDS)},
+            lists={f: tuple(v[f] or ()) for f in LIST_MEAN_FIELDS},
             tpot_weighted_sum=tpot * weight if weight else 0.0,
             tpot_weight=weight,
         )

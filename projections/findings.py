@@ -34,9 +34,18 @@ WARNING_KINDS: dict[str, str] = {
     "reserve_conflict": "reserve of an existing key with a different identity was refused",
     "abort_after_finish": "abort of an id whose every binding had finished",
     "abort_of_unknown_id": "abort of an id the session never held",
-    "stale_finalize": "finalize of a response with no open turn",
+    "stale_finalize": "a terminal event (end, finalize, cancel) or begin naming a response the session does not "
+                      "hold: a second terminal of a finalized response, or an unknown response (D9)",
     "clock_domain_mismatch": "metrics snapshot mixes wall-clock and engine-monotonic stamps; ignored (CASE-08)",
     "command_rejected": "the session engine refused a command",
+    "stale_fence": "submit or append under a fence (or id) of another incarnation or an older epoch was refused (D9)",
+    "output_after_abort": "output, metrics, finish or listen unit of an aborted id; ignored (D1/D9)",
+    "output_after_release": "output, metrics, finish or listen unit of a released id; ignored (D1/D9)",
+    "output_of_stale_id": "fact of an id the session never held or of an older epoch/incarnation; ignored (D1/D9)",
+    "output_outside_segment": "fact of a held id outside its current segment (after its turn ended, or not the "
+                              "session's current id); joins no turn (D1)",
+    "duplicate_ack": "abort result with no abort pending for that pool; releases nothing (D10)",
+    "append_after_release": "append naming a Stage0 id the session no longer holds; ignored (D9)",
 }
 
 

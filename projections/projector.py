@@ -20,9 +20,11 @@ from projections.turns import TurnsFold
 class Projector:
     """request_resources + stale-id audit + per-turn tables over one log."""
 
-    def __init__(self) -> None:
+    def __init__(self, live: bool = False) -> None:
+        """``live=True``: the session engine's own fold — sessions with log_stats off build no
+        turn state (M14). Offline folds (the default) build every session's tables."""
         self.resources = ResourcesFold()
-        self.turns = TurnsFold()
+        self.turns = TurnsFold(live=live)
         self.position = 0
         self.turn_tables: list[TurnTables] = []
 

@@ -106,7 +106,7 @@ def turn_from_json(text: str) -> TurnTables:
 
 def turn_row(t: TurnTables, position: int) -> dict[str, Any]:
     return {
-        "session_id": t.session_id, "response_id": t.response_id, "request_id": t.request_id,
+        "session_id": t.session_id, "response_id": t.response_id, "request_id": t.request_id or "",
         "turn_id": t.turn_id, "finished_reason": t.finished_reason, "arrival_ts_us": ts_to_us(t.arrival_ts),
         "finalize_ts_us": ts_to_us(t.finalize_ts), "finalize_position": position, "tables_json": turn_to_json(t),
     }

@@ -22,6 +22,7 @@ CANCEL_SOURCE_REASON: dict[str, str] = {
     "session_close": "close",
     "disconnect": "close",
     "disconnect_grace_expired": "close",
+    "server_shutdown": "close",  # DOMAIN §5.7 D13
 }
 
 #: Causes that are not cancel sources but have a fixed meaning (decision, documented).

@@ -16,6 +16,7 @@ negative (CASE-01). The session engine makes its live decisions with this same f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable
 
 from events import ids as rid
@@ -23,6 +24,8 @@ from events.records import StoredEvent
 from events.types import Capabilities, Fence
 
 from projections.findings import Finding, severity_of
+
+_segment_of = lru_cache(maxsize=4096)(rid.encode_session)
 
 RESERVED, SUBMITTED, FINISHED = "reserved", "submitted", "finished"
 
@@ -60,6 +63,9 @@ class IdLife:
     cleanup_ok: bool = False  # a successful abort/release/loss acknowledged for the id
     keys_dropped_at: tuple[int, float] | None = None  # when its last key was dropped
     abort_pending: dict[int, tuple[int, float]] = field(default_factory=dict)  # stage -> (pos, ts)
+    # stage -> since_position of the binding that existed when the pending abort was logged
+    # (None: no binding then). An ack releases only that binding (DOMAIN §5.7 D10).
+    abort_snapshot: dict[int, int | None] = field(default_factory=dict)
     abort_ok: dict[int, tuple[int, float]] = field(default_factory=dict)
     abort_failed: dict[int, tuple[int, float]] = field(default_factory=dict)
     evidence: list[int] = field(default_factory=list)
@@ -75,12 +81,13 @@ class SessionResources:
 
     session_id: str
     incarnation: int = 0
+    epoch: int = 0  # from EpochAdvanced (DOMAIN §2.1)
     capabilities: Capabilities = field(default_factory=Capabilities)
     num_stages: int = 2
     closed_at: tuple[int, float] | None = None
     bindings: dict[tuple[int, str], Binding] = field(default_factory=dict)
     lives: dict[str, IdLife] = field(default_factory=dict)
-    accepted_fence: tuple[int, int] = (-1, -1)  # (epoch, turn_id) high-water mark
+    accepted_fence: tuple[int, int] = (-1, -1)  # (epoch, turn_id) high-water mark of this incarnation
     active_request_id: str | None = None
     pending_retarget: tuple[int, float, str, str] | None = None  # (pos, ts, stale, new)
     last_position: int = 0
@@ -167,6 +174,10 @@ class ResourcesFold:
             "ReleaseResult": self._release_result,
             "ActiveRequestBound": self._active_bound,
             "CommandRejected": self._rejected,
+            "EpochAdvanced": self._epoch_advanced,
+            "InputAppended": self._appended,
+            "StageMetricsReported": self._metrics,
+            "ResponseListened": self._listened,
         }
 
     # ------------------------------------------------------------------ apply
@@ -211,6 +222,8 @@ class ResourcesFold:
         if s.closed_at is not None and not s.holds_anything():
             # A reopen (new incarnation) of a closed session that holds nothing starts fresh.
             s = self.sessions[e.session_id] = SessionResources(e.session_id)
+        if e.incarnation != s.incarnation:
+            s.epoch, s.accepted_fence = 0, (-1, -1)  # a new incarnation starts its own fences
         s.incarnation = e.incarnation
         s.capabilities = e.capabilities
         s.num_stages = e.num_stages
@@ -220,6 +233,56 @@ class ResourcesFold:
     def _closed(self, s: SessionResources, st: StoredEvent) -> Verdict:
         s.closed_at = (st.position, st.event.ts)
         return ACCEPTED
+
+    def _epoch_advanced(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        """DOMAIN §2.1: outputs, appends, submits and forwards of an older epoch are dropped from
+        here on; the accepted fence moves to (new epoch, 0) at least."""
+        new_epoch = st.event.new_epoch
+        if new_epoch > s.epoch:
+            s.epoch = new_epoch
+            s.accepted_fence = max(s.accepted_fence, (new_epoch, 0))
+        return ACCEPTED
+
+    # ------------------------------------------------------------------ stale ids (D1, D9)
+    def _stale_fence(self, s: SessionResources, request_id: str | None, fence: Fence | None) -> str | None:
+        """Why a submit/forward/append under ``fence`` naming ``request_id`` is stale (another
+        incarnation, or older than the accepted fence or the session's epoch), or None.
+        DOMAIN §2.1, §3.1, §5.7 D9. The id's own incarnation and epoch (DOMAIN §1.1) count too
+        when it is minted for this session."""
+        if fence is not None:
+            if fence.incarnation != s.incarnation:
+                return f"fence of incarnation {fence.incarnation}; the session is incarnation {s.incarnation}"
+            if (fence.epoch, fence.turn_id) < s.accepted_fence:
+                return f"fence (epoch {fence.epoch}, turn {fence.turn_id}) older than accepted {s.accepted_fence}"
+        parsed = rid.try_parse(request_id) if request_id is not None else None
+        if parsed is not None and parsed.session_segment == _segment_of(s.session_id):
+            if parsed.incarnation != s.incarnation:
+                return f"id of incarnation {parsed.incarnation}; the session is incarnation {s.incarnation}"
+            if parsed.epoch < s.epoch:
+                return f"id of epoch {parsed.epoch}; the session is at epoch {s.epoch}"
+        return None
+
+    def _gate_fact(self, s: SessionResources, st: StoredEvent, stage_id: int | None, request_id: str | None,
+                   what: str) -> Verdict:
+        """DOMAIN §5.7 D1/D9: a fact (output, metrics snapshot, finish, listen unit) of an id the
+        session does not hold — aborted, released, or of an older epoch/incarnation — changes
+        nothing and is one warning. Ids the log never bound (logs that record no submits) pass:
+        the turns fold attributes them by the turn's own id."""
+        if request_id is None or not rid.is_duplex(request_id) or s.keys_of(request_id):
+            return ACCEPTED
+        life = s.lives.get(request_id)
+        stale = self._stale_fence(s, request_id, None)
+        if life is None and stale is None:
+            return ACCEPTED
+        if life is not None and life.abort_ok:
+            kind, why = "output_after_abort", "the id was aborted"
+        elif life is not None and life.submitted:
+            kind, why = "output_after_release", "the id was released"
+        else:
+            kind, why = "output_of_stale_id", stale or "the session never held the id"
+        self._point(s, kind, stage_id, request_id, st, [life.last_position] if life else [],
+                    f"{what} of an id the session does not hold ({why}); ignored")
+        return REFUSED
 
     # ------------------------------------------------------------------ binding
     def _reserved(self, s: SessionResources, st: StoredEvent) -> Verdict:
@@ -256,6 +319,11 @@ class ResourcesFold:
         key = (e.stage_id, e.request_id)
         existing = s.bindings.get(key)
         ephemeral = rid.is_ephemeral(e.request_id)
+        stale = self._stale_fence(s, e.request_id, e.fence)
+        if stale is not None:
+            self._point(s, "stale_fence", e.stage_id, e.request_id, st, [],
+                        f"submit ({e.kind}) refused: {stale} (DOMAIN §2.1, §5.7 D9)")
+            return REFUSED
         if e.kind == "update":
             if ephemeral:
                 self._point(s, "update_on_ephemeral", e.stage_id, e.request_id, st, [],
@@ -307,9 +375,9 @@ class ResourcesFold:
 
     def _forwarded(self, s: SessionResources, st: StoredEvent) -> Verdict:
         e = st.event
-        if e.fence is not None and (e.fence.epoch, e.fence.turn_id) < s.accepted_fence:
-            self._point(s, "forward_ignored", e.stage_id, e.request_id, st, [],
-                        f"fence {(e.fence.epoch, e.fence.turn_id)} older than accepted {s.accepted_fence}")
+        stale = self._stale_fence(s, e.request_id, e.fence)
+        if stale is not None:
+            self._point(s, "forward_ignored", e.stage_id, e.request_id, st, [], f"forward ignored: {stale}")
             return REFUSED
         existing = s.bindings.get((e.stage_id, e.request_id))
         if existing is not None and existing.submitted and not existing.finished:
@@ -319,6 +387,9 @@ class ResourcesFold:
 
     def _output(self, s: SessionResources, st: StoredEvent) -> Verdict:
         e = st.event
+        verdict = self._gate_fact(s, st, e.stage_id, e.request_id, "output")
+        if not verdict.accepted:
+            return verdict
         binding = s.bindings.get((e.stage_id, e.request_id))
         if binding is None:
             return ACCEPTED
@@ -331,12 +402,39 @@ class ResourcesFold:
 
     def _finished(self, s: SessionResources, st: StoredEvent) -> Verdict:
         e = st.event
+        verdict = self._gate_fact(s, st, e.stage_id, e.request_id, "finish")
+        if not verdict.accepted:
+            return verdict
         life = self._life(s, e.request_id, st)
         life.finished_stages.add(e.stage_id)
         binding = s.bindings.get((e.stage_id, e.request_id))
         if binding is not None:
             binding.finished = True
         return ACCEPTED
+
+    def _metrics(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        e = st.event
+        return self._gate_fact(s, st, e.stage_id, e.request_id, "metrics snapshot")
+
+    def _listened(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        return self._gate_fact(s, st, 0, st.event.request_id, "listen unit")
+
+    def _appended(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        """DOMAIN §5.7 D9: an append under a stale fence, or naming an id the session does not
+        hold (released, aborted, never reserved), changes nothing (no arrival stamp) and is
+        one warning."""
+        e = st.event
+        stale = self._stale_fence(s, e.request_id, e.fence)
+        if stale is not None:
+            self._point(s, "stale_fence", 0, e.request_id, st, [], f"append refused: {stale}")
+            return REFUSED
+        if e.request_id is None or not rid.is_duplex(e.request_id) or (0, e.request_id) in s.bindings:
+            return ACCEPTED
+        life = s.lives.get(e.request_id)
+        kind = "append_after_release" if life is not None else "append_to_unknown_id"
+        self._point(s, kind, 0, e.request_id, st, [life.last_position] if life else [],
+                    "append names a Stage0 id the session does not hold; ignored")
+        return REFUSED
 
     # ------------------------------------------------------------------ removal
     def _drop(self, s: SessionResources, key: tuple[int, str], st: StoredEvent) -> None:
@@ -390,20 +488,32 @@ class ResourcesFold:
             stages |= {k[0] for k in s.keys_of(request_id)} if e.stage_ids is None else set()
             for stage_id in stages:
                 life.abort_pending[stage_id] = (st.position, e.ts)
+                binding = s.bindings.get((stage_id, request_id))
+                life.abort_snapshot[stage_id] = binding.since_position if binding is not None else None
         return ACCEPTED
 
     def _abort_result(self, s: SessionResources, st: StoredEvent) -> Verdict:
         e = st.event
         for request_id in e.request_ids:
-            life = self._life(s, request_id, st)
-            life.abort_pending.pop(e.stage_id, None)
+            life = s.lives.get(request_id)
+            if life is None or e.stage_id not in life.abort_pending:
+                # D10: a late or duplicate ack answers no pending abort and releases nothing.
+                self._point(s, "duplicate_ack" if life is not None else "abort_of_unknown_id", e.stage_id,
+                            request_id, st, [life.last_position] if life else [],
+                            f"abort result ({e.outcome}) with no abort pending on stage {e.stage_id}; ignored")
+                continue
+            life.touch(st.position, e.ts)
+            life.abort_pending.pop(e.stage_id)
+            snapshot = life.abort_snapshot.pop(e.stage_id, None)
             if e.outcome == "failed":
                 life.abort_failed[e.stage_id] = (st.position, e.ts)
                 continue
             # ok / not_running / unknown_id: nothing of the id runs on that pool any more.
             life.abort_failed.pop(e.stage_id, None)
             life.abort_ok[e.stage_id] = (st.position, e.ts)
-            self._drop(s, (e.stage_id, request_id), st)
+            binding = s.bindings.get((e.stage_id, request_id))
+            if binding is not None and binding.since_position == snapshot:
+                self._drop(s, (e.stage_id, request_id), st)  # only the binding its abort saw (D10)
             if not s.keys_of(request_id) and not life.abort_failed:
                 life.cleanup_ok = True
         return ACCEPTED

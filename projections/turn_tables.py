@@ -75,7 +75,7 @@ class TurnTables:
 
     session_id: str
     response_id: str
-    request_id: str
+    request_id: str | None
     turn_id: int
     finished_reason: str
     arrival_ts: float
@@ -88,7 +88,11 @@ class TurnTables:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; units in the names (``audio_sample_rate`` -> ``audio_sample_rate_hz``,
-        ``arrival_ts`` -> ``arrival_ts_s``). ``stages`` is a list sorted by ``stage_id``."""
+        ``arrival_ts`` -> ``arrival_ts_s``). ``stages`` is a list sorted by ``stage_id``.
+        ``request_id`` is None for a turn that ended before any engine request (D8). Every float
+        except the ``_ts_s`` stamps is rounded to 3 decimals, as the text tables print it (ms to
+        the µs: the values derive from integer microseconds, so 190 ms is ``190.0``, never
+        ``189.9999999999995``)."""
         return {
             "session_id": self.session_id,
             "response_id": self.response_id,
@@ -97,22 +101,28 @@ class TurnTables:
             "finished_reason": self.finished_reason,
             "arrival_ts_s": self.arrival_ts,
             "finalize_ts_s": self.finalize_ts,
-            "preprocess_ms": self.preprocess_ms,
-            "summary": dict(self.summary),
-            "e2e": dict(self.e2e),
+            "preprocess_ms": _json_value(self.preprocess_ms),
+            "summary": {k: _json_value(v) for k, v in self.summary.items()},
+            "e2e": {k: _json_value(v) for k, v in self.e2e.items()},
             "stages": [
                 {"stage_id": sid, **{JSON_RENAMES.get(k, k): _json_value(v) for k, v in row.items()}}
                 for sid, row in sorted(self.stages.items())
             ],
-            "transfers": [edge.to_dict() for edge in self.transfers],
+            "transfers": [{k: _json_value(v) for k, v in edge.to_dict().items()} for edge in self.transfers],
         }
 
 
+JSON_DECIMALS = 3
+"""Decimals of every float in the machine formats: the text tables' precision (DOMAIN §5.2)."""
+
+
 def _json_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, JSON_DECIMALS)
     if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, tuple):
-        return list(value)
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
     return value
 
 
@@ -131,16 +141,20 @@ def _edges(
     stages: Mapping[int, Mapping[str, Any]],
     tx_delta: Mapping[tuple[int, int], tuple[float, int, bool]],
     edge_order: Sequence[tuple[int, int]],
+    snapshot_stages: frozenset[int] | None = None,
 ) -> tuple[TransferEdge, ...]:
-    """RX from each downstream stage k sets edge (k-1 -> k); then the TX delta is added
-    (DOMAIN §5.3). Order: ``edge_order``, then TX-only edges, then RX-only edges, sorted."""
+    """RX from each downstream stage k sets edge (k-1 -> k): its size once, from the first
+    non-zero RX bytes (D3); a stage-k snapshot creates the edge even with no RX fields, size 0
+    (D4). Then the TX delta is added (DOMAIN §5.3). Order: ``edge_order``, then TX-only edges,
+    then RX-only edges, sorted. ``snapshot_stages`` None = every stage in ``stages`` reported."""
     edges: dict[tuple[int, int], dict[str, Any]] = {}
     for sid, row in sorted(stages.items()):
         rx = (row.get("rx_transfer_bytes"), row.get("rx_decode_time_ms"), row.get("rx_in_flight_time_ms"))
-        if sid < 1 or not any(v is not None and v > 0 for v in rx):
+        reported = snapshot_stages is None or sid in snapshot_stages
+        if sid < 1 or not (reported or any(v is not None and v > 0 for v in rx)):
             continue
         edges[(sid - 1, sid)] = {
-            "size_bytes": rx[0] or None,
+            "size_bytes": rx[0] if rx[0] else (0 if reported else None),
             "rx_decode_time_ms": float(rx[1] or 0.0),
             "in_flight_time_ms": float(rx[2] or 0.0),
         }
@@ -168,7 +182,7 @@ def build_turn_tables(
     *,
     session_id: str,
     response_id: str,
-    request_id: str,
+    request_id: str | None,
     turn_id: int,
     finished_reason: str,
     arrival_ts: float,
@@ -178,13 +192,21 @@ def build_turn_tables(
     stage_last_ts: Mapping[int, float],
     tx_delta: Mapping[tuple[int, int], tuple[float, int, bool]],
     edge_order: Sequence[tuple[int, int]],
+    num_stages: int | None = None,
+    snapshot_stages: frozenset[int] | None = None,
 ) -> TurnTables:
     """Build one turn's tables (DOMAIN §5.3 TX/RX, §5.4 collapse, §5.5 e2e).
 
     * ``segments``: stage id -> that stage's segments in arrival order (snapshots, or a pending
       ``StageCollapse`` replayed at begin); stages with no segment get no column;
+    * ``request_id``: the turn's engine id; None for a turn that ended before any engine
+      request (D8: a JSON/CSV row, no text tables);
     * ``stage_first_ts`` / ``stage_last_ts``: wall-clock seconds per stage (first submit or
-      receipt / last receipt); the final (highest) stage's last ts is raised to ``finalize_ts``;
+      receipt / last receipt); only stage ``num_stages - 1`` has its last ts raised to
+      ``finalize_ts``, and no other stage stands in when it never reported (D2; ``num_stages``
+      None = the highest stage present is the final one). Each stage's span is kept inside
+      [arrival, finalize], so no stage wall time is negative or exceeds ``e2e_total_ms``;
+    * ``snapshot_stages``: stages whose engine reported a snapshot (D4 edges; None = all);
     * ``tx_delta``: edge -> (tx_time_ms delta, size_bytes delta, used_shm) since begin; negative
       deltas count as 0; ``edge_order``: edges in first-seen order;
     * ``finished_reason`` outside the reason set becomes ``abort``.
@@ -193,7 +215,7 @@ def build_turn_tables(
     ``num_tokens_in`` + every stage's ``num_tokens_out``. Pure; raises nothing for empty input.
     """
     stages = {sid: collapse_segments(segs) for sid, segs in sorted(segments.items()) if segs}
-    transfers = _edges(stages, tx_delta, edge_order)
+    transfers = _edges(stages, tx_delta, edge_order, snapshot_stages)
     e2e_total_ms = span_ms(arrival_ts, finalize_ts)
     tokens = int((stages.get(0, {}).get("num_tokens_in") or 0) + sum(r["num_tokens_out"] or 0 for r in stages.values()))
     transfers_bytes = sum(e.size_bytes or 0 for e in transfers)
@@ -214,13 +236,21 @@ def build_turn_tables(
     if preprocess is not None:
         summary["input_preprocess_time_ms"] = preprocess
     wall_stages = sorted({*stage_first_ts, *stages})
-    final_stage = wall_stages[-1] if wall_stages else None
+    if num_stages is not None:
+        final_stage: int | None = num_stages - 1
+    else:
+        final_stage = wall_stages[-1] if wall_stages else None
+    lo, hi = min(arrival_ts, finalize_ts), max(arrival_ts, finalize_ts)
     for sid in wall_stages:
         first = stage_first_ts.get(sid, stage_last_ts.get(sid))
         last = stage_last_ts.get(sid, first)
         if sid == final_stage:
             last = finalize_ts if last is None else max(last, finalize_ts)
-        wall = span_ms(first, last) if first is not None and last is not None else 0.0
+        if first is None or last is None:
+            wall = 0.0
+        else:
+            first, last = min(max(first, lo), hi), min(max(last, lo), hi)
+            wall = max(span_ms(first, last), 0.0)
         summary[f"e2e_stage_{sid}_wall_time_ms"] = wall
     return TurnTables(
         session_id=session_id,

@@ -1,34 +1,61 @@
-"""Per-turn metric tables as a pure fold (DOMAIN §5.3–§5.5).
+"""Per-turn metric tables as a pure fold (DOMAIN §5.3–§5.5, §5.7).
 
 One assistant turn = one ``response_id`` = one table set, built when the turn is finalized.
-The fold works on every session whatever its ``log_stats`` (M14 decision: offline
-re-projection covers sessions that ran with log_stats off); live printing is the engine's
-business.
+The offline fold works on every session whatever its ``log_stats`` (M14 decision: offline
+re-projection covers sessions that ran with log_stats off); the live engine's fold
+(``TurnsFold(live=True)``) opens nothing for a session with log_stats off (M14).
 
-Accumulation per session:
+**Attribution (DOMAIN §5.7 D1).** A fact — ``StageOutput``, ``StageMetricsReported``,
+``StageRequestFinished``, ``StageRequestForwarded``, ``ResponseListened`` — joins a turn only
+when it names the turn's own engine id *and* falls inside that id's current segment:
 
-* **open** — a turn opens at a response begin: ``TurnCommitted`` carrying a ``response_id``
-  (pre-created at commit, DOMAIN §2.3) or ``ResponseBegun``; only for duplex engine ids
-  (M12). Opening the open response again returns it; opening another first finalizes the
-  open one with ``abort`` (superseded, M21).
-* **ingest** — ``StageMetricsReported`` for the turn's engine id becomes one segment
-  (first-ts rule M2). Before any begin, snapshots are collapsed into one pending row per
-  stage (M15) and replayed at begin (M5, M11).
-* **ledger-derived segment** — a stage that reported no metrics in the turn (vLLM reports
-  nothing for aborted requests) gets one segment from the ledger's own events: its submit
-  (``StageRequestSubmitted``/``StageRequestForwarded``, ts and ``num_tokens_in``) and its
-  ``StageOutput`` token deltas. ``vllm_ttft_ms`` = first token ts − this turn's submit ts
-  (None without a token, CASE-03/09/10), ``vllm_tpot_ms`` = (last − first token ts) /
-  (n_out − 1) (None for n_out < 2), ``stage_gen_time_ms`` = last output ts − submit ts.
-  All wall-clock, one clock per duration.
-* **arrival_ts** (§5.3, CASE-12, M16) — the caller's commit ts, else the pending stamp (set
-  by the first append/commit while none is pending, or by the first buffered snapshot's
-  ``stage_submit_ts``/receipt), else the begin ts. Begin consumes the stamp; finalize never
-  erases a stamp set after the finalized turn opened.
-* **finalize** (§5.5) — ``ResponseEnded`` (cause beats status, CASE-13), ``TurnFinalized``,
-  ``CancelRequested`` (§2.4 mapping), an ``AbortRequested`` naming the turn's engine id,
-  ``SessionClosed`` (``close``), or a superseding begin (``abort``). Idempotent: the first
-  one wins; end ts = that event's ts (CASE-09: the decision, not the abort ack).
+* a **segment** of id X opens at each accepted Stage0 submit of X (``initial`` or ``update``:
+  the resources fold has already refused stale fences, other incarnations and older epochs)
+  and ends when the turn bound to X is finalized, when X is aborted or its Stage0 binding
+  released, at an epoch change and at close. A resident id serves many turns: the segment, not
+  the id, decides, and an output whose ``model_turn_id`` names a turn the model already
+  completed (``TurnCompleted``) never joins a later turn;
+* facts of the open turn's id inside its live segment join the turn;
+* with no turn bound to it, facts of the session's **current** id (the last Stage0 id
+  submitted) inside its live segment are buffered (*buffer before begin*, §5.3) and replayed
+  only into a turn that begins with that same id;
+* every other fact joins nothing, changes no table and is one ``output_outside_segment``
+  warning (D9). Facts of ids the session does not hold at all were already refused, with their
+  warning, by the resources fold; ``accepted=False`` skips them here. A late
+  ``StageRequestFinished`` of a held id is a resource fact, not a warning: it only finalizes a
+  turn (D11) inside the segment;
+* logs that record no submits at all (a metrics-only log) attribute by the begin's id, as
+  before: an id the session never submitted joins the turn bound to it, and is buffered
+  while the session has no current id.
+
+**Open** — ``TurnCommitted`` carrying a ``response_id`` (pre-created at commit, §2.3) opens the
+turn with no engine id yet; the first Stage0 submit after it binds it, and ``ResponseBegun``
+names the id and the turn for every title (D7: for an ephemeral id ``turn=`` is the id's
+``_t<N>``). Opening another response while one is open finalizes the open one with ``abort``
+(superseded, M21). Non-duplex ids never open, buffer into or finalize a turn (M12).
+
+**Ingest** — a ``StageMetricsReported`` becomes one segment accumulator
+(:class:`projections.collapse.StageCollapse`; engine stamps of one clock fill a missing
+TTFT/TPOT, CASE-08); first-ts rule M2; one collapsed pending row per stage before begin (M15).
+A stage with no snapshot in the turn gets one **ledger-derived** segment from its submit or
+forward (ts, ``num_tokens_in``) and its ``StageOutput`` token deltas, computed on integer
+microseconds: ``vllm_ttft_ms`` = first token − this turn's submit (None without a token),
+``vllm_tpot_ms`` = (last − first token) / (n_out − 1) (None for n_out < 2),
+``stage_gen_time_ms`` = last output − submit. Its stats are "received" at the finalize, so its
+wall time runs to the turn's end (decision, CASE-18).
+
+**Arrival** (§5.3, CASE-12, M16) — the caller's commit ts, else the pending stamp (first
+accepted append/commit while none is pending, or the first buffered snapshot's submit ts /
+receipt), else the begin ts. Begin consumes the stamp; finalize never erases a later stamp.
+
+**Finalize** (§5.5) — ``ResponseEnded`` (cause beats status, CASE-13), ``TurnFinalized``,
+``CancelRequested`` (§2.4), an ``AbortRequested`` naming the turn's id, an engine abort
+``StageRequestFinished(finish_reason=abort)`` of the turn's id in its segment (D11),
+``SessionClosed`` (``close``), or a superseding begin (``abort``). The first wins; end ts = that
+event's ts (CASE-09). A terminal event naming a finalized response is part of the same
+terminal when it repeats its reason with a kind not yet seen (the engine's ResponseEnded +
+TurnFinalized pair); any other is one ``stale_finalize`` warning (D9). A turn that ends before
+any engine request still gets a row, with ``request_id`` None (D8).
 """
 
 from __future__ import annotations
@@ -38,19 +65,19 @@ from typing import Any
 
 from events import ids as rid
 from events.records import StoredEvent
-from events.stats import StageRequestStats
 
-from projections.collapse import merge_into_pending
+from projections.collapse import EMPTY, StageCollapse
 from projections.findings import Finding, severity_of
 from projections.reasons import reason_for, reason_for_cancel_source, reason_for_end
-from projections.turn_tables import TurnTables, build_turn_tables
+from projections.turn_tables import TurnTables, build_turn_tables, span_ms
 
 Edge = tuple[int, int]
+TURN, PENDING, NOWHERE = "turn", "pending", "nowhere"
 
 
 @dataclass(slots=True)
 class DerivedStage:
-    """Ledger-derived segment accumulator for one stage of one turn."""
+    """Ledger-derived segment accumulator for one stage of one turn (wall clock, seconds)."""
 
     request_id: str | None = None
     submit_ts: float | None = None
@@ -60,16 +87,18 @@ class DerivedStage:
     last_token_ts: float | None = None
     last_ts: float | None = None
 
-    def to_stats(self) -> StageRequestStats:
+    def to_segment(self) -> StageCollapse:
+        """One segment of the stage (DOMAIN §5.3 decision; CASE-03/09/10), durations in ms from
+        integer microseconds."""
         ttft = tpot = gen = None
         if self.first_token_ts is not None and self.submit_ts is not None:
-            ttft = (self.first_token_ts - self.submit_ts) * 1000.0
+            ttft = span_ms(self.submit_ts, self.first_token_ts)
         if self.num_tokens_out >= 2 and self.first_token_ts is not None and self.last_token_ts is not None:
-            tpot = (self.last_token_ts - self.first_token_ts) * 1000.0 / (self.num_tokens_out - 1)
+            tpot = span_ms(self.first_token_ts, self.last_token_ts) / (self.num_tokens_out - 1)
         if self.submit_ts is not None and self.last_ts is not None:
-            gen = max(self.last_ts - self.submit_ts, 0.0) * 1000.0
-        return StageRequestStats(num_tokens_in=self.num_tokens_in, num_tokens_out=self.num_tokens_out,
-                                 stage_gen_time_ms=gen, vllm_ttft_ms=ttft, vllm_tpot_ms=tpot)
+            gen = max(span_ms(self.submit_ts, self.last_ts), 0.0)
+        return StageCollapse.from_values(num_tokens_in=self.num_tokens_in, num_tokens_out=self.num_tokens_out,
+                                         stage_gen_time_ms=gen, vllm_ttft_ms=ttft, vllm_tpot_ms=tpot)
 
 
 @dataclass(slots=True)
@@ -78,37 +107,66 @@ class OpenTurn:
     request_id: str | None
     turn_id: int
     arrival_ts: float
-    segments: dict[int, list[StageRequestStats]] = field(default_factory=dict)
+    opened_position: int = 0
+    segments: dict[int, list[StageCollapse]] = field(default_factory=dict)
     first_ts: dict[int, float] = field(default_factory=dict)
     last_ts: dict[int, float] = field(default_factory=dict)
     derived: dict[int, DerivedStage] = field(default_factory=dict)
     tx_baseline: dict[Edge, tuple[float, int, bool]] = field(default_factory=dict)
-    last_snapshot: dict[int, Any] = field(default_factory=dict)
+    last_snapshot: dict[int, tuple[str, StageCollapse, float | None]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Terminal:
+    """How a finalized response ended: its reason and the event kinds of that terminal."""
+
+    reason: str
+    kinds: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
 class SessionTurns:
     session_id: str
+    num_stages: int = 2
     open: OpenTurn | None = None
-    turn_id: int = 0
-    pending_rows: dict[int, StageRequestStats] = field(default_factory=dict)
+    completed_below: int = 0  # the model completed every turn below this (TurnCompleted)
+    current_id: str | None = None  # the last Stage0 id submitted
+    live: dict[str, int] = field(default_factory=dict)  # id -> position of the submit opening its live segment
+    submitted: set[str] = field(default_factory=set)  # ids this session ever submitted
+    pending_request_id: str | None = None  # the id every pending fact belongs to (D1)
+    pending_rows: dict[int, StageCollapse] = field(default_factory=dict)
     pending_first_ts: dict[int, float] = field(default_factory=dict)
     pending_last_ts: dict[int, float] = field(default_factory=dict)
     pending_derived: dict[int, DerivedStage] = field(default_factory=dict)
     pending_stamp: float | None = None
     pending_commit_ts: float | None = None
-    stage0_request_id: str | None = None
     tx_totals: dict[Edge, list[Any]] = field(default_factory=dict)
-    finalized: set[str] = field(default_factory=set)
+    terminals: dict[str, Terminal] = field(default_factory=dict)
     closed: bool = False
+
+    def clear_pending(self) -> None:
+        self.pending_request_id = None
+        self.pending_rows, self.pending_first_ts, self.pending_last_ts, self.pending_derived = {}, {}, {}, {}
+
+    def end_segment(self, request_id: str | None) -> None:
+        if request_id is None:
+            return
+        self.live.pop(request_id, None)
+        if self.pending_request_id == request_id:
+            self.clear_pending()
 
 
 class TurnsFold:
     """Pure fold: ``apply(stored, accepted)``; finalized turns accumulate in
-    :attr:`finalized` (drain with :meth:`take_finalized`)."""
+    :attr:`finalized` (drain with :meth:`take_finalized`); warnings in :attr:`findings`.
 
-    def __init__(self) -> None:
+    ``live=True`` (the session engine's own fold): sessions opened with ``log_stats`` off get
+    no state at all — no turn aggregator, nothing buffered, no table built (M14)."""
+
+    def __init__(self, live: bool = False) -> None:
+        self.live = live
         self.sessions: dict[str, SessionTurns] = {}
+        self.silent: set[str] = set()  # live mode: sessions with log_stats off
         self.finalized: list[TurnTables] = []
         self.findings: list[Finding] = []
         self._handlers = {
@@ -124,7 +182,12 @@ class TurnsFold:
             "StageRequestSubmitted": self._submitted,
             "StageRequestForwarded": self._forwarded,
             "StageOutput": self._output,
+            "StageRequestFinished": self._finished,
             "StageMetricsReported": self._metrics,
+            "ResponseListened": self._listened,
+            "StageRequestReleased": self._released,
+            "StageRequestLost": self._released,
+            "EpochAdvanced": self._epoch_advanced,
             "TransferTx": self._transfer,
             "TurnCompleted": self._turn_completed,
         }
@@ -133,12 +196,25 @@ class TurnsFold:
         """Apply one event; ``accepted`` False (refused by the resources fold) is skipped."""
         if not accepted:
             return
-        handler = self._handlers.get(stored.event.type)  # type: ignore[attr-defined]
+        event = stored.event
+        handler = self._handlers.get(event.type)  # type: ignore[attr-defined]
         if handler is None:
             return
-        s = self.sessions.get(stored.event.session_id)
+        sid = event.session_id
+        if self.live:
+            if event.type == "SessionOpened":  # type: ignore[attr-defined]
+                if not event.log_stats:  # type: ignore[attr-defined]
+                    self.silent.add(sid)
+                    self.sessions.pop(sid, None)
+                    return
+                self.silent.discard(sid)
+            elif sid in self.silent:
+                if event.type == "SessionClosed":  # type: ignore[attr-defined]
+                    self.silent.discard(sid)
+                return
+        s = self.sessions.get(sid)
         if s is None:
-            s = self.sessions[stored.event.session_id] = SessionTurns(stored.event.session_id)
+            s = self.sessions[sid] = SessionTurns(sid)
         handler(s, stored)
 
     def take_finalized(self) -> list[TurnTables]:
@@ -151,21 +227,50 @@ class TurnsFold:
             del self.sessions[sid]
         return gone
 
+    def _warn(self, s: SessionTurns, kind: str, stage_id: int | None, request_id: str | None, st: StoredEvent,
+              detail: str) -> None:
+        self.findings.append(_finding(s.session_id, kind, stage_id, request_id, st, detail))
+
+    # ------------------------------------------------------------------ lifecycle
+    def _opened(self, s: SessionTurns, st: StoredEvent) -> None:
+        if s.closed:
+            s = self.sessions[s.session_id] = SessionTurns(s.session_id)
+        s.num_stages = st.event.num_stages
+
+    def _closed(self, s: SessionTurns, st: StoredEvent) -> None:
+        if s.open is not None:
+            self._finalize(s, st, "close")
+        s.closed = True
+        s.live.clear()
+        s.current_id = None
+        s.clear_pending()
+
+    def _epoch_advanced(self, s: SessionTurns, st: StoredEvent) -> None:
+        """DOMAIN §2.1: every id of the older epoch leaves its segment; nothing buffered survives."""
+        s.live.clear()
+        s.current_id = None
+        s.clear_pending()
+
+    def _released(self, s: SessionTurns, st: StoredEvent) -> None:
+        e = st.event
+        if e.stage_id == 0:
+            s.end_segment(e.request_id)
+
+    def _turn_completed(self, s: SessionTurns, st: StoredEvent) -> None:
+        e = st.event
+        s.completed_below = max(s.completed_below, e.completed_turn_id + 1)
+
     # ------------------------------------------------------------------ arrival
-    def _stamp(self, s: SessionTurns, ts: float) -> None:
+    @staticmethod
+    def _stamp(s: SessionTurns, ts: float) -> None:
         if s.pending_stamp is None:
             s.pending_stamp = ts
 
     def _appended(self, s: SessionTurns, st: StoredEvent) -> None:
         self._stamp(s, st.event.ts)
 
-    def _opened(self, s: SessionTurns, st: StoredEvent) -> None:
-        if s.closed:
-            self.sessions[s.session_id] = SessionTurns(s.session_id)
-
     def _committed(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
-        s.turn_id = e.turn_id
         if e.response_id is not None and e.create_response and e.action != "START_AUTO_RESPONSE":
             # Pre-created at commit (DOMAIN §2.3): the turn opens now, arrival = commit ts (M6).
             s.pending_stamp = None
@@ -184,14 +289,17 @@ class TurnsFold:
 
     def _begin(self, s: SessionTurns, st: StoredEvent, response_id: str, request_id: str | None,
                turn_id: int, commit_ts: float | None) -> None:
-        ts = st.event.ts
-        if s.open is not None:
-            if s.open.response_id == response_id:
-                if request_id is not None and s.open.request_id is None:
-                    s.open.request_id = request_id
+        turn = s.open
+        if turn is not None:
+            if turn.response_id == response_id:  # the begin of a turn pre-created at commit (D7)
+                if request_id is not None and request_id != turn.request_id:
+                    self._bind(s, turn, request_id)
+                turn.turn_id = _title_turn(request_id or turn.request_id, turn_id)
                 return
-            self._finalize(s, st, "abort")  # superseded
-        if response_id in s.finalized:
+            self._finalize(s, st, "abort", end_segment=turn.request_id != request_id)  # superseded (M21)
+        if response_id in s.terminals:
+            self._warn(s, "stale_finalize", None, request_id, st, f"begin of response {response_id!r}, already "
+                                                                  "finalized; ignored")
             return
         caller_ts = commit_ts if commit_ts is not None else s.pending_commit_ts
         if caller_ts is not None:
@@ -199,105 +307,157 @@ class TurnsFold:
         elif s.pending_stamp is not None:
             arrival = s.pending_stamp
         else:
-            arrival = ts
+            arrival = st.event.ts
         s.pending_commit_ts = None
         s.pending_stamp = None
-        turn = OpenTurn(response_id, request_id, turn_id, arrival)
+        turn = OpenTurn(response_id, None, _title_turn(request_id, turn_id), arrival, st.position)
         turn.tx_baseline = {edge: (v[0], v[1], v[2]) for edge, v in s.tx_totals.items()}
+        s.open = turn
+        if request_id is None and st.event.type == "ResponseBegun":  # type: ignore[attr-defined]
+            # A begin that names no id: the buffered id, else the current id in its segment.
+            request_id = s.pending_request_id or (s.current_id if s.current_id in s.live else None)
+        if request_id is not None:
+            self._bind(s, turn, request_id)
+
+    def _bind(self, s: SessionTurns, turn: OpenTurn, request_id: str) -> None:
+        """Bind the open turn to ``request_id``: it is built from that id's facts only (D1),
+        including what was buffered for it before the begin (§5.3, M5, M11)."""
+        if turn.request_id is not None:  # re-titled by its begin: drop what another id gave it
+            turn.segments, turn.first_ts, turn.last_ts, turn.derived = {}, {}, {}, {}
+            turn.last_snapshot = {}
+        turn.request_id = request_id
+        if s.pending_request_id != request_id:
+            return
         for stage_id, row in s.pending_rows.items():  # replay the buffered pre-begin row (M5)
             turn.segments[stage_id] = [row]
             turn.first_ts[stage_id] = s.pending_first_ts[stage_id]
             turn.last_ts[stage_id] = s.pending_last_ts[stage_id]
-        for stage_id, derived in s.pending_derived.items():
-            if request_id is None or derived.request_id == request_id:
-                turn.derived[stage_id] = derived
-                turn.request_id = turn.request_id or derived.request_id
-        s.pending_rows, s.pending_first_ts, s.pending_last_ts, s.pending_derived = {}, {}, {}, {}
-        if turn.request_id is None and s.stage0_request_id is not None and rid.is_duplex(s.stage0_request_id):
-            turn.request_id = s.stage0_request_id if not rid.is_ephemeral(s.stage0_request_id) else None
-        s.open = turn
+        turn.derived.update(s.pending_derived)
+        s.clear_pending()
 
-    # ------------------------------------------------------------------ ingest
-    @staticmethod
-    def _belongs_to_open(s: SessionTurns, request_id: str, adopt: bool = False) -> bool:
-        """Does ``request_id`` feed the open turn? A turn opened at commit has no engine id
-        yet: it adopts the first Stage0 id submitted while it is open (``adopt``)."""
+    # ------------------------------------------------------------------ attribution (D1)
+    def _route(self, s: SessionTurns, request_id: str, model_turn_id: int | None = None) -> str:
+        """Where a fact of ``request_id`` goes: the open turn, the pre-begin buffer, or nowhere."""
+        if model_turn_id is not None and model_turn_id < s.completed_below:
+            return NOWHERE  # names a turn the model already completed
+        known = request_id in s.submitted
         turn = s.open
-        if turn is None:
-            return False
-        if turn.request_id is None and adopt:
-            turn.request_id = request_id
-        return turn.request_id == request_id
+        if turn is not None and turn.request_id == request_id:
+            return TURN if (not known or request_id in s.live) else NOWHERE
+        if known:
+            return PENDING if request_id == s.current_id and request_id in s.live else NOWHERE
+        return PENDING if s.current_id is None else NOWHERE  # a log without submits
 
-    def _submitted(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
-        if not rid.is_duplex(e.request_id):
-            return
-        if e.stage_id == 0:
-            s.stage0_request_id = e.request_id
-        turn = s.open
-        if turn is not None and self._belongs_to_open(s, e.request_id, adopt=e.stage_id == 0) and (
-                e.stage_id not in turn.derived or turn.derived[e.stage_id].submit_ts is None):
-            target = turn.derived
-        else:
-            target = s.pending_derived
-            if e.stage_id in target and target[e.stage_id].request_id != e.request_id:
-                del target[e.stage_id]
-        d = target.setdefault(e.stage_id, DerivedStage(e.request_id))
-        d.submit_ts, d.num_tokens_in = e.ts, e.num_tokens_in
+    def _target(self, s: SessionTurns, st: StoredEvent, stage_id: int, request_id: str, what: str,
+                model_turn_id: int | None = None, warn: bool = True) -> str:
+        where = self._route(s, request_id, model_turn_id)
+        if where == PENDING and s.pending_request_id != request_id:
+            s.clear_pending()
+            s.pending_request_id = request_id
+        if where == NOWHERE and warn:
+            self._warn(s, "output_outside_segment", stage_id, request_id, st,
+                       f"{what} outside its id's current segment (turn ended, or not the session's current id); "
+                       "joins no turn")
+        return where
 
-    def _derived_for(self, s: SessionTurns, stage_id: int, request_id: str) -> DerivedStage:
-        """The ledger-derived accumulator an event of ``request_id`` feeds: the open turn's, or
-        the pre-begin pending one."""
-        turn = s.open
-        target = turn.derived if turn is not None and self._belongs_to_open(s, request_id) else s.pending_derived
+    def _derived(self, s: SessionTurns, where: str, stage_id: int, request_id: str) -> DerivedStage:
+        target = s.open.derived if where == TURN and s.open is not None else s.pending_derived
         derived = target.get(stage_id)
         if derived is None:
             derived = target[stage_id] = DerivedStage(request_id)
         return derived
 
+    # ------------------------------------------------------------------ ingest
+    def _submitted(self, s: SessionTurns, st: StoredEvent) -> None:
+        e = st.event
+        if not rid.is_duplex(e.request_id):
+            return
+        if e.stage_id != 0:
+            self._forwarded(s, st)
+            return
+        # A new segment of this id (DOMAIN §5.7 D1): the session's current id from now on.
+        if s.current_id != e.request_id or s.pending_request_id not in (None, e.request_id):
+            s.clear_pending()
+        s.current_id = e.request_id
+        s.submitted.add(e.request_id)
+        s.live[e.request_id] = st.position
+        turn = s.open
+        if turn is not None and turn.request_id is None:
+            self._bind(s, turn, e.request_id)  # a turn pre-created at commit takes the first id submitted after
+        if turn is not None and turn.request_id == e.request_id:
+            d = turn.derived.setdefault(0, DerivedStage(e.request_id))
+            if d.submit_ts is None:
+                d.submit_ts, d.num_tokens_in = e.ts, e.num_tokens_in
+            return
+        s.pending_request_id = e.request_id
+        s.pending_derived[0] = DerivedStage(e.request_id, e.ts, e.num_tokens_in)  # this segment's submit
+
     def _forwarded(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
         if not rid.is_duplex(e.request_id):
             return
-        d = self._derived_for(s, e.stage_id, e.request_id)
-        if d.submit_ts is None:
-            d.submit_ts = e.ts
+        where = self._target(s, st, e.stage_id, e.request_id, "forward")
+        if where != NOWHERE:
+            d = self._derived(s, where, e.stage_id, e.request_id)
+            if d.submit_ts is None:
+                d.submit_ts = e.ts
 
     def _output(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
         if not rid.is_duplex(e.request_id):
             return
-        d = self._derived_for(s, e.stage_id, e.request_id)
+        where = self._target(s, st, e.stage_id, e.request_id, "output", e.model_turn_id)
+        if where == NOWHERE:
+            return
+        d = self._derived(s, where, e.stage_id, e.request_id)
         d.last_ts = e.ts
         if e.num_new_tokens > 0:
             if d.first_token_ts is None:
                 d.first_token_ts = e.ts
             d.last_token_ts = e.ts
             d.num_tokens_out += e.num_new_tokens
+        if where == TURN and e.finished and e.finish_reason == "abort":
+            self._finalize(s, st, "abort")  # the engine ended the turn's request (D11)
+
+    def _finished(self, s: SessionTurns, st: StoredEvent) -> None:
+        e = st.event
+        if not rid.is_duplex(e.request_id):
+            return
+        where = self._target(s, st, e.stage_id, e.request_id, "finish", e.model_turn_id, warn=False)
+        if where == TURN and e.finish_reason == "abort":
+            self._finalize(s, st, "abort")  # engine abort of the turn's id (D11, CASE-21)
+
+    def _listened(self, s: SessionTurns, st: StoredEvent) -> None:
+        e = st.event
+        if e.request_id is not None and rid.is_duplex(e.request_id):
+            self._target(s, st, 0, e.request_id, "listen unit")
 
     def _metrics(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
         if not rid.is_duplex(e.request_id):
             return  # chat ids never buffer (M12)
-        stats = effective_stats(e)
-        if stats is None:
-            self.findings.append(_finding(s.session_id, "clock_domain_mismatch", e.stage_id, e.request_id, st,
-                                          "engine stamps from different clocks; snapshot ignored"))
+        segment = snapshot_segment(e)
+        if segment is None:
+            self._warn(s, "clock_domain_mismatch", e.stage_id, e.request_id, st,
+                       "engine stamps from different clocks; snapshot ignored")
+            return
+        where = self._target(s, st, e.stage_id, e.request_id, "metrics snapshot")
+        if where == NOWHERE:
             return
         first = e.stage_submit_ts if e.stage_submit_ts is not None else e.ts
-        turn = s.open
-        if turn is not None and self._belongs_to_open(s, e.request_id):
-            key = (e.request_id, stats, e.stage_submit_ts)
+        if where == TURN:
+            turn = s.open
+            assert turn is not None
+            key = (e.request_id, segment, e.stage_submit_ts)
             if turn.last_snapshot.get(e.stage_id) == key:
                 return  # the same snapshot seen on a second path is counted once (M21)
             turn.last_snapshot[e.stage_id] = key
-            turn.segments.setdefault(e.stage_id, []).append(stats)
+            turn.segments.setdefault(e.stage_id, []).append(segment)
             turn.first_ts.setdefault(e.stage_id, first)
             turn.last_ts[e.stage_id] = max(turn.last_ts.get(e.stage_id, e.ts), e.ts)
             return
         # Buffer before begin: one collapsed pending row per stage (M15).
-        s.pending_rows[e.stage_id] = merge_into_pending(s.pending_rows.get(e.stage_id), stats)
+        s.pending_rows[e.stage_id] = s.pending_rows.get(e.stage_id, EMPTY).combine(segment)
         s.pending_first_ts.setdefault(e.stage_id, first)
         s.pending_last_ts[e.stage_id] = max(s.pending_last_ts.get(e.stage_id, e.ts), e.ts)
         self._stamp(s, first)
@@ -310,57 +470,65 @@ class TurnsFold:
         total[1] += e.size_bytes
         total[2] = total[2] or e.used_shm
 
-    def _turn_completed(self, s: SessionTurns, st: StoredEvent) -> None:
-        s.turn_id = st.event.new_turn_id
-
     # ------------------------------------------------------------------ finalize
     def _ended(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
-        self._finalize_response(s, st, e.response_id, reason_for_end(e.cause, e.status))
+        self._terminal(s, st, e.response_id, reason_for_end(e.cause, e.status))
 
     def _turn_finalized(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
-        self._finalize_response(s, st, e.response_id, reason_for(e.finished_reason))
+        self._terminal(s, st, e.response_id, reason_for(e.finished_reason))
 
     def _cancel(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
-        if s.open is not None and (e.response_id is None or e.response_id == s.open.response_id):
-            self._finalize(s, st, reason_for_cancel_source(e.source))
+        reason = reason_for_cancel_source(e.source)
+        if e.response_id is not None:
+            self._terminal(s, st, e.response_id, reason)
+        elif s.open is not None:
+            self._finalize(s, st, reason)
 
     def _abort(self, s: SessionTurns, st: StoredEvent) -> None:
         e = st.event
-        if s.open is not None and s.open.request_id in e.request_ids:
+        if s.open is not None and s.open.request_id is not None and s.open.request_id in e.request_ids:
             self._finalize(s, st, reason_for(e.reason) if e.reason is not None else "abort")
+        for request_id in e.request_ids:
+            s.end_segment(request_id)
 
-    def _closed(self, s: SessionTurns, st: StoredEvent) -> None:
-        if s.open is not None:
-            self._finalize(s, st, "close")
-        s.closed = True
-        s.pending_rows, s.pending_first_ts, s.pending_last_ts, s.pending_derived = {}, {}, {}, {}
-
-    def _finalize_response(self, s: SessionTurns, st: StoredEvent, response_id: str, reason: str) -> None:
+    def _terminal(self, s: SessionTurns, st: StoredEvent, response_id: str, reason: str) -> None:
+        """A terminal event naming ``response_id`` (D9: a second terminal is one warning)."""
         if s.open is not None and s.open.response_id == response_id:
             self._finalize(s, st, reason)
-        elif response_id not in s.finalized:
-            self.findings.append(_finding(s.session_id, "stale_finalize", None, None, st,
-                                          f"finalize of response {response_id!r} with no open turn"))
+            return
+        kind = st.event.type  # type: ignore[attr-defined]
+        done = s.terminals.get(response_id)
+        if done is not None and done.reason == reason and kind not in done.kinds:
+            done.kinds.add(kind)  # the rest of the same terminal (e.g. ResponseEnded + TurnFinalized)
+            return
+        if done is not None:
+            s.terminals[response_id] = Terminal(reason, {kind})
+            detail = f"{kind} ({reason}) of response {response_id!r}, already finalized ({done.reason})"
+        else:
+            detail = f"{kind} ({reason}) of response {response_id!r}, which the session does not hold"
+        self._warn(s, "stale_finalize", None, None, st, detail)
 
-    def _finalize(self, s: SessionTurns, st: StoredEvent, reason: str) -> None:
+    def _finalize(self, s: SessionTurns, st: StoredEvent, reason: str, end_segment: bool = True) -> None:
         turn = s.open
         assert turn is not None
         s.open = None
-        s.finalized.add(turn.response_id)
+        s.terminals[turn.response_id] = Terminal(reason, {st.event.type})  # type: ignore[attr-defined]
+        if end_segment:
+            s.end_segment(turn.request_id)
         if turn.request_id is not None and not rid.is_duplex(turn.request_id):
             return
+        finalize_ts = st.event.ts
         segments = {k: list(v) for k, v in turn.segments.items()}
         first_ts, last_ts = dict(turn.first_ts), dict(turn.last_ts)
         for stage_id, d in turn.derived.items():
             if stage_id in segments:
                 continue  # the engine reported this stage: its metrics win
-            segments[stage_id] = [d.to_stats()]
-            if d.submit_ts is not None:
-                first_ts[stage_id] = d.submit_ts
-            last_ts[stage_id] = d.last_ts if d.last_ts is not None else (d.submit_ts or st.event.ts)
+            segments[stage_id] = [d.to_segment()]
+            first_ts[stage_id] = d.submit_ts if d.submit_ts is not None else finalize_ts
+            last_ts[stage_id] = finalize_ts  # a ledger-derived row is "received" at the finalize
         tx_delta: dict[Edge, tuple[float, int, bool]] = {}
         for edge, (tx_ms, size, shm) in s.tx_totals.items():
             base = turn.tx_baseline.get(edge, (0.0, 0, False))
@@ -368,28 +536,37 @@ class TurnsFold:
             if d_tx > 0 or d_size > 0:
                 tx_delta[edge] = (max(d_tx, 0.0), max(d_size, 0), shm)
         self.finalized.append(build_turn_tables(
-            session_id=s.session_id, response_id=turn.response_id, request_id=turn.request_id or "",
-            turn_id=turn.turn_id, finished_reason=reason, arrival_ts=turn.arrival_ts, finalize_ts=st.event.ts,
+            session_id=s.session_id, response_id=turn.response_id, request_id=turn.request_id,
+            turn_id=turn.turn_id, finished_reason=reason, arrival_ts=turn.arrival_ts, finalize_ts=finalize_ts,
             segments=segments, stage_first_ts=first_ts, stage_last_ts=last_ts, tx_delta=tx_delta,
-            edge_order=list(s.tx_totals)))
+            edge_order=list(s.tx_totals), num_stages=s.num_stages,
+            snapshot_stages=frozenset(turn.segments)))
 
 
-def effective_stats(e: Any) -> StageRequestStats | None:
-    """The snapshot with TTFT/TPOT filled from engine stamps when the stats lack them, or None
-    when its stamps mix clock domains (CASE-08: never subtract a monotonic engine stamp from a
-    wall-clock one)."""
-    stats: StageRequestStats = e.stats
+def _title_turn(request_id: str | None, turn_id: int) -> int:
+    """D7: the turn a title names — an ephemeral id's ``_t<N>``, else the begin's turn id."""
+    parsed = rid.try_parse(request_id) if request_id is not None else None
+    stage_turn = parsed.ephemeral_stage_turn if parsed is not None else None
+    return stage_turn[1] if stage_turn is not None else turn_id
+
+
+def snapshot_segment(e: Any) -> StageCollapse | None:
+    """The snapshot of a ``StageMetricsReported`` (model or read-side twin: attribute access
+    only) as one segment accumulator, with TTFT/TPOT filled from engine stamps when the stats
+    lack them; None when its stamps mix clock domains (CASE-08: never subtract a monotonic
+    engine stamp from a wall-clock one)."""
+    stats = e.stats
     stamps = {"submit": e.engine_submit_ts, "first": e.engine_first_token_ts, "last": e.engine_last_token_ts}
     present = {k: v for k, v in stamps.items() if v is not None}
     if len({v.clock for v in present.values()}) > 1:
         return None
-    update: dict[str, float] = {}
+    overrides: dict[str, float] = {}
     if stats.vllm_ttft_ms is None and "submit" in present and "first" in present:
-        update["vllm_ttft_ms"] = (present["first"].s - present["submit"].s) * 1000.0
+        overrides["vllm_ttft_ms"] = (present["first"].s - present["submit"].s) * 1000.0
     n_out = stats.num_tokens_out or 0
     if stats.vllm_tpot_ms is None and "first" in present and "last" in present and n_out >= 2:
-        update["vllm_tpot_ms"] = (present["last"].s - present["first"].s) * 1000.0 / (n_out - 1)
-    return stats.model_copy(update=update) if update else stats
+        overrides["vllm_tpot_ms"] = (present["last"].s - present["first"].s) * 1000.0 / (n_out - 1)
+    return StageCollapse.from_snapshot(stats, overrides)
 
 
 def _finding(session_id: str, kind: str, stage_id: int | None, request_id: str | None, st: StoredEvent,

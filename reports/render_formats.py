@@ -4,13 +4,16 @@ All three carry the numbers of :mod:`reports.render_text`, with units in the fie
 (``audio_sample_rate`` is written ``audio_sample_rate_hz``; sizes stay in bytes in JSON/CSV):
 
 * **JSON** (:func:`render_json`): ``{"format": "duplex-ledger.turn-tables", "version": 1,
-  "turns": [TurnTables.to_dict(), ...]}``, full precision, ``null`` for "not reported" (a
-  tokenless turn has ``"vllm_ttft_ms": null``). Strict JSON: a NaN/inf raises ValueError.
+  "turns": [TurnTables.to_dict(), ...]}``, floats to 3 decimals as the text tables print them
+  (the ``*_ts_s`` stamps exact), ``null`` for "not reported" (a tokenless turn has
+  ``"vllm_ttft_ms": null``; a turn that ended before any engine request has
+  ``"request_id": null``, D8). Strict JSON: a NaN/inf raises ValueError.
 * **CSV** (:func:`render_csv`): tidy long layout, one row per (turn, table, column, field), header
-  ``session_id,response_id,request_id,turn_id,finished_reason,table,column,field,value``.
+  ``session_id,response_id,request_id,turn_id,finished_reason,table,column,field,value``
+  (``request_id`` empty for a turn that ended before any engine request, D8).
   ``table`` is ``summary`` / ``e2e`` / ``stage`` / ``transfer``; ``column`` is ``value`` for the
   two-column tables, the stage id for ``stage`` and the edge (``0->1``) for ``transfer``.
-  Every field is written (no row hiding); ``value`` is the raw number in full precision (``repr``),
+  Every field is written (no row hiding); ``value`` is the JSON number (``repr``, 3 decimals),
   empty for None, ``true``/``false`` for bools, JSON for lists and dicts. Filter/pivot freely.
 * **Markdown** (:func:`render_markdown`): per turn a heading, then the same tables, rows, hiding
   and formatted cells as the text log, as pipe tables, and the ``[OmniTiming]`` line in a code
@@ -27,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from projections.turn_tables import JSON_RENAMES, TurnTables
-from reports.render_text import Table, turn_sections
+from reports.render_text import Table, has_text_tables, turn_sections
 
 JSON_FORMAT = "duplex-ledger.turn-tables"
 JSON_VERSION = 1
@@ -87,7 +90,7 @@ def render_csv(turns: Iterable[TurnTables]) -> str:
     writer.writerow(CSV_HEADER)
     for t in turns:
         doc = t.to_dict()
-        ident = (t.session_id, t.response_id, t.request_id, str(t.turn_id), t.finished_reason)
+        ident = (t.session_id, t.response_id, t.request_id or "", str(t.turn_id), t.finished_reason)
         for table, column, name, value in _cells(doc):
             writer.writerow((*ident, table, column, name, _csv_value(value)))
     return out.getvalue()
@@ -118,6 +121,9 @@ def render_markdown(turns: Iterable[TurnTables]) -> str:
     for t in turns:
         blocks.append(f"## {_md_escape(t.session_id)} · turn {t.turn_id} — {_md_escape(t.response_id)} "
                       f"({t.finished_reason})")
+        if not has_text_tables(t):
+            blocks.append("_Ended before any engine request: no `--log-stats` tables (DOMAIN §5.7 D8)._")
+            continue
         for section in turn_sections(t):
             blocks.append(f"`{section}`" if isinstance(section, str) else _md_table(section))
     return "\n\n".join(blocks) + ("\n" if blocks else "")

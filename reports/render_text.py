@@ -61,13 +61,16 @@ def _kind_zero(annotation: Any) -> Any:
         origin = get_origin(arg) or arg
         if origin is list:
             return []
-        if arg in (int, float, str, bool):
+        if arg is str:
+            return "None"  # a missing string prints None in a shown row (DOMAIN §5.7 D5)
+        if arg in (int, float, bool):
             return arg()
     return None
 
 
 STAGE_FIELD_ZERO: dict[str, Any] = {f: _kind_zero(StageRequestStats.model_fields[f].annotation) for f in STAT_FIELDS}
-"""Stage field -> what a ``None`` cell prints as in a shown row (0, 0.0, [] or "")."""
+"""Stage field -> what a ``None`` cell prints as in a shown row (0, 0.0, [] or ``None`` for a
+string, D5)."""
 
 
 def format_cell(value: Any) -> str:
@@ -144,12 +147,16 @@ def stage_table(t: TurnTables) -> Table:
         for key in extra:
             names.setdefault(key, 0.0)
 
-    def cell(col: int, name: str) -> Any:
+    def raw(col: int, name: str) -> Any:
         row = t.stages[sids[col]]
-        value = row.get(name) if name in STAGE_FIELD_ZERO else diffusion[col].get(name)
-        return names[name] if value is None else value
+        return row.get(name) if name in STAGE_FIELD_ZERO else diffusion[col].get(name)
 
-    rows = ((n, tuple(cell(i, n) for i in range(len(sids)))) for n in sorted(names))
+    rows = []
+    for name in sorted(names):
+        values = [raw(i, name) for i in range(len(sids))]
+        if all(_is_blank(v) for v in values):
+            continue  # hidden on the data, before a None is given its printed zero
+        rows.append((name, tuple(names[name] if v is None else v for v in values)))
     return make_table(f"StageRequestStats {identity_suffix(t)}", tuple(str(s) for s in sids), rows)
 
 
@@ -217,15 +224,26 @@ def render_table(table: Table) -> str:
     return f"[{table.title}]\n{grid(table)}"
 
 
+def has_text_tables(t: TurnTables) -> bool:
+    """False for a turn that ended before any engine request: there is no engine id to title
+    its tables, so it has a JSON/CSV row only (DOMAIN §5.7 D8)."""
+    return t.request_id is not None
+
+
 def turn_log_messages(t: TurnTables) -> list[str]:
     """One string per log message: each table begins with a newline (the grid starts on the
-    line after the logger prefix); the ``[OmniTiming]`` text sits on the prefix line."""
+    line after the logger prefix); the ``[OmniTiming]`` text sits on the prefix line. Empty
+    for a turn without text tables (D8)."""
+    if not has_text_tables(t):
+        return []
     return [s if isinstance(s, str) else "\n" + render_table(s) for s in turn_sections(t)]
 
 
 def render_turn_text(t: TurnTables) -> str:
-    """One turn's table set as printed without logger prefixes; ends with a newline."""
-    return "\n".join(m.removeprefix("\n") for m in turn_log_messages(t)) + "\n"
+    """One turn's table set as printed without logger prefixes; ends with a newline ("" for a
+    turn without text tables, D8)."""
+    messages = turn_log_messages(t)
+    return "\n".join(m.removeprefix("\n") for m in messages) + "\n" if messages else ""
 
 
 def render_tables_text(turns: Iterable[TurnTables]) -> str:
@@ -235,6 +253,7 @@ def render_tables_text(turns: Iterable[TurnTables]) -> str:
 
 __all__ = [
     "Table",
+    "has_text_tables",
     "format_cell",
     "grid",
     "make_table",
