@@ -158,7 +158,7 @@ class SessionEngine:
             if state.closed_at is not None and not state.bindings:
                 continue
             history = await self.store.read_stream(sid)
-            log = SessionLog(self.store, sid, len(history), projector=Projector().apply_all(history),
+            log = SessionLog(self.store, sid, len(history), projector=Projector(live=True).apply_all(history),
                              ticker=self._ticker)
             if state.closed_at is None:
                 await log.emit(SessionClosed(session_id=sid, ts=time.time(), reason="recovered_after_crash"))

@@ -80,6 +80,7 @@ class TurnRun:
     request_id: str
     turn_id: int
     epoch: int
+    incarnation: int
     user_text: str
     speak: bool
     response_id: str | None = None
@@ -89,6 +90,12 @@ class TurnRun:
     chunks: asyncio.Queue[StageChunk | None] = field(default_factory=asyncio.Queue)
     text: list[str] = field(default_factory=list)
     outputs: OutputCoalescer | None = None  # the stage currently streaming
+
+    @property
+    def fence(self) -> Fence:
+        """The fence the turn's request was submitted under (a forward carries it, never a
+        newer one: DOMAIN §3.1)."""
+        return Fence(incarnation=self.incarnation, epoch=self.epoch, turn_id=self.turn_id)
 
 
 class Session:
@@ -230,8 +237,8 @@ class Session:
         self._check_open("append")
         async with self._lock:
             await self._check_fence("append", fence)
+            await self._reserve(self.stage0_id())  # the append names a held id (DOMAIN §5.7 D9)
             self.log.emit_later(event)
-            await self._reserve(self.stage0_id())
             if text:
                 self._input.append(text)
             self._input_chunks += 1
@@ -344,7 +351,7 @@ class Session:
                 self.log.emit_later(TurnFinalized(session_id=self.session_id, ts=time.time(),
                                                   response_id=response_id, finished_reason="error"))
             raise
-        turn = TurnRun(request_id, self.turn_id, self.epoch, text, speak, response_id, commit_ts)
+        turn = TurnRun(request_id, self.turn_id, self.epoch, self.incarnation, text, speak, response_id, commit_ts)
         prompt, tokens_in = self._prompt(text)
         kind = "update" if self.resident and self._stream_id == request_id else "initial"
         now = time.time()
@@ -418,14 +425,17 @@ class Session:
     async def _run_turn(self, turn: TurnRun, prompt: str, kind: str, recorder: SegmentRecorder) -> None:
         try:
             finish_reason = await self._consume_stage0(turn, prompt, kind, recorder)
-            if turn.cancelled or finish_reason == "abort":
+            if turn.cancelled:
+                return
+            if finish_reason == "abort":
+                await self._engine_aborted(turn)
                 return
             await self._finish_stage0(turn, recorder, finish_reason)
             if not turn.speak:
                 await self._listen(turn)
                 return
             await self._talk(turn)
-            await self._end_turn(turn)
+            await self._end_turn(turn, finish_reason)
         except StagePortError as exc:
             if not turn.cancelled:
                 await self._fail_turn(turn, exc)
@@ -469,6 +479,29 @@ class Session:
                                                request_id=turn.request_id, finish_reason=finish_reason))
         self.log.emit_later(*events)
 
+    async def _engine_aborted(self, turn: TurnRun) -> None:
+        """The engine ended the turn's request itself (shutdown, scale-down, abort): the log says
+        so with ``StageRequestFinished(finish_reason=abort)``, which finalizes the turn ``abort``
+        (DOMAIN §5.5 (4), §5.7 D11), and the client gets ``response.done`` with reason
+        ``abort`` (D14). An ephemeral id stays bound (finished): the next commit rebinds. The
+        resident request is gone, so its id is released and the session moves to a new epoch
+        (a new resident id serves the next turn)."""
+        now = time.time()
+        self.log.emit_later(StageRequestFinished(session_id=self.session_id, ts=now, stage_id=0,
+                                                 request_id=turn.request_id, finish_reason="abort"))
+        if turn.response_id is not None:
+            self.log.emit_later(TurnFinalized(session_id=self.session_id, ts=now, response_id=turn.response_id,
+                                              finished_reason="abort"))
+            self._send("response.done", response_id=turn.response_id, reason="abort", finish_reason="abort",
+                       text="".join(turn.text))
+        if self.resident:
+            await cleanup_id(self.log, self.ports, turn.request_id, cause="engine_abort")
+            self.log.emit_later(EpochAdvanced(session_id=self.session_id, ts=time.time(), old_epoch=self.epoch,
+                                              new_epoch=self.epoch + 1))
+            self.epoch += 1
+            self._stream_id = None
+            await self._reserve(self.stage0_id())
+
     async def _listen(self, turn: TurnRun) -> None:
         """Listen-only unit: ``response.listen``, no response. The resident placeholder's
         active request is cleared; a turn-scoped ephemeral id stays bound (DOMAIN §2.2)."""
@@ -490,10 +523,12 @@ class Session:
         n_text_tokens = max(1, port1.count_tokens(text) if text else 1)
         budget = max(1, min(self.config.talker_max_tokens,
                             round(n_text_tokens * self.config.talker_tokens_per_text_token)))
+        if turn.cancelled:
+            raise asyncio.CancelledError  # a cancel won the race: nothing is forwarded for a cancelled turn
         tx_start = time.perf_counter()
         forwarded_ts = time.time()
         await self.log.emit(StageRequestForwarded(session_id=self.session_id, ts=forwarded_ts, stage_id=1,
-                                                  request_id=turn.request_id, fence=self.fence(), from_stage=0))
+                                                  request_id=turn.request_id, fence=turn.fence, from_stage=0))
         stream = port1.generate(turn.request_id, text or " ", self._params(budget, stage_id=1))
         tx_ms = (time.perf_counter() - tx_start) * 1000.0
         self.log.emit_later(TransferTx(session_id=self.session_id, ts=time.time(), from_stage=0, to_stage=1,
@@ -526,9 +561,11 @@ class Session:
                                  finish_reason=last.finish_reason if last else None,
                                  model_turn_id=turn.turn_id, end_of_turn=True))
 
-    async def _end_turn(self, turn: TurnRun) -> None:
+    async def _end_turn(self, turn: TurnRun, finish_reason: str | None) -> None:
         """model_turn_id + end_of_turn: response.done, turn completion, finalize (``stop``), then
-        the end-of-turn release of the finished ephemeral id (0.30.0 behaviour, R4)."""
+        the end-of-turn release of the finished ephemeral id (0.30.0 behaviour, R4).
+        ``response.done`` carries the turn's ``reason`` and Stage0's ``finish_reason`` (``stop``
+        or ``length``: a truncated answer is visible, DOMAIN §5.7 D14)."""
         now = time.time()
         events: list[Any] = []
         if turn.response_id is not None:
@@ -543,7 +580,9 @@ class Session:
         self.log.emit_later(*events)
         answer = "".join(turn.text)
         self._history += [{"role": "user", "content": turn.user_text}, {"role": "assistant", "content": answer}]
-        self._send("response.done", response_id=turn.response_id, reason="stop", text=answer)
+        if turn.response_id is not None:
+            self._send("response.done", response_id=turn.response_id, reason="stop", finish_reason=finish_reason,
+                       text=answer)
         if not self.resident:
             await cleanup_id(self.log, self.ports, turn.request_id, cause="end_of_turn")
         await self._reserve(self.stage0_id())
@@ -559,6 +598,9 @@ class Session:
                                         finished_reason="error"))
         self.log.emit_later(*events)
         await self._reject("commit", code, str(exc), turn.request_id)
+        if turn.response_id is not None:  # the response's one terminal event, after its error (D14)
+            self._send("response.done", response_id=turn.response_id, reason="error", finish_reason="error",
+                       text="".join(turn.text))
         for stage_id in (0, 1):
             if self._bound(turn.request_id, stage_id) is not None:
                 self.log.emit_later(StageRequestReleased(session_id=self.session_id, ts=time.time(),
@@ -600,6 +642,9 @@ class Session:
         events.append(EpochAdvanced(session_id=self.session_id, ts=now, old_epoch=self.epoch, new_epoch=self.epoch + 1))
         self.epoch += 1
         self.log.emit_later(*events)
+        if turn.response_id is not None:  # finalized now: the response's one terminal event (D14)
+            self._send("response.cancelled", response_id=turn.response_id, reason=wire,
+                       finished_reason=reason_for_cancel_source(source))
         try:
             await cleanup_id(self.log, self.ports, turn.request_id, cause=source, force_abort=True)
         except CleanupFailed:
@@ -617,8 +662,6 @@ class Session:
         if self.active is turn:
             self.active = None
         self._idle.set()
-        if turn.response_id is not None:
-            self._send("response.cancelled", response_id=turn.response_id, reason=wire)
         self._send("audio.cancelled", reason=wire)
         if self.resident and not self.closed:
             self._stream_id = None
@@ -638,8 +681,12 @@ class Session:
         return await self._cancel("barge_in", "barge_in")
 
     async def cancel_response(self) -> bool:
-        """response.cancel (log reason ``cancel``)."""
-        return await self._cancel("response.cancel", "response.cancel")
+        """response.cancel (log reason ``cancel``). With no response in progress the client gets
+        an ``error`` event ``response_cancel_not_active`` and False is returned (D14)."""
+        cancelled = await self._cancel("response.cancel", "response.cancel")
+        if not cancelled:
+            self._send("error", code="response_cancel_not_active", message="no response in progress to cancel")
+        return cancelled
 
     async def cancel_input(self) -> bool:
         """input.cancel: drop the input buffer and cancel the response (log reason ``cancel``;
@@ -661,6 +708,11 @@ class Session:
             self.closed = True
             state = self._state()
             held = sorted({k[1] for k in state.bindings}) if state else []
+            turn = self.active
+            if turn is not None:  # what it received before the close is logged inside its segment (D1)
+                turn.cancelled = True
+                if turn.outputs is not None:
+                    turn.outputs.flush()
             self.log.emit_later(SessionClosed(session_id=self.session_id, ts=time.time(), reason=reason))
             failures: list[str] = []
             try:

@@ -4,7 +4,9 @@ Every event the engine records goes through :class:`SessionLog`. It is applied a
 session's :class:`projections.projector.Projector` — the same folds the offline audit and
 tables use, so live decisions and offline re-projection cannot disagree — and appended to the
 session's stream in order (optimistic concurrency on the stream version). Turn tables the
-fold finalizes are handed to ``on_turn`` (live ``--log-stats`` printing).
+fold finalizes are handed to ``on_turn`` (live ``--log-stats`` printing) and not kept; the
+fold is the live one (``Projector(live=True)``), so a session with log_stats off builds no
+turn state at all (M14).
 
 * :meth:`emit` — durable: returns once the events, and every buffered one before them, are
   committed. Intents that precede an engine call (submit, forward, abort) use it: the intent is
@@ -75,7 +77,7 @@ class SessionLog:
         self.store = store
         self.session_id = session_id
         self.version = version
-        self.projector = projector or Projector()
+        self.projector = projector or Projector(live=True)  # log_stats off: no turn state at all (M14)
         self.ticker = ticker or FlushTicker(flush_interval_s)
         self.on_turn = on_turn
         self.events_written = 0
@@ -116,8 +118,7 @@ class SessionLog:
             self.projector.apply(StoredEvent(self._applied, self.session_id, self._applied, now, event))
             self._pending.append(event)
         for turn in (self.projector.turns.take_finalized() if self.projector.turns.finalized else ()):
-            self.projector.turn_tables.append(turn)
-            if self.on_turn is not None:
+            if self.on_turn is not None:  # handed on, not kept: a long-lived session stays flat
                 try:
                     self.on_turn(turn)
                 except Exception:  # noqa: BLE001 - DOMAIN §5.5: printing failures never block
