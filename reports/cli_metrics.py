@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from events.store.store import EventStore
+from projections.metrics import SessionRollup
 from reports.cli_projections import DB_HELP, _run
 from reports.prometheus import LedgerMetrics
 
@@ -44,3 +45,12 @@ def metrics(
 def register(app: typer.Typer) -> None:
     """Add ``metrics`` to the main CLI app."""
     app.command("metrics")(metrics)
+
+
+async def session_rollups(db: Optional[str], session: Optional[str] = None, until_position: Optional[int] = None,
+                          max_idle_s: float = 30.0) -> list[tuple[SessionRollup, list[str]]]:
+    """(rollup, leaked request ids) of every session closed in the log up to ``until_position``
+    (only ``session`` when given), in close order; leaks as the audit sees them at that point."""
+    fold = (await project_metrics(db, until_position, max_idle_s)).fold
+    return [(r, fold.leaked_ids_of(r.session_id, max_idle_s)) for r in fold.rollups
+            if session is None or r.session_id == session]
