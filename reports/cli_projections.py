@@ -195,7 +195,7 @@ def tables(
 async def _rebuild(db: Optional[str], quiet: bool, workers: Optional[int]) -> int:
     async with await EventStore.open(db) as store:
         runner = ProjectionRunner(store)
-        if quiet:
+        if quiet or not Console(stderr=True).is_terminal:  # no bar when stderr is piped (issue 16)
             return await runner.rebuild(workers=workers)
         with Progress(TextColumn("rebuilding read models"), BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress:
