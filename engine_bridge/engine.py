@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from events.store.backends import Synchronous
 from events.store.store import EventStore
@@ -26,6 +27,7 @@ from events.types import SessionClosed, SessionOpened, StageRequestLost, StageRe
 from projections.projector import Projector
 from projections.runner import project_as_of
 from projections.turn_tables import TurnTables
+from reports.prometheus import LedgerMetrics
 from reports.render_text import turn_log_messages
 
 from engine_bridge.cleanup import CleanupFailed, cleanup_id
@@ -34,6 +36,15 @@ from engine_bridge.plugin import ModelPlugin, TextPlugin
 from engine_bridge.ports import StagePort
 from engine_bridge.session import Session
 from engine_bridge.session_log import FlushTicker, SessionLog
+
+
+def default_model_name(ports: Sequence[StagePort]) -> str | None:
+    """The ``model_name`` label of the Prometheus families (recorded in ``SessionOpened.model``):
+    the Stage0 port's model directory name, else its name; None without ports."""
+    if not ports:
+        return None
+    model_dir = getattr(ports[0], "model_dir", None)
+    return Path(model_dir).name if model_dir else ports[0].name
 
 
 @dataclass
@@ -51,7 +62,7 @@ class SessionEngine:
 
     def __init__(self, store: EventStore, ports: Sequence[StagePort], *, plugin: ModelPlugin | None = None,
                  config: EngineConfig | None = None, on_turn: Callable[[Session, TurnTables], None] | None = None,
-                 owns_store: bool = False) -> None:
+                 owns_store: bool = False, model_name: str | None = None) -> None:
         self.store = store
         self.ports = list(ports)
         self.plugin = plugin or TextPlugin()
@@ -62,6 +73,9 @@ class SessionEngine:
         self._owns_store = owns_store
         self._logger = logging.getLogger(self.config.stats_logger_name)
         self._ticker = FlushTicker(self.config.flush_interval_s)
+        # Prometheus families (issue 16): one fold fed every event the sessions emit.
+        self.model_name = model_name or default_model_name(self.ports)
+        self.metrics = LedgerMetrics(self.ports, now=time.time)
 
     @classmethod
     async def open(cls, url: str | None, ports: Sequence[StagePort], *, recover: bool = True,
@@ -85,11 +99,13 @@ class SessionEngine:
         await self.aclose()
 
     async def aclose(self, reason: str = "server_shutdown") -> None:
-        """Close every open session (reason ``server_shutdown``), then the store if owned."""
+        """Close every open session (reason ``server_shutdown``), then the store if owned; stop
+        the ``/metrics`` server if one was started."""
         for session in list(self.sessions.values()):
             if not session.closed:
                 await session.close(reason)
         await self._ticker.aclose()
+        self.metrics.close()
         if self._owns_store:
             await self.store.close()
 
@@ -112,14 +128,14 @@ class SessionEngine:
         if opened and not closed and history[-1].event.type != "SessionClosed":
             raise SessionError("session_exists", "session is open in the log (recover first)", session_id=session_id)
         incarnation = (max(e.incarnation for e in opened) + 1) if opened else 0
-        log = SessionLog(self.store, session_id, len(history), ticker=self._ticker)
+        log = SessionLog(self.store, session_id, len(history), ticker=self._ticker, on_applied=self.metrics.apply)
         session = Session(session_id, incarnation=incarnation, log=log, ports=self.ports, plugin=plugin,
                           config=self.config, auto_response=auto_response, log_stats=log_stats,
                           on_closed=lambda sid: None)
         log.on_turn = lambda turn: self._print_turn(session, turn)
         await log.emit(SessionOpened(session_id=session_id, ts=time.time(), incarnation=incarnation,
                                      capabilities=session.capabilities, auto_response=auto_response,
-                                     num_stages=len(self.ports), log_stats=log_stats))
+                                     num_stages=len(self.ports), log_stats=log_stats, model=self.model_name))
         self.sessions[session_id] = session
         await session.start()
         return session
@@ -159,7 +175,7 @@ class SessionEngine:
                 continue
             history = await self.store.read_stream(sid)
             log = SessionLog(self.store, sid, len(history), projector=Projector(live=True).apply_all(history),
-                             ticker=self._ticker)
+                             ticker=self._ticker, on_applied=self.metrics.apply)
             if state.closed_at is None:
                 await log.emit(SessionClosed(session_id=sid, ts=time.time(), reason="recovered_after_crash"))
                 report.closed_sessions.append(sid)

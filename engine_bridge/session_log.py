@@ -71,15 +71,17 @@ class FlushTicker:
 class SessionLog:
     def __init__(self, store: EventStore, session_id: str, version: int, *, flush_interval_s: float = 0.02,
                  on_turn: Callable[[TurnTables], None] | None = None, projector: Projector | None = None,
-                 ticker: FlushTicker | None = None) -> None:
+                 ticker: FlushTicker | None = None, on_applied: Callable[[StoredEvent], None] | None = None) -> None:
         """``ticker``: the clock shared by the engine's sessions (a private one by default,
-        ticking every ``flush_interval_s``)."""
+        ticking every ``flush_interval_s``). ``on_applied``: called with every event as it is
+        applied (the engine's metrics fold, issue 16); its failures are swallowed (DOMAIN §5.5)."""
         self.store = store
         self.session_id = session_id
         self.version = version
         self.projector = projector or Projector(live=True)  # log_stats off: no turn state at all (M14)
         self.ticker = ticker or FlushTicker(flush_interval_s)
         self.on_turn = on_turn
+        self.on_applied = on_applied
         self.events_written = 0
         self.durable_emits = 0
         self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
@@ -115,8 +117,14 @@ class SessionLog:
         now = time.time()
         for event in events:
             self._applied += 1
-            self.projector.apply(StoredEvent(self._applied, self.session_id, self._applied, now, event))
+            stored = StoredEvent(self._applied, self.session_id, self._applied, now, event)
+            self.projector.apply(stored)
             self._pending.append(event)
+            if self.on_applied is not None:
+                try:
+                    self.on_applied(stored)
+                except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
+                    pass
         for turn in (self.projector.turns.take_finalized() if self.projector.turns.finalized else ()):
             if self.on_turn is not None:  # handed on, not kept: a long-lived session stays flat
                 try:

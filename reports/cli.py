@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from reports import cli_engine, cli_events, cli_projections
+from reports import cli_engine, cli_events, cli_metrics, cli_projections, cli_timeline
 
 app = typer.Typer(
     name="duplex-ledger",
@@ -26,6 +26,8 @@ cli_events.register(app)  # db upgrade|downgrade|current, events import|export|t
 cli_projections.register(app)  # audit, tables, rebuild
 # --- further command groups: one line each -------------------------------------------------
 cli_engine.register(app)  # demo, run, model prepare
+cli_metrics.register(app)  # metrics (Prometheus exposition from the log)
+cli_timeline.register(app)  # timeline (one session as a self-contained HTML page)
 
 
 def main() -> None:

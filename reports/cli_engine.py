@@ -42,6 +42,8 @@ EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 MODEL_HELP = "Stage0 (thinker) model: smollm2, tiny, or a model directory holding config.json."
 DTYPE_HELP = ("Engine dtype: float32 (default; CPUs without native fp16 run float16 ~1.6x slower) or float16 "
               "(never bfloat16 on CPU).")
+METRICS_PORT_HELP = ("Serve the Prometheus families (vllm_omni:*, duplex_ledger:*) at http://127.0.0.1:PORT/metrics "
+                     "while the trace runs (0 = any free port).")
 TABLES_MARK = "== per-turn tables =="
 AUDIT_MARK = "== audit =="
 
@@ -154,7 +156,8 @@ class _Live:
 
 
 async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, config: EngineConfig, speed: float,
-                 log_stats: Optional[bool], dtype: str, err: Console) -> tuple[TraceRunResult, dict[str, float]]:
+                 log_stats: Optional[bool], dtype: str, err: Console,
+                 metrics_port: Optional[int] = None) -> tuple[TraceRunResult, dict[str, float]]:
     from engine_bridge.engine import SessionEngine
     from engine_bridge.trace_runner import run_trace
     from engine_bridge.vllm_port import VllmStagePort
@@ -176,6 +179,9 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
         live = _Live(err, trace)
         engine = await SessionEngine.open(url, ports, config=config, on_turn=live.on_turn)
         async with engine:
+            if metrics_port is not None:  # issue 16: Prometheus families while the trace runs
+                served = engine.metrics.serve(metrics_port)
+                err.print(f"Prometheus metrics on http://127.0.0.1:{served}/metrics", highlight=False)
             with live.progress:
                 result = await run_trace(engine, trace, speed=speed, log_stats=log_stats,
                                          on_progress=live.on_progress, on_line=live.on_line, on_event=live.on_event)
@@ -187,7 +193,8 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
 
 
 def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: str, speed: float,
-              log_stats: Optional[bool], max_tokens: Optional[int], dtype: str, verbose: bool) -> None:
+              log_stats: Optional[bool], max_tokens: Optional[int], dtype: str, verbose: bool,
+              metrics_port: Optional[int] = None) -> None:
     """Shared body of ``demo`` and ``run`` (see the module docstring); raises typer.Exit."""
     err = Console(stderr=True, soft_wrap=True)
     started = time.monotonic()
@@ -209,7 +216,7 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = engine_config(model, max_tokens, talker_model)
     result, timings = cli_projections._run(
-        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err))
+        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port))
     problems = result.problems
     if problems:
         err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]")
@@ -242,11 +249,12 @@ def demo(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
 ) -> None:
     """Run the bundled example conversations on live vLLM engines; print tables and audit.
 
     The traces in examples/*.jsonl run concurrently; exit 1 if the audit is not clean."""
-    _live_run(bundled_traces(), db, model, talker_model, speed, None, max_tokens, dtype, verbose)
+    _live_run(bundled_traces(), db, model, talker_model, speed, None, max_tokens, dtype, verbose, metrics_port)
 
 
 def run(
@@ -260,11 +268,12 @@ def run(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
 ) -> None:
     """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
 
     Exit 2 (nothing run) on bad trace lines, 1 when the audit after the run is not clean."""
-    _live_run([trace], db, model, talker_model, speed, log_stats, max_tokens, dtype, verbose)
+    _live_run([trace], db, model, talker_model, speed, log_stats, max_tokens, dtype, verbose, metrics_port)
 
 
 @model_app.command("prepare")

@@ -121,13 +121,18 @@ def events_import(
     from events.store import EventStore
     from events.store.url import missing_sqlite_file
 
+    from reports.progress import shows_progress, stderr_console, track_lines
+
     async def body() -> Any:
-        with file.open(encoding="utf-8") as fh:
-            rows = jsonl.parse_lines(fh)
+        with file.open(encoding="utf-8") as fh:  # a byte bar while lines are checked (terminal only)
+            rows = jsonl.parse_lines(track_lines(fh, file.stat().st_size, f"checking {file.name}"))
         url = resolve_url(db)
         store = await EventStore.open(url, create=missing_sqlite_file(url) is not None)
         try:
-            return await store.append_records(rows)
+            if not shows_progress():
+                return await store.append_records(rows)
+            with stderr_console().status(f"importing {len(rows)} event(s) in one transaction…"):
+                return await store.append_records(rows)
         finally:
             await store.close()
 
@@ -146,13 +151,22 @@ def events_export(
     importing it into an empty database reproduces the same export byte for byte."""
     from events import jsonl
 
+    from reports.progress import progress_bar
+
     async def body() -> int:
         store = await _open(db)
         try:
             if output is None:
                 return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
-            with output.open("w", encoding="utf-8", newline="\n") as fh:
-                return await jsonl.export_to(store, fh, stream_id=stream, from_position=from_position)
+            total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
+            n = 0
+            with output.open("w", encoding="utf-8", newline="\n") as fh, \
+                    progress_bar(f"exporting to {output.name}", total) as advance:  # terminal only
+                async for line in jsonl.export_lines(store, stream_id=stream, from_position=from_position):
+                    fh.write(line)
+                    n += 1
+                    advance(1)
+            return n
         finally:
             await store.close()
 

@@ -13,7 +13,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from enum import Enum
-from typing import Optional, TypeVar
+from typing import Annotated, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -162,6 +162,9 @@ def tables(
     until_position: Optional[int] = typer.Option(None, "--until-position", min=0,
                                                  help="Re-project as of this position (time travel)."),
     fmt: TablesFormat = typer.Option(TablesFormat.text, "--format", help="text, json, csv or markdown."),
+    summary: Annotated[bool, typer.Option(
+        "--summary", help="Also a [DuplexSessionSummary] per closed session (text: after the turn tables; "
+                          "json: a \"sessions\" list). text and json only.")] = False,
 ) -> None:
     """Re-project the per-turn metric tables (vLLM-Omni --log-stats layout) from the log.
 
@@ -169,6 +172,9 @@ def tables(
     a missing ledger file or a --session the log does not hold; no matching turn is not an
     error (a note says so on stderr).
     """
+    if summary and fmt not in (TablesFormat.text, TablesFormat.json):
+        typer.echo("error: --summary works with --format text or json", err=True)
+        raise typer.Exit(2)
     turns = _run(lambda: _turns(db, session, response, until_position))
     if not turns:
         wanted = ", ".join(f"{k} {v!r}" for k, v in (("session", session), ("response", response),
@@ -177,13 +183,19 @@ def tables(
                                                    "(listen-only turns, chat ids and log_stats off make none)",
                                                    highlight=False, markup=False)
     text = RENDERERS[fmt](turns)
+    if summary:  # issue 16: session rollups, from the metrics fold over the same log
+        from reports import cli_metrics, render_summary
+
+        rollups = _run(lambda: cli_metrics.session_rollups(db, session, until_position))
+        text = (render_summary.render_json_with_sessions(turns, rollups) if fmt is TablesFormat.json
+                else text + render_summary.render_summaries_text(rollups))
     typer.echo(text, nl=not text.endswith("\n"))
 
 
 async def _rebuild(db: Optional[str], quiet: bool, workers: Optional[int]) -> int:
     async with await EventStore.open(db) as store:
         runner = ProjectionRunner(store)
-        if quiet:
+        if quiet or not Console(stderr=True).is_terminal:  # no bar when stderr is piped (issue 16)
             return await runner.rebuild(workers=workers)
         with Progress(TextColumn("rebuilding read models"), BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress:

@@ -1,0 +1,429 @@
+"""Operator metrics from the log: one pure fold behind the live ``/metrics`` and the offline
+``duplex-ledger metrics`` (issue 16).
+
+:class:`MetricsFold` applies stored events one at a time. It runs its own
+:class:`~projections.projector.Projector` (so turn tables, reasons and findings are the audit's
+own, DOMAIN §5.5/§5.7) and turns what the projector finalizes, plus a few raw facts, into
+updates of the families in :data:`FAMILIES`, handed to a :class:`MetricsSink`
+(``reports.prometheus.PrometheusSink`` for Prometheus, :class:`TallySink` for tests). The live
+engine feeds it every event it emits; the offline command feeds it the stored log: the same
+updates, so the same samples. Positions play no part (live folds see provisional ones).
+
+Clocks: every duration is two event ``ts`` of one wall clock (the server's), computed on integer
+microseconds (``projections.turn_tables.span_ms``); no engine-monotonic stamp is used here.
+
+Per turn (once per ``response_id``, when the projector finalizes it; listen-only turns make no
+turn table, so they add nothing here):
+
+* ``vllm_omni:requests_success_total{model_name, finished_reason}`` +1, every reason of
+  DOMAIN §2.4/§5.5 (stop, barge_in, cancel, close, abort, error) kept apart; the six children
+  of a model exist from its first session on (zero until counted);
+* ``vllm_omni:e2e_request_latency_s{model_name}`` observes ``e2e_total_ms`` / 1000 (arrival →
+  finalize, DOMAIN §5.5) for every reason except ``abort``;
+* ``vllm_omni:prompt_tokens_total{model_name}`` + Stage0 ``num_tokens_in``;
+  ``vllm_omni:generation_tokens_total{model_name}`` + every stage's ``num_tokens_out`` (the two
+  add up to the turn's ``e2e_total_tokens``);
+* ``vllm_omni:audio_ttfp_s{model_name, stage}``: turn ``arrival_ts`` → the first audio output of
+  the turn's engine id (a ``StageOutput`` with ``audio_frames`` > 0, or a token-carrying output
+  of a stage ≥ 1, whose tokens stand for codec frames) that falls inside
+  [arrival_ts, finalize_ts]; at most one sample per turn, never negative; ``stage`` = the stage
+  of that output. A turn with no audio output has no sample.
+
+Session and lifecycle (``duplex_ledger:``): ``listen_units_total`` (+1 per
+``ResponseListened``); ``listen_only_turns_total`` (+1 when a turn that listened and never
+began a response ends: ``TurnCompleted`` from it or ``SessionClosed``, DOMAIN M11);
+``sessions_admitted`` (gauge: opened, not closed); ``sessions_cleanup_pending`` (gauge: closed
+but the resources fold still holds something of it: a failed close cleanup keeps the slot
+pending, not closed); ``sessions_closed_total{reason}`` (+1 when a closed session holds nothing
+any more; ``reason`` from ``SessionClosed``); ``session_duration_s`` (histogram, open ts → close
+ts) and ``session_turns`` (histogram, turn tables of the session) observed at ``SessionClosed``;
+``abort_failures_total{stage}`` (+1 per ``AbortResult`` with outcome ``failed``, i.e. per pool
+call). ``request_ids_leaked`` is read from the audit when exposed (:meth:`MetricsFold.
+leaked_request_ids`); ``running_counter_drift`` needs a live engine (``reports.prometheus``).
+
+At ``SessionClosed`` the fold also keeps a :class:`SessionRollup` (the
+``[DuplexSessionSummary]`` table).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from events.records import StoredEvent
+from events.types import FINISHED_REASONS
+from projections.projector import Projector
+from projections.turn_tables import TurnTables, span_ms
+
+FamilyKind = Literal["counter", "gauge", "histogram"]
+
+E2E_BUCKETS_S: tuple[float, ...] = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+"""vLLM's ``vllm:e2e_request_latency_seconds`` buckets (s)."""
+TTFP_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                                     5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+"""vLLM's time-to-first-token buckets (s), used for time to first audio packet."""
+SESSION_DURATION_BUCKETS_S: tuple[float, ...] = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+                                                 7200.0, 14400.0, 86400.0)
+SESSION_TURNS_BUCKETS: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0, 144.0)
+UNKNOWN_MODEL = "unknown"
+"""``model_name`` of a session whose ``SessionOpened`` names no model."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: the exposed name (counters end in ``_total``), its kind, label names,
+    buckets (histograms) and help text."""
+
+    name: str
+    kind: FamilyKind
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    help: str = ""
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("vllm_omni:requests_success_total", "counter", ("model_name", "finished_reason"),
+           help="Finalized duplex turns (one per response_id) by finished reason (DOMAIN §2.4)."),
+    Family("vllm_omni:e2e_request_latency_s", "histogram", ("model_name",), E2E_BUCKETS_S,
+           help="Turn arrival to finalize, seconds, wall clock; every reason except abort."),
+    Family("vllm_omni:prompt_tokens_total", "counter", ("model_name",),
+           help="Stage0 prompt tokens of finalized turns."),
+    Family("vllm_omni:generation_tokens_total", "counter", ("model_name",),
+           help="Output tokens of every stage of finalized turns."),
+    Family("vllm_omni:audio_ttfp_s", "histogram", ("model_name", "stage"), TTFP_BUCKETS_S,
+           help="Turn arrival to the turn's first audio output, seconds, server wall clock; one per turn."),
+    Family("duplex_ledger:listen_units_total", "counter",
+           help="Listen-only units (ResponseListened): the model kept listening."),
+    Family("duplex_ledger:listen_only_turns_total", "counter",
+           help="Turns that listened and ended without beginning a response."),
+    Family("duplex_ledger:sessions_admitted", "gauge", help="Sessions opened and not closed."),
+    Family("duplex_ledger:sessions_cleanup_pending", "gauge",
+           help="Closed sessions whose request ids are still held (close cleanup pending or failed)."),
+    Family("duplex_ledger:request_ids_leaked", "gauge", help="Distinct request ids with a leak finding (audit)."),
+    Family("duplex_ledger:abort_failures_total", "counter", ("stage",), help="Failed aborts, one per pool call."),
+    Family("duplex_ledger:session_duration_s", "histogram", (), SESSION_DURATION_BUCKETS_S,
+           help="SessionOpened to SessionClosed, seconds, wall clock."),
+    Family("duplex_ledger:session_turns", "histogram", (), SESSION_TURNS_BUCKETS,
+           help="Turn tables (finalized responses) per closed session."),
+    Family("duplex_ledger:sessions_closed_total", "counter", ("reason",),
+           help="Closed sessions that hold nothing any more, by close reason."),
+    Family("duplex_ledger:running_counter_drift", "gauge",
+           help="Request ids the log says are running minus the ids the engines hold (live only)."),
+)}
+OFFLINE_FAMILIES: tuple[str, ...] = tuple(n for n in FAMILIES if n != "duplex_ledger:running_counter_drift")
+"""Families the log alone determines (everything but the engine-side drift)."""
+
+
+class MetricsSink(Protocol):
+    """Where the fold's updates go. ``labels`` are values in the family's label order."""
+
+    def inc(self, family: str, labels: tuple[str, ...], amount: float) -> None: ...
+
+    def observe(self, family: str, labels: tuple[str, ...], value: float) -> None: ...
+
+    def set(self, family: str, labels: tuple[str, ...], value: float) -> None: ...
+
+
+class TallySink:
+    """A plain-dict sink: ``values[(family, labels)]`` = counter total or gauge value;
+    ``observations[(family, labels)]`` = histogram samples in order."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, tuple[str, ...]], float] = {}
+        self.observations: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+
+    def inc(self, family: str, labels: tuple[str, ...], amount: float) -> None:
+        self.values[(family, labels)] = self.values.get((family, labels), 0.0) + amount
+
+    def observe(self, family: str, labels: tuple[str, ...], value: float) -> None:
+        self.observations.setdefault((family, labels), []).append(value)
+
+    def set(self, family: str, labels: tuple[str, ...], value: float) -> None:
+        self.values[(family, labels)] = value
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """count / mean / p50 / p99 of a list of values (ms); None when empty. Percentiles are
+    nearest-rank: the value at rank ceil(p/100 · count) of the sorted values."""
+
+    count: int
+    mean: float | None
+    p50: float | None
+    p99: float | None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Distribution":
+        if not values:
+            return cls(0, None, None, None)
+        ordered = sorted(values)
+
+        def rank(p: float) -> float:
+            return ordered[max(math.ceil(p / 100.0 * len(ordered)), 1) - 1]
+
+        return cls(len(ordered), sum(ordered) / len(ordered), rank(50), rank(99))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean, "p50": self.p50, "p99": self.p99}
+
+
+@dataclass(frozen=True)
+class SessionRollup:
+    """One closed session (fixed at its ``SessionClosed``): turns by finished reason (all six,
+    DOMAIN §5.5), Stage0 TTFT and TPOT (``vllm_ttft_ms``, ``vllm_tpot_ms`` > 0 of its turn tables)
+    and TTFP (:data:`FAMILIES` ``audio_ttfp_s``, in ms) as :class:`Distribution` s, listen units,
+    ``session_wall_ms`` (open ts → close ts, wall clock; None when the open is not in the folded
+    log) and the close reason. Leaked ids are read from the audit when it is rendered."""
+
+    session_id: str
+    model_name: str
+    close_reason: str
+    opened_ts: float | None
+    closed_ts: float
+    closed_position: int
+    turns_by_reason: dict[str, int]
+    ttft_ms: Distribution
+    ttfp_ms: Distribution
+    tpot_ms: Distribution
+    listen_units: int
+    session_wall_ms: float | None
+
+    @property
+    def turns(self) -> int:
+        return sum(self.turns_by_reason.values())
+
+
+@dataclass
+class _Session:
+    model_name: str = UNKNOWN_MODEL
+    opened_ts: float | None = None
+    admitted: bool = False
+    reasons: Counter[str] = field(default_factory=Counter)
+    ttft_ms: list[float] = field(default_factory=list)
+    tpot_ms: list[float] = field(default_factory=list)
+    ttfp_ms: list[float] = field(default_factory=list)
+    listen_units: int = 0
+    listened_turns: set[int] = field(default_factory=set)
+    answered_turns: set[int] = field(default_factory=set)
+    counted_responses: set[str] = field(default_factory=set)
+    audio_open: set[tuple[str, int]] = field(default_factory=set)  # (request_id, stage): segment awaiting audio
+    audio_first: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # request_id -> (ts, stage)
+    close_reason: str | None = None  # closed, slot not yet settled
+
+
+def is_audio_output(stage_id: int, num_new_tokens: int, audio_frames: int) -> bool:
+    """An output that carries audio: frames reported, or tokens of a stage ≥ 1 (the talker's
+    tokens stand for codec frames)."""
+    return audio_frames > 0 or (stage_id >= 1 and num_new_tokens > 0)
+
+
+def holds_slot(resources: Any) -> bool:
+    """Does a session (``projections.resources.SessionResources``) still hold engine work: a
+    binding, an abort in flight or failed, or an id whose keys were dropped and whose cleanup
+    was not yet acknowledged (close drops the keys before it asks for the abort, R1)?"""
+    if resources.holds_anything():
+        return True
+    return any(life.submitted and not life.cleanup_ok and life.keys_dropped_at is not None
+               and not (0 in life.finished_stages and not life.abort_failed and not life.abort_pending)
+               for life in resources.lives.values())
+
+
+class MetricsFold:
+    """Pure fold from stored events to metric updates (see the module docstring).
+
+    ``apply(stored)`` returns the turn tables the event finalized. ``rollups`` collects a
+    :class:`SessionRollup` per ``SessionClosed``."""
+
+    def __init__(self, sink: MetricsSink, projector: Projector | None = None) -> None:
+        self.sink = sink
+        self.projector = projector or Projector()
+        self.sessions: dict[str, _Session] = {}
+        self.rollups: list[SessionRollup] = []
+        self.admitted = 0
+        self.cleanup_pending = 0
+        self._models: set[str] = set()
+        self._handlers = {
+            "SessionOpened": self._opened,
+            "SessionClosed": self._closed,
+            "ResponseListened": self._listened,
+            "ResponseBegun": self._begun,
+            "TurnCommitted": self._committed,
+            "TurnCompleted": self._turn_completed,
+            "StageRequestSubmitted": self._segment,
+            "StageRequestForwarded": self._segment,
+            "StageOutput": self._output,
+            "AbortResult": self._abort_result,
+        }
+        sink.set("duplex_ledger:sessions_admitted", (), 0)
+        sink.set("duplex_ledger:sessions_cleanup_pending", (), 0)
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, stored: StoredEvent) -> list[TurnTables]:
+        event = stored.event
+        s = self.sessions.get(event.session_id)
+        if s is None:
+            s = self.sessions[event.session_id] = _Session()
+        handler = self._handlers.get(event.type)  # type: ignore[attr-defined]
+        if handler is not None:
+            handler(s, stored)
+            s = self.sessions[event.session_id]  # a SessionOpened starts a fresh incarnation
+        self.projector.apply(stored)
+        turns = self.projector.turns.take_finalized() if self.projector.turns.finalized else []
+        for turn in turns:
+            self._turn(s, turn)
+        if event.type == "SessionClosed":  # type: ignore[attr-defined]
+            self._rollup(event.session_id, s, stored)  # after the turn its close finalized
+        if s.close_reason is not None:
+            self._settle(event.session_id, s)
+        return turns
+
+    def apply_all(self, events: Sequence[StoredEvent] | Any) -> "MetricsFold":
+        for stored in events:
+            self.apply(stored)
+        return self
+
+    # ------------------------------------------------------------------ raw facts
+    def _opened(self, s: _Session, st: StoredEvent) -> None:
+        e = st.event
+        model = e.model or UNKNOWN_MODEL
+        fresh = _Session(model_name=model, opened_ts=e.ts, admitted=True)
+        fresh.close_reason = s.close_reason  # a previous incarnation's slot may still be pending
+        self.sessions[e.session_id] = fresh
+        if s.admitted:  # reopened without a close in the log: the old slot is gone
+            self.admitted -= 1
+        self.admitted += 1
+        self.sink.set("duplex_ledger:sessions_admitted", (), self.admitted)
+        if model not in self._models:
+            self._models.add(model)
+            for reason in FINISHED_REASONS:  # every reason visible from the start (rate() works)
+                self.sink.inc("vllm_omni:requests_success_total", (model, reason), 0)
+            for name in ("vllm_omni:prompt_tokens_total", "vllm_omni:generation_tokens_total"):
+                self.sink.inc(name, (model,), 0)
+
+    def _closed(self, s: _Session, st: StoredEvent) -> None:
+        if s.admitted:
+            s.admitted = False
+            self.admitted -= 1
+            self.sink.set("duplex_ledger:sessions_admitted", (), self.admitted)
+        if s.close_reason is None:
+            self.cleanup_pending += 1
+            self.sink.set("duplex_ledger:sessions_cleanup_pending", (), self.cleanup_pending)
+        s.close_reason = st.event.reason
+        self._end_listen_turns(s, None)
+
+    def _listened(self, s: _Session, st: StoredEvent) -> None:
+        s.listen_units += 1
+        s.listened_turns.add(st.event.turn_id)
+        self.sink.inc("duplex_ledger:listen_units_total", (), 1)
+
+    def _begun(self, s: _Session, st: StoredEvent) -> None:
+        s.answered_turns.add(st.event.turn_id)
+
+    def _committed(self, s: _Session, st: StoredEvent) -> None:
+        e = st.event
+        if e.response_id is not None and e.create_response:
+            s.answered_turns.add(e.turn_id)
+
+    def _turn_completed(self, s: _Session, st: StoredEvent) -> None:
+        self._end_listen_turns(s, st.event.completed_turn_id)
+
+    def _end_listen_turns(self, s: _Session, turn_id: int | None) -> None:
+        ended = s.listened_turns if turn_id is None else s.listened_turns & {turn_id}
+        for t in ended:
+            if t not in s.answered_turns:
+                self.sink.inc("duplex_ledger:listen_only_turns_total", (), 1)
+        s.listened_turns -= set(ended)
+
+    def _segment(self, s: _Session, st: StoredEvent) -> None:
+        e = st.event
+        s.audio_open.add((e.request_id, e.stage_id))
+
+    def _output(self, s: _Session, st: StoredEvent) -> None:
+        e = st.event
+        key = (e.request_id, e.stage_id)
+        if key in s.audio_open and is_audio_output(e.stage_id, e.num_new_tokens, e.audio_frames):
+            s.audio_open.discard(key)
+            s.audio_first.setdefault(e.request_id, []).append((e.ts, e.stage_id))
+
+    def _abort_result(self, s: _Session, st: StoredEvent) -> None:
+        e = st.event
+        if e.outcome == "failed":
+            self.sink.inc("duplex_ledger:abort_failures_total", (str(e.stage_id),), 1)
+
+    # ------------------------------------------------------------------ turns
+    def _turn(self, s: _Session, t: TurnTables) -> None:
+        if t.response_id in s.counted_responses:
+            return  # a response finalized twice counts once
+        s.counted_responses.add(t.response_id)
+        model = s.model_name
+        s.reasons[t.finished_reason] += 1
+        self.sink.inc("vllm_omni:requests_success_total", (model, t.finished_reason), 1)
+        if t.finished_reason != "abort":
+            self.sink.observe("vllm_omni:e2e_request_latency_s", (model,), t.e2e["e2e_total_ms"] / 1000.0)
+        stage0 = t.stages.get(0, {})
+        self.sink.inc("vllm_omni:prompt_tokens_total", (model,), stage0.get("num_tokens_in") or 0)
+        self.sink.inc("vllm_omni:generation_tokens_total", (model,),
+                      sum(row.get("num_tokens_out") or 0 for row in t.stages.values()))
+        if stage0.get("vllm_ttft_ms") is not None:
+            s.ttft_ms.append(stage0["vllm_ttft_ms"])
+        if (stage0.get("vllm_tpot_ms") or 0) > 0:
+            s.tpot_ms.append(stage0["vllm_tpot_ms"])
+        first = self._first_audio(s, t)
+        if first is not None:
+            ts, stage = first
+            ttfp_ms = span_ms(t.arrival_ts, ts)
+            s.ttfp_ms.append(ttfp_ms)
+            self.sink.observe("vllm_omni:audio_ttfp_s", (model, str(stage)), ttfp_ms / 1000.0)
+
+    @staticmethod
+    def _first_audio(s: _Session, t: TurnTables) -> tuple[float, int] | None:
+        """The turn's first audio output inside [arrival, finalize]; outputs up to the finalize
+        are then forgotten (a resident id serves later turns)."""
+        outputs = s.audio_first.get(t.request_id)
+        if not outputs:
+            return None
+        inside = [o for o in outputs if t.arrival_ts <= o[0] <= t.finalize_ts]
+        rest = [o for o in outputs if o[0] > t.finalize_ts]
+        if rest:
+            s.audio_first[t.request_id] = rest
+        else:
+            del s.audio_first[t.request_id]
+        return min(inside) if inside else None
+
+    # ------------------------------------------------------------------ close
+    def _rollup(self, session_id: str, s: _Session, st: StoredEvent) -> None:
+        e = st.event
+        wall_ms = span_ms(s.opened_ts, e.ts) if s.opened_ts is not None else None
+        self.rollups.append(SessionRollup(
+            session_id=session_id, model_name=s.model_name, close_reason=e.reason, opened_ts=s.opened_ts,
+            closed_ts=e.ts, closed_position=st.position,
+            turns_by_reason={r: s.reasons.get(r, 0) for r in FINISHED_REASONS},
+            ttft_ms=Distribution.of(s.ttft_ms), ttfp_ms=Distribution.of(s.ttfp_ms), tpot_ms=Distribution.of(s.tpot_ms),
+            listen_units=s.listen_units, session_wall_ms=wall_ms))
+        if wall_ms is not None:
+            self.sink.observe("duplex_ledger:session_duration_s", (), wall_ms / 1000.0)
+        self.sink.observe("duplex_ledger:session_turns", (), float(sum(s.reasons.values())))
+
+    def _settle(self, session_id: str, s: _Session) -> None:
+        """A closed session whose resources hold nothing any more frees its slot."""
+        held = self.projector.resources.sessions.get(session_id)
+        if held is not None and holds_slot(held):
+            return
+        self.sink.inc("duplex_ledger:sessions_closed_total", (s.close_reason or "",), 1)
+        s.close_reason = None
+        self.cleanup_pending -= 1
+        self.sink.set("duplex_ledger:sessions_cleanup_pending", (), self.cleanup_pending)
+
+    # ------------------------------------------------------------------ audit
+    def leaked_request_ids(self, max_idle_s: float = 30.0, as_of_ts: float | None = None) -> int:
+        """Distinct (session, request id) pairs with a leak finding now (DOMAIN §4.2; the
+        audit's own findings, ``as_of_ts`` default: ts of the last applied event)."""
+        return len({(f.session_id, f.request_id) for f in self.projector.leaks(max_idle_s, as_of_ts)})
+
+    def leaked_ids_of(self, session_id: str, max_idle_s: float = 30.0) -> list[str]:
+        """The request ids of ``session_id`` with a leak finding now, sorted."""
+        return sorted({f.request_id or "" for f in self.projector.leaks(max_idle_s) if f.session_id == session_id})

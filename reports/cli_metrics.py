@@ -1,0 +1,56 @@
+"""CLI command ``metrics``: the Prometheus exposition re-projected from the log (issue 16).
+
+The same fold the live engine feeds (``projections.metrics`` through ``reports.prometheus``)
+runs over the stored events, so a log gives the samples the live ``/metrics`` showed for it
+(``running_counter_drift`` needs live engines and is left out). Needs neither vllm nor torch.
+Exit 0, or 2 for a missing ledger or a data error.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from events.store.store import EventStore
+from projections.metrics import SessionRollup
+from reports.cli_projections import DB_HELP, _run
+from reports.prometheus import LedgerMetrics
+
+
+async def project_metrics(db: Optional[str], until_position: Optional[int] = None,
+                          max_idle_s: float = 30.0) -> LedgerMetrics:
+    """Fold the log (up to ``until_position``) into a fresh :class:`LedgerMetrics`."""
+    metrics = LedgerMetrics(max_idle_s=max_idle_s)
+    async with await EventStore.open(db) as store:
+        async for stored in store.read_all(0, until_position=until_position, as_structs=True):
+            metrics.apply(stored)
+    return metrics
+
+
+def metrics(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    until_position: Optional[int] = typer.Option(None, "--until-position", min=0,
+                                                 help="Re-project as of this position (time travel)."),
+    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0,
+                                   help="As audit --max-idle, for duplex_ledger:request_ids_leaked."),
+) -> None:
+    """Print the Prometheus exposition (vllm_omni:* and duplex_ledger:* families) re-projected
+    from the log: the samples the live engine's /metrics gives for the same events."""
+    result = _run(lambda: project_metrics(db, until_position, max_idle))
+    text = result.exposition()
+    typer.echo(text, nl=not text.endswith("\n"))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``metrics`` to the main CLI app."""
+    app.command("metrics")(metrics)
+
+
+async def session_rollups(db: Optional[str], session: Optional[str] = None, until_position: Optional[int] = None,
+                          max_idle_s: float = 30.0) -> list[tuple[SessionRollup, list[str]]]:
+    """(rollup, leaked request ids) of every session closed in the log up to ``until_position``
+    (only ``session`` when given), in close order; leaks as the audit sees them at that point."""
+    fold = (await project_metrics(db, until_position, max_idle_s)).fold
+    return [(r, fold.leaked_ids_of(r.session_id, max_idle_s)) for r in fold.rollups
+            if session is None or r.session_id == session]

@@ -1,0 +1,51 @@
+"""CLI command ``timeline``: one session's timeline as a self-contained HTML page (issue 16).
+
+Reads the session's stored events (any ledger: a live deployment's database, a copied SQLite
+file, an imported JSONL export) and writes ``reports.timeline``'s plotly page. Needs neither
+vllm nor torch; the page needs no network. Exit 0, or 2 for a missing ledger, a session the
+log does not hold, or an unwritable output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from events.records import StoredEvent
+from events.store.store import EventStore
+from reports.cli_projections import DB_HELP, UnknownSession, _run
+
+
+async def session_events(db: Optional[str], session: str) -> list[StoredEvent]:
+    """The session's events in log order; raises UnknownSession when the log has none."""
+    async with await EventStore.open(db) as store:
+        events = await store.read_stream(session)
+    if not events:
+        raise UnknownSession(f"no session {session!r} in the log")
+    return events
+
+
+def timeline(
+    session: str = typer.Option(..., "--session", help="The session id to draw."),
+    output: Path = typer.Option(..., "--output", "-o", dir_okay=False, help="HTML file to write."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+) -> None:
+    """Write one session's timeline (speech, commits, each response's span per stage, aborts and
+    their results, epochs, listen units, leaks and warnings; hover: event and position) as one
+    self-contained HTML file."""
+    from reports.timeline import write_timeline
+
+    events = _run(lambda: session_events(db, session))
+    try:
+        size = write_timeline(events, output)
+    except OSError as exc:
+        typer.echo(f"error: cannot write {output}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {output} ({size / 1024:.0f} KiB, {len(events)} events of session {session!r})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``timeline`` to the main CLI app."""
+    app.command("timeline")(timeline)

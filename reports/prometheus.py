@@ -1,0 +1,151 @@
+"""Prometheus exposition of :mod:`projections.metrics` with ``prometheus_client`` (issue 16).
+
+* :class:`PrometheusSink` — the families of :data:`projections.metrics.FAMILIES` as
+  ``prometheus_client`` Counter/Gauge/Histogram objects in a registry of its own (never the
+  global one, which vLLM uses). Counters are declared with their ``_total`` name, which is the
+  name exposed.
+* :class:`LedgerMetrics` — a :class:`~projections.metrics.MetricsFold` feeding that sink, plus
+  the two gauges read when scraped: ``duplex_ledger:request_ids_leaked`` (from the audit) and,
+  when live ports are given, ``duplex_ledger:running_counter_drift``.
+* :func:`exposition` — the text format (0.0.4) without the ``*_created`` series: they hold the
+  wall time a child was created, which would make the live and the re-projected exposition
+  differ for the same log.
+* :meth:`LedgerMetrics.serve` — ``/metrics`` on 127.0.0.1 (``start_http_server``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.metrics_core import Metric
+
+from events.records import StoredEvent
+from projections.metrics import FAMILIES, OFFLINE_FAMILIES, MetricsFold
+
+
+class PrometheusSink:
+    """:class:`projections.metrics.MetricsSink` over ``prometheus_client`` metric objects.
+
+    ``families``: the family names to declare (default: all but the live-only drift gauge,
+    which :class:`LedgerMetrics` adds when it has ports)."""
+
+    def __init__(self, families: Iterable[str] = OFFLINE_FAMILIES) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.metrics: dict[str, Any] = {}
+        for name in families:
+            fam = FAMILIES[name]
+            kwargs: dict[str, Any] = {"labelnames": fam.labels, "registry": self.registry}
+            if fam.kind == "counter":
+                self.metrics[name] = Counter(name, fam.help, **kwargs)
+            elif fam.kind == "gauge":
+                self.metrics[name] = Gauge(name, fam.help, **kwargs)
+            else:
+                self.metrics[name] = Histogram(name, fam.help, buckets=fam.buckets, **kwargs)
+
+    def _child(self, family: str, labels: tuple[str, ...]) -> Any:
+        metric = self.metrics[family]
+        return metric.labels(*labels) if labels else metric
+
+    def inc(self, family: str, labels: tuple[str, ...], amount: float) -> None:
+        self._child(family, labels).inc(amount)
+
+    def observe(self, family: str, labels: tuple[str, ...], value: float) -> None:
+        self._child(family, labels).observe(value)
+
+    def set(self, family: str, labels: tuple[str, ...], value: float) -> None:
+        self._child(family, labels).set(value)
+
+
+class _WithoutCreated:
+    """A collector view of a registry with every ``*_created`` sample left out."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
+def exposition_registry(registry: CollectorRegistry) -> CollectorRegistry:
+    """A registry that exposes ``registry`` without its ``*_created`` series."""
+    view = CollectorRegistry(auto_describe=False)
+    view.register(_WithoutCreated(registry))  # type: ignore[arg-type]
+    return view
+
+
+def exposition(registry: CollectorRegistry) -> str:
+    """Prometheus text format (0.0.4) of ``registry`` without ``*_created`` series."""
+    return generate_latest(exposition_registry(registry)).decode()
+
+
+class LedgerMetrics:
+    """The fold, its Prometheus sink and the scrape-time gauges.
+
+    ``ports``: live stage ports (anything with ``live_request_ids() -> set[str]``); when given,
+    ``duplex_ledger:running_counter_drift`` = ids the log says are running
+    (``ResourcesFold.running()``) − distinct ids the engines hold. ``now``: the "now" of the
+    audit's idle rule when live (default ``time.time``); offline the audit uses the ts of the
+    last applied event, as ``duplex-ledger audit`` does. ``max_idle_s`` as ``audit --max-idle``."""
+
+    def __init__(self, ports: Sequence[Any] | None = None, *, now: Callable[[], float] | None = None,
+                 max_idle_s: float = 30.0) -> None:
+        names = list(OFFLINE_FAMILIES) + (["duplex_ledger:running_counter_drift"] if ports is not None else [])
+        self.sink = PrometheusSink(names)
+        self.registry = self.sink.registry
+        self.fold = MetricsFold(self.sink)
+        self.ports = list(ports) if ports is not None else None
+        self.max_idle_s = max_idle_s
+        self._now = now
+        self.events_applied = 0
+        self.apply_s = 0.0  # perf_counter seconds spent in apply (live overhead)
+        self.sink.metrics["duplex_ledger:request_ids_leaked"].set_function(self._leaked)
+        if self.ports is not None:
+            self.sink.metrics["duplex_ledger:running_counter_drift"].set_function(self.running_counter_drift)
+        self._server: Any = None
+
+    def apply(self, stored: StoredEvent) -> None:
+        """Fold one event (the live engine calls this for every event it emits)."""
+        start = time.perf_counter()
+        self.fold.apply(stored)
+        self.apply_s += time.perf_counter() - start
+        self.events_applied += 1
+
+    def apply_all(self, events: Iterable[StoredEvent]) -> "LedgerMetrics":
+        for stored in events:
+            self.apply(stored)
+        return self
+
+    def _leaked(self) -> float:
+        as_of = self._now() if self._now is not None else None
+        return float(self.fold.leaked_request_ids(self.max_idle_s, as_of))
+
+    def running_counter_drift(self) -> float:
+        """Log-running ids minus engine-held ids (live ports only; 0 without ports)."""
+        if not self.ports:
+            return 0.0
+        engine_ids: set[str] = set()
+        for port in self.ports:
+            engine_ids |= set(port.live_request_ids())
+        return float(self.fold.projector.resources.running() - len(engine_ids))
+
+    def exposition(self) -> str:
+        return exposition(self.registry)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` on ``addr:port`` (0 = any free port) in a daemon thread; returns the
+        port. Only loopback by default."""
+        server, _thread = start_http_server(port, addr=addr, registry=exposition_registry(self.registry))
+        self._server = server
+        return int(server.server_port)
+
+    def close(self) -> None:
+        """Stop the HTTP server, if any."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
