@@ -12,7 +12,8 @@ Line format (keys in this order on export)::
   microseconds, so exact: CASE-08). Import also accepts any number or an ISO-8601 string with
   an offset (``2025-09-04T23:33:40+08:00`` is normalised to UTC).
 * Optional on import and always written on export: ``event_id`` (UUID; give it to make
-  re-import idempotent — lines without one get a fresh id each time), ``schema_version``
+  re-import idempotent — lines without one get a fresh id each time; a stored id whose
+  stream, type, schema_version, ts or data differ is a conflict naming the line), ``schema_version``
   (default: the type's current version; an older version is validated through the upcasters
   and stored as given), ``version`` (if present the event must land at exactly that stream
   version, else the import fails and appends nothing), ``recorded_at`` (kept as given;
@@ -20,7 +21,9 @@ Line format (keys in this order on export)::
 
 Export → import into an empty database → export gives byte-identical output. Import checks
 every line before writing and reports every bad line (:class:`JsonlError`); a file with any
-bad line appends nothing.
+bad line appends nothing. Values the store could not read back identically are bad lines
+(DOMAIN §5.7 D12): NaN/Infinity/1e400, integers beyond 64 bits, text that is not UTF-8 (a
+raw byte, a lone surrogate escape), ``ts``/``recorded_at`` outside 1970 … 9999 UTC.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pydantic import ValidationError
 
 from events.limits import INT64_MAX, check_value, short_number
 from events.records import EventRecord
-from events.store import EventStore, ImportResult, ImportRow, StoredRow
+from events.store import ConcurrencyError, EventIdConflict, EventStore, ImportResult, ImportRow, StoredRow
 from events.store.rows import dump_data
 from events.types import UnknownEventType, event_class, ts_from_any, ts_to_us
 from events.upcasting import FutureSchemaVersion, MissingUpcaster, upcast
@@ -220,11 +223,26 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     return rows
 
 
-async def import_lines(store: EventStore, lines: Iterable[str]) -> ImportResult:
-    """Validate all ``lines`` then append them in one transaction (idempotent by event id).
-    Raises JsonlError (nothing appended), ConcurrencyError for a ``version`` that does not
-    fit the stream, EventIdConflict for an id stored in another stream."""
-    return await store.append_records(parse_lines(lines))
+async def import_rows(store: EventStore, rows: list[ImportRow]) -> ImportResult:
+    """Append parsed ``rows`` in one transaction (idempotent by event id and content).
+
+    Raises JsonlError naming the line for a ``version`` that does not fit its stream and for
+    an event id stored with other content or in another stream (nothing appended)."""
+    try:
+        return await store.append_records(rows)
+    except (ConcurrencyError, EventIdConflict) as exc:
+        line_of = {str(r.record.event_id): r.line or 0 for r in rows}
+        if isinstance(exc, ConcurrencyError):
+            faults = [(line_of.get(exc.event_id or "", 0), "version")]
+        else:
+            faults = [(line_of.get(eid, 0), "event_id") for eid in exc.event_ids]
+        raise JsonlError([LineError(line, field, str(exc)) for line, field in sorted(faults)]) from exc
+
+
+async def import_lines(store: EventStore, lines: Iterable[str | bytes]) -> ImportResult:
+    """Validate all ``lines`` then append them in one transaction (see :func:`import_rows`).
+    Raises JsonlError (nothing appended)."""
+    return await import_rows(store, parse_lines(lines))
 
 
 async def export_lines(
