@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from events.store.errors import ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError
-from events.store.url import scrub
+from events.store.url import redact, scrub
 
 T = TypeVar("T")
 REJECTED = 2
@@ -57,9 +57,10 @@ def exit_code(exc: BaseException) -> int:
     return REJECTED if isinstance(exc, rejected_types()) else OPERATIONAL
 
 
-def describe(exc: BaseException) -> list[str]:
+def describe(exc: BaseException, url: str | None = None) -> list[str]:
     """The lines that say what went wrong: a driver error as its own first line (not
-    SQLAlchemy's SQL dump), every line of a JSONL or trace error."""
+    SQLAlchemy's SQL dump), every line of a JSONL or trace error. An operational error names
+    the database (``url``, password masked) it happened on."""
     from engine_bridge.traces import TraceError
     from events.jsonl import JsonlError
 
@@ -78,7 +79,8 @@ def describe(exc: BaseException) -> list[str]:
         first += "; nothing was written"
     if exit_code(exc) == REJECTED:
         return [f"error: {first}"]
-    return [f"error: {type(cause).__name__}: {first}"]
+    where = f"{redact(url)}: " if url else ""
+    return [f"error: {where}{type(cause).__name__}: {first}"]
 
 
 def say(line: str, url: str | None = None) -> None:
@@ -95,7 +97,7 @@ def fail(message: str, code: int = REJECTED, url: str | None = None) -> NoReturn
 
 def report(exc: BaseException, url: str | None = None) -> NoReturn:
     """Print what ``exc`` says (see :func:`describe`) and exit with :func:`exit_code`."""
-    for line in describe(exc):
+    for line in describe(exc, url):
         say(line, url)
     raise typer.Exit(exit_code(exc))
 
