@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from pydantic_core import PydanticSerializationError
+
 from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US
 from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
 from events.store.errors import InvalidRow
@@ -50,14 +52,19 @@ class NewRow:
 
     @classmethod
     def from_event(cls, event: EventBase) -> "NewRow":
-        return cls(
-            stream_id=event.session_id,
-            event_id=str(event.event_id),
-            type=event.type,  # type: ignore[attr-defined]
-            schema_version=event.schema_version,
-            ts_us=ts_to_us(event.ts),
-            data=payload_json(event),
-        )
+        """The row of a typed event. Raises InvalidRow for an event built around validation
+        (``model_construct``) whose ts or payload cannot be stored (NaN, lone surrogates)."""
+        try:
+            return cls(
+                stream_id=event.session_id,
+                event_id=str(event.event_id),
+                type=event.type,  # type: ignore[attr-defined]
+                schema_version=event.schema_version,
+                ts_us=ts_to_us(event.ts),
+                data=payload_json(event),
+            )
+        except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
+            raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
 
     def check(self) -> "NewRow":
         """Raise :class:`InvalidRow` unless the store reads this row back identically (DOMAIN
