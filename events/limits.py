@@ -10,7 +10,8 @@
 
 :class:`LimitedModel` is the base of every event model and nested model: its field validator
 runs :func:`check_value` on each field after pydantic's own validation, so the
-``ValidationError`` names the field (``StageMetricsReported.stats.extra.x``).
+``ValidationError`` names the field. :class:`LimitedRecord` (the stats snapshot) checks the
+whole model at once and names the field in the message (``stats: … at extra['k']``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -50,13 +51,14 @@ def check_value(value: Any, where: str = "", depth: int = 0) -> Any:
     elif kind is list or kind is tuple or kind is dict:
         if depth >= MAX_DEPTH:
             raise ValueError(f"value{_at(where)} is nested more than {MAX_DEPTH} levels deep")
-        if kind is dict:
-            for key, item in value.items():
+        is_dict = kind is dict
+        for key, item in value.items() if is_dict else enumerate(value):
+            if is_dict:
                 check_value(key, f"{where} key {key!r:.40}", depth + 1)
-                check_value(item, f"{where}[{key!r:.40}]", depth + 1)
-        else:
-            for i, item in enumerate(value):
-                check_value(item, f"{where}[{i}]", depth + 1)
+            item_kind = type(item)
+            if item_kind is float and math.isfinite(item) or item_kind is bool or item is None:
+                continue  # the bulk of stats lists, without building a path
+            check_value(item, f"{where}[{key!r:.40}]", depth + 1)
     return value
 
 
@@ -70,13 +72,28 @@ def _at(where: str) -> str:
     return f" at {where}" if where else ""
 
 
-class LimitedModel(BaseModel):
-    """Frozen, closed pydantic model whose every field obeys DOMAIN §5.7 D12 (see module doc).
-    Raises pydantic.ValidationError naming the field."""
-
+class _Closed(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class LimitedModel(_Closed):
+    """Frozen, closed pydantic model whose every field obeys DOMAIN §5.7 D12 (see module doc).
+    Raises pydantic.ValidationError whose location is the field."""
 
     @field_validator("*", mode="after")
     @classmethod
     def _storable(cls, value: Any) -> Any:
         return check_value(value)
+
+
+class LimitedRecord(_Closed):
+    """:class:`LimitedModel` for a model of many optional fields (a stats snapshot): one check
+    of the whole model instead of one call per field (33 mostly-None fields cost 20 µs the
+    per-field way). The ValidationError's location is the model; its message names the field."""
+
+    @model_validator(mode="after")
+    def _storable(self) -> "LimitedRecord":
+        for name, value in self.__dict__.items():
+            if value is not None and type(value) is not float and type(value) is not bool:
+                check_value(value, name)
+        return self

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from events.limits import LimitedModel
+from events.limits import LimitedModel, LimitedRecord
 
 ClockDomain = Literal["wall", "engine_monotonic"]
 
@@ -28,7 +28,7 @@ class EngineStamp(LimitedModel):
     s: float
 
 
-class StageRequestStats(LimitedModel):
+class StageRequestStats(LimitedRecord):
     """One stage segment snapshot (DOMAIN §5.1 field catalogue). Numbers are finite and ints
     fit in 64 bits, ``extra`` included (DOMAIN §5.7 D12)."""
 
