@@ -214,6 +214,9 @@ def _parse_lines(lines: Iterable[str], source: str = "", *, prefix: str = "") ->
         except json.JSONDecodeError as exc:
             problems.append(f"{prefix}line {no}: invalid JSON: {exc.msg} (column {exc.colno})")
             continue
+        except (RecursionError, ValueError) as exc:  # nested too deeply; an over-long integer
+            problems.append(f"{prefix}line {no}: invalid JSON: {'nested too deeply' if isinstance(exc, RecursionError) else exc}")
+            continue
         if not isinstance(data, dict):
             problems.append(f"{prefix}line {no}: line: expected a JSON object, got {type(data).__name__}")
             continue
@@ -277,6 +280,20 @@ def _problem_place(problem: str, prefixes: list[str]) -> tuple[int, int]:
     return (prefixes.index(prefix) if prefix in prefixes else len(prefixes), int(m.group(2)))
 
 
+def _text_lines(raw: bytes, prefix: str) -> list[str]:
+    """The file's lines as text. Raises TraceError naming every line that is not UTF-8."""
+    lines, problems = [], []
+    for no, line in enumerate(raw.splitlines(), start=1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problems.append(f"{prefix}line {no}: not UTF-8: byte 0x{line[exc.start]:02x} at byte {exc.start + 1}")
+            lines.append("")
+    if problems:
+        raise TraceError(problems)
+    return lines
+
+
 def parse_trace(path: str | Path) -> Trace:
     """Parse one JSONL trace file. Raises TraceError (every problem) or OSError."""
     return parse_traces([path])
@@ -293,7 +310,7 @@ def parse_traces(paths: Iterable[str | Path]) -> Trace:
     owner: dict[str, str] = {}
     for path in paths:
         prefix = f"{path.name}: " if several else ""
-        parsed, bad = _parse_lines(path.read_text(encoding="utf-8").splitlines(), str(path), prefix=prefix)
+        parsed, bad = _parse_lines(_text_lines(path.read_bytes(), prefix), str(path), prefix=prefix)
         problems += bad
         for line in parsed:
             if isinstance(line, _BadOpen):

@@ -12,7 +12,8 @@ Line format (keys in this order on export)::
   microseconds, so exact: CASE-08). Import also accepts any number or an ISO-8601 string with
   an offset (``2025-09-04T23:33:40+08:00`` is normalised to UTC).
 * Optional on import and always written on export: ``event_id`` (UUID; give it to make
-  re-import idempotent — lines without one get a fresh id each time), ``schema_version``
+  re-import idempotent — lines without one get a fresh id each time; a stored id whose
+  stream, type, schema_version, ts or data differ is a conflict naming the line), ``schema_version``
   (default: the type's current version; an older version is validated through the upcasters
   and stored as given), ``version`` (if present the event must land at exactly that stream
   version, else the import fails and appends nothing), ``recorded_at`` (kept as given;
@@ -20,7 +21,9 @@ Line format (keys in this order on export)::
 
 Export → import into an empty database → export gives byte-identical output. Import checks
 every line before writing and reports every bad line (:class:`JsonlError`); a file with any
-bad line appends nothing.
+bad line appends nothing. Values the store could not read back identically are bad lines
+(DOMAIN §5.7 D12): NaN/Infinity/1e400, integers beyond 64 bits, text that is not UTF-8 (a
+raw byte, a lone surrogate escape), ``ts``/``recorded_at`` outside 1970 … 9999 UTC.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from events.limits import INT64_MAX, check_value, short_number
 from events.records import EventRecord
-from events.store import EventStore, ImportResult, ImportRow, StoredRow
+from events.store import ConcurrencyError, EventIdConflict, EventStore, ImportResult, ImportRow, StoredRow
+from events.store.rows import dump_data
 from events.types import UnknownEventType, event_class, ts_from_any, ts_to_us
 from events.upcasting import FutureSchemaVersion, MissingUpcaster, upcast
 
@@ -98,18 +103,38 @@ def _int_field(obj: dict[str, Any], key: str, lineno: int, errors: list[LineErro
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        errors.append(LineError(lineno, key, f"must be an integer >= {minimum}{_got(value)}"))
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT64_MAX:
+        shown = f" (got {short_number(value)})" if isinstance(value, int) else _got(value)
+        errors.append(LineError(lineno, key, f"must be an integer from {minimum} to {INT64_MAX}{shown}"))
         return None
     return value
 
 
-def parse_line(text: str, lineno: int) -> ImportRow:
-    """Validate one line into an ImportRow. Raises JsonlError listing all faults of the line."""
+def _load(text: str | bytes, lineno: int) -> Any:
+    """The line's JSON value. Raises JsonlError for bytes that are not UTF-8, invalid JSON,
+    nesting deeper than Python's parser allows and integers too long to parse."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonlError([LineError(lineno, "", f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1}")]) from None
     try:
-        obj = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise JsonlError([LineError(lineno, "", f"not valid JSON: {exc.msg} (column {exc.colno})")]) from None
+    except RecursionError:
+        raise JsonlError([LineError(lineno, "", "JSON nested too deeply")]) from None
+    except ValueError as exc:  # e.g. an integer literal beyond the interpreter's digit limit
+        raise JsonlError([LineError(lineno, "", f"not valid JSON: {exc}")]) from None
+
+
+def parse_line(text: str | bytes, lineno: int) -> ImportRow:
+    """Validate one line (text, or raw bytes that must be UTF-8) into an ImportRow.
+
+    Every value must be one the store reads back identically (DOMAIN §5.7 D12: finite numbers,
+    64-bit integers, UTF-8 text, ``ts`` in 1970 … 9999). Raises JsonlError listing all
+    faults of the line."""
+    obj = _load(text, lineno)
     if not isinstance(obj, dict):
         raise JsonlError([LineError(lineno, "", f"must be a JSON object{_got(obj)}")])
     errors = [LineError(lineno, k, "missing") for k in REQUIRED if k not in obj]
@@ -119,6 +144,8 @@ def parse_line(text: str, lineno: int) -> ImportRow:
         errors.append(LineError(lineno, "data", f"must be a JSON object{_got(data)}"))
     elif isinstance(data, dict):
         errors += [LineError(lineno, f"data.{k}", "envelope field inside data") for k in data if k in ENVELOPE]
+    if "stream" in obj and not isinstance(obj["stream"], str):
+        errors.append(LineError(lineno, "stream", f"must be a string{_got(obj['stream'])}"))
     version = _int_field(obj, "version", lineno, errors, 1)
     schema_version = _int_field(obj, "schema_version", lineno, errors, 1)
     recorded_at_us = None
@@ -151,8 +178,10 @@ def parse_line(text: str, lineno: int) -> ImportRow:
         event = cls.model_validate({**payload, **envelope})
     except ValidationError as exc:
         raise JsonlError(_validation_errors(lineno, type_name, exc)) from None
+    except RecursionError:
+        raise JsonlError([LineError(lineno, "data", "nested too deeply")]) from None
     if stored_version == cls.SCHEMA_VERSION:
-        return ImportRow.from_event(event, version=version, recorded_at_us=recorded_at_us)
+        return ImportRow.from_event(event, version=version, recorded_at_us=recorded_at_us, line=lineno)
     record = EventRecord(
         stream_id=event.session_id,
         event_id=event.event_id,
@@ -161,12 +190,17 @@ def parse_line(text: str, lineno: int) -> ImportRow:
         ts_us=ts_to_us(event.ts),
         data=data,  # kept at its old version, as given
     )
-    return ImportRow(record, version=version, recorded_at_us=recorded_at_us)
+    try:
+        check_value(data)
+        data_json = dump_data(data)
+    except ValueError as exc:
+        raise JsonlError([LineError(lineno, "data", str(exc))]) from None
+    return ImportRow(record, version=version, recorded_at_us=recorded_at_us, data_json=data_json, line=lineno)
 
 
-def parse_lines(lines: Iterable[str]) -> list[ImportRow]:
-    """Validate every line (blank lines are skipped). Raises JsonlError with every bad line,
-    including an event id repeated within the input."""
+def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
+    """Validate every line (text, or bytes that must be UTF-8; blank lines are skipped).
+    Raises JsonlError with every bad line, including an event id repeated within the input."""
     rows: list[ImportRow] = []
     errors: list[LineError] = []
     first_line: dict[UUID, int] = {}
@@ -189,11 +223,26 @@ def parse_lines(lines: Iterable[str]) -> list[ImportRow]:
     return rows
 
 
-async def import_lines(store: EventStore, lines: Iterable[str]) -> ImportResult:
-    """Validate all ``lines`` then append them in one transaction (idempotent by event id).
-    Raises JsonlError (nothing appended), ConcurrencyError for a ``version`` that does not
-    fit the stream, EventIdConflict for an id stored in another stream."""
-    return await store.append_records(parse_lines(lines))
+async def import_rows(store: EventStore, rows: list[ImportRow]) -> ImportResult:
+    """Append parsed ``rows`` in one transaction (idempotent by event id and content).
+
+    Raises JsonlError naming the line for a ``version`` that does not fit its stream and for
+    an event id stored with other content or in another stream (nothing appended)."""
+    try:
+        return await store.append_records(rows)
+    except (ConcurrencyError, EventIdConflict) as exc:
+        line_of = {str(r.record.event_id): r.line or 0 for r in rows}
+        if isinstance(exc, ConcurrencyError):
+            faults = [(line_of.get(exc.event_id or "", 0), "version")]
+        else:
+            faults = [(line_of.get(eid, 0), "event_id") for eid in exc.event_ids]
+        raise JsonlError([LineError(line, field, str(exc)) for line, field in sorted(faults)]) from exc
+
+
+async def import_lines(store: EventStore, lines: Iterable[str | bytes]) -> ImportResult:
+    """Validate all ``lines`` then append them in one transaction (see :func:`import_rows`).
+    Raises JsonlError (nothing appended)."""
+    return await import_rows(store, parse_lines(lines))
 
 
 async def export_lines(

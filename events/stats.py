@@ -14,23 +14,24 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from events.limits import LimitedModel, LimitedRecord
 
 ClockDomain = Literal["wall", "engine_monotonic"]
 
 
-class EngineStamp(BaseModel):
-    """A timestamp in seconds, with the clock it was read from."""
+class EngineStamp(LimitedModel):
+    """A timestamp in seconds (finite: DOMAIN §5.7 D12), with the clock it was read from."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     clock: ClockDomain
     s: float
 
 
-class StageRequestStats(BaseModel):
-    """One stage segment snapshot (DOMAIN §5.1 field catalogue)."""
+class StageRequestStats(LimitedRecord):
+    """One stage segment snapshot (DOMAIN §5.1 field catalogue). Numbers are finite and ints
+    fit in 64 bits, ``extra`` included (DOMAIN §5.7 D12)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     batch_id: int | None = None
     batch_size: int | None = None

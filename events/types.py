@@ -23,8 +23,9 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, Union
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import Field, TypeAdapter, field_validator
 
+from events.limits import MAX_TS_US, MIN_TS_US, LimitedModel, short_number
 from events.stats import EngineStamp, StageRequestStats
 
 FinishedReason = Literal["stop", "barge_in", "cancel", "close", "abort", "error"]
@@ -37,7 +38,9 @@ def ts_from_any(value: Any) -> float:
     """Normalise a timestamp to UTC epoch seconds rounded to the microsecond.
 
     Accepts int/float seconds, a tz-aware ``datetime`` or an ISO-8601 string with an offset.
-    Raises ValueError for naive datetimes/strings (no timezone), NaN/inf and negative values.
+    Raises ValueError for naive datetimes/strings (no timezone), NaN/inf, and any time
+    outside 1970-01-01T00:00:00 … 9999-12-31T23:59:59.999999 UTC, whatever its spelling
+    (DOMAIN §5.7 D12: the store keeps integer microseconds in that range).
     """
     if isinstance(value, bool):
         raise ValueError(f"ts must be epoch seconds or an ISO-8601 time, got {value!r}")
@@ -49,15 +52,31 @@ def ts_from_any(value: Any) -> float:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError(f"ts {value.isoformat()!r} has no timezone; give an offset such as +00:00")
-        delta = value.astimezone(timezone.utc) - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        try:
+            delta = value.astimezone(timezone.utc) - _EPOCH
+        except OverflowError:  # an offset that moves year 1 or 9999 out of datetime's range
+            raise ValueError(f"ts {value.isoformat()!r} is outside {_TS_RANGE}") from None
         us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-        return us / 1_000_000
+        return _in_range(us / 1_000_000, value.isoformat())
     if isinstance(value, (int, float)):
-        f = float(value)
-        if not math.isfinite(f) or f < 0:
-            raise ValueError(f"ts must be finite, non-negative epoch seconds, got {value!r}")
-        return round(f * 1_000_000) / 1_000_000
+        try:
+            f = float(value)
+        except OverflowError:
+            raise ValueError(f"ts {short_number(value)} is outside {_TS_RANGE}") from None
+        if not math.isfinite(f):
+            raise ValueError(f"ts must be finite epoch seconds, got {value!r}")
+        return _in_range(round(f * 1_000_000) / 1_000_000, value)
     raise ValueError(f"ts must be epoch seconds or an ISO-8601 time, got {value!r}")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_TS_RANGE = "1970-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z"
+
+
+def _in_range(ts: float, given: Any) -> float:
+    if not MIN_TS_US <= ts_to_us(ts) <= MAX_TS_US:
+        raise ValueError(f"ts {given!r} is outside {_TS_RANGE} (DOMAIN §5.7 D12)")
+    return ts
 
 
 def ts_to_us(ts: float) -> int:
@@ -67,6 +86,9 @@ def ts_to_us(ts: float) -> int:
 
 def us_to_ts(us: int) -> float:
     return us / 1_000_000
+
+
+_MAX_TS = MAX_TS_US / 1_000_000
 
 
 def ts_to_datetime(ts: float) -> datetime:
@@ -87,10 +109,9 @@ def new_event_id() -> UUID:
     return UUID(int=_rng.getrandbits(128), version=4)
 
 
-class Fence(BaseModel):
+class Fence(LimitedModel):
     """(incarnation, epoch, turn_id) of DOMAIN §2.1; the session is the event's stream."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     incarnation: int = Field(0, ge=0)
     epoch: int = Field(0, ge=0)
     turn_id: int = Field(0, ge=0)
@@ -99,27 +120,25 @@ class Fence(BaseModel):
         return (self.incarnation, self.epoch, self.turn_id)
 
 
-class Capabilities(BaseModel):
+class Capabilities(LimitedModel):
     """Model capabilities (DOMAIN §3.4, E6). ``supports_core_resumable_request`` selects the
     Stage0 id shape AND submission mode: true = resident ``stage0`` id per epoch fed by
     submit_initial then submit_update; false (default) = one ephemeral ``stage0_t<N>`` id per
     committed turn, one submit_initial each."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     supports_core_resumable_request: bool = False
     supports_concurrent_turn_requests: bool = False
     supports_barge_in: bool = True
 
 
-class EventBase(BaseModel):
+class EventBase(LimitedModel):
     """Fields every event carries. Subclasses set ``type`` and may bump SCHEMA_VERSION
     (registering an upcaster for the previous version)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     SCHEMA_VERSION: ClassVar[int] = 1
 
     event_id: UUID = Field(default_factory=new_event_id)
-    session_id: str = Field(min_length=1)
+    session_id: str = Field(min_length=1)  # no NUL character: PostgreSQL text refuses it (D12)
     ts: float
     # The payload's schema version: a Literal per class, so a row of another version can only
     # reach the model through events.upcasting (a mismatch is a validation error, never a
@@ -134,9 +153,17 @@ class EventBase(BaseModel):
     @field_validator("ts", mode="before")
     @classmethod
     def _normalise_ts(cls, v: Any) -> float:
-        if type(v) is float and v >= 0 and v == v and v != math.inf and round(v * 1_000_000) == v * 1_000_000:
-            return v  # already exact to the microsecond (the store's read path)
+        if (type(v) is float and 0 <= v <= _MAX_TS and round(v * 1_000_000) == v * 1_000_000
+                and ts_to_us(v) <= MAX_TS_US):
+            return v  # already exact to the microsecond and in range (the store's read path)
         return ts_from_any(v)
+
+    @field_validator("session_id", mode="after")
+    @classmethod
+    def _no_nul(cls, v: str) -> str:
+        if "\x00" in v:
+            raise ValueError("a session id cannot contain a NUL character (\\x00)")
+        return v
 
     def payload(self) -> dict[str, Any]:
         """The event's own fields (no envelope), JSON-ready."""

@@ -29,13 +29,15 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine_bridge.messages import ClientEvent, EngineConfig
 from engine_bridge.trace_runner import LineOutcome, RunProgress, TraceRunResult
 from engine_bridge.traces import Trace, TraceError, TraceLine, parse_traces
-from events.store.url import resolve_url
+from events.store.url import redact
 from reports import cli_projections
+from reports.cli_errors import checked_url, fail, report, run
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
@@ -72,17 +74,16 @@ def _prepare(spec: str, err: Console) -> Path:
     """resolve_model with a spinner and its progress messages; exit 2 when it cannot."""
     from engine_bridge.models import resolve_model
 
-    with err.status(f"preparing model {spec!r}…") as status:
+    with err.status(escape(f"preparing model {spec!r}…")) as status:
         def progress(msg: str) -> None:
-            status.update(msg)
-            err.print(f"  {msg}", highlight=False)
+            status.update(escape(msg))
+            err.print(f"  {msg}", highlight=False, markup=False)
 
         try:
             path = resolve_model(spec, progress=progress)
         except (FileNotFoundError, ImportError, OSError, RuntimeError) as exc:
-            err.print(f"[bold red]error:[/] model {spec!r}: {exc}")
-            raise typer.Exit(2) from None
-    err.print(f"model {spec!r}: {path}", highlight=False)
+            fail(f"model {spec!r}: {exc}")
+    err.print(f"model {spec!r}: {path}", highlight=False, markup=False)
     return path
 
 
@@ -105,13 +106,9 @@ def _parse(paths: list[Path], err: Console) -> Trace:
     try:
         return parse_traces(paths)
     except TraceError as exc:
-        for problem in exc.problems:
-            err.print(problem, markup=False, highlight=False)
-        err.print(f"[bold red]{len(exc.problems)} bad trace line(s); nothing was run[/]")
-        raise typer.Exit(2) from None
+        report(exc)
     except OSError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
 
 
 class _Live:
@@ -200,8 +197,7 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
     started = time.monotonic()
     trace = _parse(paths, err)
     if speed <= 0:
-        err.print("[bold red]error:[/] --speed must be > 0")
-        raise typer.Exit(2)
+        fail("--speed must be > 0")
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         # Inherited by vLLM's engine-core processes: torch's deprecation warnings and its
@@ -211,15 +207,15 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
         os.environ.setdefault("TORCH_LOGS", "-all")
         warnings.filterwarnings("ignore", category=FutureWarning)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
-    url = resolve_url(db)
+    url = checked_url(db)
     thinker_dir = _prepare(model, err)
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = engine_config(model, max_tokens, talker_model)
-    result, timings = cli_projections._run(
-        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port))
+    result, timings = run(
+        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port), url)
     problems = result.problems
     if problems:
-        err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]")
+        err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]", markup=True)
         for o in problems:
             err.print(f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}",
                       markup=False, highlight=False)
@@ -233,8 +229,8 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
         code = exc.exit_code
     typer.echo("Re-project them later from the same ledger:")
     prog = program_name()
-    typer.echo(f"  {prog} tables --db {url}")
-    typer.echo(f"  {prog} audit --db {url}")
+    typer.echo(f"  {prog} tables --db {redact(url)}")
+    typer.echo(f"  {prog} audit --db {redact(url)}")
     err.print(f"done in {time.monotonic() - started:.1f} s (thinker start {timings.get('thinker_start_s', 0):.1f} s, "
               f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
               highlight=False)

@@ -1,26 +1,23 @@
 """CLI commands for the log itself: ``db …``, ``events …`` and ``schema``.
 
-Exit codes: 0 success; 1 operational error (no schema, unreachable database, bad URL);
-2 rejected input (bad JSONL lines, a version or event-id conflict) — nothing was appended.
+Exit codes (:mod:`reports.cli_errors`): 0 success; 1 operational error (unreachable database,
+login refused, file system); 2 rejected input (bad URL, missing or foreign file, schema at
+another revision, bad JSONL lines, a version or event-id conflict) — nothing was appended.
+Read commands (``db current``, ``events export``, ``events tail``) open a SQLite file
+read-only and leave it byte-identical.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
-from events.store.errors import ConcurrencyError, EventIdConflict, StoreError
-from events.store.url import DEFAULT_URL, ENV_VAR, redact, resolve_url
-
-T = TypeVar("T")
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+from events.store.url import DEFAULT_URL, ENV_VAR, redact
+from reports.cli_errors import checked_url, run, say
 
 DbOption = Annotated[
     Optional[str],
@@ -36,29 +33,10 @@ db_app = typer.Typer(help="Create, upgrade or downgrade the ledger schema (Alemb
 events_app = typer.Typer(help="Move events in and out of the log as JSONL, or follow it live.", no_args_is_help=True)
 
 
-def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run an async command body; map known errors to a message and an exit code."""
-    from events.jsonl import JsonlError
-
-    try:
-        return asyncio.run(coro_fn())
-    except JsonlError as exc:
-        for line_error in exc.errors:
-            err.print(str(line_error), markup=False)
-        err.print(f"{len(exc.errors)} bad line(s); nothing was imported", markup=False)
-        raise typer.Exit(2) from None
-    except (ConcurrencyError, EventIdConflict) as exc:
-        err.print(f"error: {exc}; nothing was imported", markup=False)
-        raise typer.Exit(2) from None
-    except (StoreError, ValueError, OSError) as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(1) from None
-
-
-async def _open(db: str | None) -> Any:
+async def _open(url: str) -> Any:
     from events.store import EventStore
 
-    return await EventStore.open(db)
+    return await EventStore.open(url, read_only=True)
 
 
 # --- db ----------------------------------------------------------------------------------
@@ -70,8 +48,9 @@ def db_upgrade(
     """Create the database schema, or upgrade it to REVISION (default: the newest)."""
     from events.store import migrate
 
-    now = _run(lambda: migrate.upgrade(db, revision))
-    typer.echo(f"{redact(resolve_url(db))} is at revision {now}")
+    url = checked_url(db)
+    now = run(lambda: migrate.upgrade(url, revision), url)
+    typer.echo(f"{redact(url)} is at revision {now}")
 
 
 @db_app.command("downgrade")
@@ -84,26 +63,35 @@ def db_downgrade(
     data (to 'base': the whole log)."""
     from events.store import migrate
 
-    shown = redact(resolve_url(db))
+    url = checked_url(db)
+    shown = redact(url)
     if not yes and not typer.confirm(f"Downgrade {shown} to {revision}? Tables above it are dropped with their data"):
         raise typer.Exit(1)
-    now = _run(lambda: migrate.downgrade(db, revision))
+    now = run(lambda: migrate.downgrade(url, revision), url)
     typer.echo(f"{shown} is at revision {now or 'base (empty)'}")
 
 
 @db_app.command("current")
 def db_current(db: DbOption = None) -> None:
-    """Print the database's schema revision and the newest one this code knows."""
+    """Print the database's schema revision and the newest one this code knows (read-only:
+    the database is left as it was)."""
     from events.store import migrate
     from events.store.url import missing_sqlite_file
 
-    now = _run(lambda: migrate.current_revision(db))  # also validates the URL (exit 1)
+    url = checked_url(db)
+    missing = missing_sqlite_file(url)
+    now = run(lambda: migrate.current_revision(url), url)
     head = migrate.head_revision()
-    missing = missing_sqlite_file(resolve_url(db))
+    status = migrate.revision_status(now)
     if missing is not None:
         state = f"no such ledger file {str(missing)!r}; `duplex-ledger db upgrade` creates it"
+    elif status == "current":
+        state = "up to date"
+    elif status == "newer":
+        state = (f"the database is newer than this code, which knows up to {head}: this duplex-ledger is older "
+                 "than the database; upgrade duplex-ledger (`db upgrade` cannot help)")
     else:
-        state = "up to date" if now == head else f"needs `duplex-ledger db upgrade` (code head {head})"
+        state = f"needs `duplex-ledger db upgrade` (code head {head})"
     typer.echo(f"{now or 'none'} ({state})")
 
 
@@ -115,7 +103,8 @@ def events_import(
 ) -> None:
     """Import events from a JSONL file. Every line is checked first; any bad line is reported
     with its line number and field, and then nothing is imported (exit 2). Lines whose
-    event_id is already stored are skipped, so re-importing a file is harmless. A SQLite
+    event_id is already stored with the same content are skipped, so re-importing a file is
+    harmless; a stored id with other content is a conflict naming the line (exit 2). A SQLite
     file that does not exist yet is created as a new ledger (once every line passed)."""
     from events import jsonl
     from events.store import EventStore
@@ -123,20 +112,21 @@ def events_import(
 
     from reports.progress import shows_progress, stderr_console, track_lines
 
+    url = checked_url(db)
+
     async def body() -> Any:
-        with file.open(encoding="utf-8") as fh:  # a byte bar while lines are checked (terminal only)
+        with file.open("rb") as fh:  # a byte bar while lines are checked (terminal only)
             rows = jsonl.parse_lines(track_lines(fh, file.stat().st_size, f"checking {file.name}"))
-        url = resolve_url(db)
         store = await EventStore.open(url, create=missing_sqlite_file(url) is not None)
         try:
             if not shows_progress():
-                return await store.append_records(rows)
+                return await jsonl.import_rows(store, rows)
             with stderr_console().status(f"importing {len(rows)} event(s) in one transaction…"):
-                return await store.append_records(rows)
+                return await jsonl.import_rows(store, rows)
         finally:
             await store.close()
 
-    result = _run(body)
+    result = run(body, url)
     typer.echo(f"imported {result.appended} event(s) from {file} ({result.skipped} already present)")
 
 
@@ -153,8 +143,10 @@ def events_export(
 
     from reports.progress import progress_bar
 
+    url = checked_url(db)
+
     async def body() -> int:
-        store = await _open(db)
+        store = await _open(url)
         try:
             if output is None:
                 return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
@@ -170,9 +162,9 @@ def events_export(
         finally:
             await store.close()
 
-    n = _run(body)
+    n = run(body, url)
     if output is not None:
-        err.print(f"exported {n} event(s) to {output}", markup=False)
+        say(f"exported {n} event(s) to {output}")
 
 
 @events_app.command("tail")
@@ -186,8 +178,10 @@ def events_tail(
     """Print events as JSONL as they are committed, until Ctrl-C."""
     from events import jsonl
 
+    url = checked_url(db)
+
     async def body() -> None:
-        store = await _open(db)
+        store = await _open(url)
         try:
             start = from_position if from_position is not None else await store.head_position() + 1
             async for row in store.subscribe_rows(start, poll_interval=poll_interval):
@@ -197,7 +191,7 @@ def events_tail(
             await store.close()
 
     try:
-        _run(body)
+        run(body, url)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

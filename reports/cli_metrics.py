@@ -14,7 +14,8 @@ import typer
 
 from events.store.store import EventStore
 from projections.metrics import SessionRollup
-from reports.cli_projections import DB_HELP, _run
+from reports.cli_errors import checked_url, run
+from reports.cli_projections import DB_HELP
 from reports.prometheus import LedgerMetrics
 
 
@@ -22,7 +23,7 @@ async def project_metrics(db: Optional[str], until_position: Optional[int] = Non
                           max_idle_s: float = 30.0) -> LedgerMetrics:
     """Fold the log (up to ``until_position``) into a fresh :class:`LedgerMetrics`."""
     metrics = LedgerMetrics(max_idle_s=max_idle_s)
-    async with await EventStore.open(db) as store:
+    async with await EventStore.open(db, read_only=True) as store:
         async for stored in store.read_all(0, until_position=until_position, as_structs=True):
             metrics.apply(stored)
     return metrics
@@ -37,7 +38,8 @@ def metrics(
 ) -> None:
     """Print the Prometheus exposition (vllm_omni:* and duplex_ledger:* families) re-projected
     from the log: the samples the live engine's /metrics gives for the same events."""
-    result = _run(lambda: project_metrics(db, until_position, max_idle))
+    url = checked_url(db)
+    result = run(lambda: project_metrics(url, until_position, max_idle), url)
     text = result.exposition()
     typer.echo(text, nl=not text.endswith("\n"))
 

@@ -3,35 +3,40 @@
 They work on any ledger (a live deployment's database, a copied SQLite file, or a JSONL export
 imported with ``duplex-ledger events import``) and need neither vllm nor torch.
 
-Exit codes: ``audit`` 0 clean, 1 leaks found, 2 usage or data error; ``tables`` and ``rebuild``
-0 or 2.
+Exit codes (:mod:`reports.cli_errors`): ``audit`` 0 clean, 1 leaks found; every command 2 for
+rejected input (bad URL, missing or foreign file, schema at another revision, unknown
+``--session``) and 1 for an operational failure (database unreachable…), with one line on
+stderr. A file that is not a ledger is inspected read-only and left byte-identical.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from enum import Enum
-from typing import Annotated, Optional, TypeVar
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from events.store.store import EventStore
+from events.store.url import redact
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.runner import ProjectionRunner, project_as_of
 from projections.turn_tables import TurnTables
+from reports.cli_errors import UnknownSession, checked_url, run
 from reports.render_formats import render_csv, render_json, render_markdown
 from reports.render_text import render_tables_text
 
-T = TypeVar("T")
 PROJECTIONS = ("all", "request_resources", "audit", "turn_tables")
 
 DB_HELP = "Ledger database URL (default: $DUPLEX_LEDGER_DB_URL or sqlite+aiosqlite:///./duplex-ledger.db)."
+DETAIL_MAX = 300
+"""Characters of a finding's detail the text audit shows (JSON keeps the whole detail)."""
 
 
 class AuditFormat(str, Enum):
@@ -46,27 +51,11 @@ class TablesFormat(str, Enum):
     markdown = "markdown"
 
 
-def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine; turn data errors into exit code 2 with a one-line message."""
-    try:
-        return asyncio.run(coro_fn())
-    except (typer.Exit, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the CLI boundary: name the error, exit 2
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", markup=True,
-                                                   highlight=False)
-        raise typer.Exit(2) from None
-
-
-class UnknownSession(LookupError):
-    """``--session`` names a session the log has no event of."""
-
-
 async def _check_session(store: EventStore, session: Optional[str]) -> None:
     """Raise UnknownSession when ``session`` is given and the log has no event of it (a typo
     must not read as a clean audit or an empty table)."""
     if session is not None and await store.stream_version(session) == 0:
-        raise UnknownSession(f"no session {session!r} in the log {store.url}")
+        raise UnknownSession(f"no session {session!r} in the log {redact(store.url)}")
 
 
 async def _projected(db: Optional[str], until_position: Optional[int],
@@ -83,14 +72,24 @@ async def _projected(db: Optional[str], until_position: Optional[int],
         return runner.projector, position
 
 
+def short_detail(detail: str, limit: int = DETAIL_MAX) -> str:
+    """``detail`` cut to ``limit`` characters for text output, saying how much was left out
+    (an 8 MB detail took rich 24 s to lay out, issue 11)."""
+    if len(detail) <= limit:
+        return detail
+    return f"{detail[:limit]}… ({len(detail) - limit} more characters; --format json shows all)"
+
+
 def _findings_table(title: str, findings: list[Finding]) -> Table:
+    """A rich table of findings; every cell is user data, so it is escaped (not markup)."""
     table = Table(title=title, title_justify="left", show_lines=False)
     for col in ("kind", "session", "stage", "request_id", "first pos", "first ts", "last pos", "evidence", "detail"):
         table.add_column(col, overflow="fold", no_wrap=col in ("kind", "stage", "first pos", "last pos"))
     for f in findings:
-        table.add_row(f.kind, f.session_id, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
-                      str(f.first_position), f"{f.first_ts:.6f}", str(f.last_position),
-                      ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""), f.detail)
+        cells = (f.kind, f.session_id, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
+                 str(f.first_position), f"{f.first_ts:.6f}", str(f.last_position),
+                 ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""), f.detail)
+        table.add_row(*(escape(short_detail(c)) for c in cells))
     return table
 
 
@@ -109,7 +108,8 @@ def audit(
     data errors (a missing ledger file, a --session the log does not hold) — so it can gate
     a deployment.
     """
-    projector, position = _run(lambda: _projected(db, until_position, session))
+    url = checked_url(db)
+    projector, position = run(lambda: _projected(url, until_position, session), url)
     findings = [f for f in projector.findings(max_idle) if session is None or f.session_id == session]
     leaks = [f for f in findings if f.severity == "leak"]
     warnings = [f for f in findings if f.severity == "warning"]
@@ -128,7 +128,7 @@ def audit(
             console.print(_findings_table(f"Warnings ({len(warnings)})", warnings))
         verdict = "clean" if not leaks else "LEAKS FOUND"
         console.print(f"audit at position {position}: {verdict} — {len(leaks)} leak(s), {len(warnings)} warning(s); "
-                      f"running={running} held={held}", highlight=False)
+                      f"running={running} held={held}", highlight=False, markup=False)
     raise typer.Exit(1 if leaks else 0)
 
 
@@ -175,7 +175,8 @@ def tables(
     if summary and fmt not in (TablesFormat.text, TablesFormat.json):
         typer.echo("error: --summary works with --format text or json", err=True)
         raise typer.Exit(2)
-    turns = _run(lambda: _turns(db, session, response, until_position))
+    url = checked_url(db)
+    turns = run(lambda: _turns(url, session, response, until_position), url)
     if not turns:
         wanted = ", ".join(f"{k} {v!r}" for k, v in (("session", session), ("response", response),
                                                      ("until position", until_position)) if v is not None)
@@ -186,7 +187,7 @@ def tables(
     if summary:  # issue 16: session rollups, from the metrics fold over the same log
         from reports import cli_metrics, render_summary
 
-        rollups = _run(lambda: cli_metrics.session_rollups(db, session, until_position))
+        rollups = run(lambda: cli_metrics.session_rollups(url, session, until_position), url)
         text = (render_summary.render_json_with_sessions(turns, rollups) if fmt is TablesFormat.json
                 else text + render_summary.render_summaries_text(rollups))
     typer.echo(text, nl=not text.endswith("\n"))
@@ -221,7 +222,8 @@ def rebuild(
     if projection not in PROJECTIONS:
         typer.echo(f"error: --projection must be one of {', '.join(PROJECTIONS)}, got {projection!r}", err=True)
         raise typer.Exit(2)
-    position = _run(lambda: _rebuild(db, quiet, workers))
+    url = checked_url(db)
+    position = run(lambda: _rebuild(url, quiet, workers), url)
     typer.echo(f"rebuilt read models up to position {position}")
 
 

@@ -15,12 +15,13 @@ import typer
 
 from events.records import StoredEvent
 from events.store.store import EventStore
-from reports.cli_projections import DB_HELP, UnknownSession, _run
+from reports.cli_errors import UnknownSession, checked_url, run
+from reports.cli_projections import DB_HELP
 
 
 async def session_events(db: Optional[str], session: str) -> list[StoredEvent]:
     """The session's events in log order; raises UnknownSession when the log has none."""
-    async with await EventStore.open(db) as store:
+    async with await EventStore.open(db, read_only=True) as store:
         events = await store.read_stream(session)
     if not events:
         raise UnknownSession(f"no session {session!r} in the log")
@@ -37,7 +38,8 @@ def timeline(
     self-contained HTML file."""
     from reports.timeline import write_timeline
 
-    events = _run(lambda: session_events(db, session))
+    url = checked_url(db)
+    events = run(lambda: session_events(url, session), url)
     try:
         size = write_timeline(events, output)
     except OSError as exc:

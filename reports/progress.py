@@ -39,9 +39,10 @@ def progress_bar(description: str, total: float | None, *, unit: str = "events",
         yield lambda n: progress.advance(task, n)
 
 
-def track_lines(lines: Iterable[str], total_bytes: int, description: str) -> Iterator[str]:
-    """``lines`` unchanged, advancing a byte bar (UTF-8 size of each line) on a terminal."""
+def track_lines(lines: Iterable[str | bytes], total_bytes: int, description: str) -> Iterator[str | bytes]:
+    """``lines`` unchanged (text or raw bytes), advancing a byte bar (size of each line) on a
+    terminal."""
     with progress_bar(description, total_bytes, unit="bytes") as advance:
         for line in lines:
-            advance(len(line.encode("utf-8", "surrogatepass")))
+            advance(len(line) if isinstance(line, bytes) else len(line.encode("utf-8", "surrogatepass")))
             yield line

@@ -1,9 +1,13 @@
 """Append-only event store (SQLite default, PostgreSQL) — see :class:`EventStore`."""
 
 from events.store.errors import (
+    AppendFailed,
     ConcurrencyError,
     EventIdConflict,
+    InvalidRow,
     LedgerNotFound,
+    NotALedger,
+    ReadOnlyStore,
     SchemaRevisionError,
     StoreClosed,
     StoreError,
@@ -13,6 +17,7 @@ from events.store.store import EventStore, ImportResult
 from events.store.url import DEFAULT_URL, ENV_VAR, default_url
 
 __all__ = [
+    "AppendFailed",
     "ConcurrencyError",
     "DEFAULT_URL",
     "ENV_VAR",
@@ -20,7 +25,10 @@ __all__ = [
     "EventStore",
     "ImportResult",
     "ImportRow",
+    "InvalidRow",
     "LedgerNotFound",
+    "NotALedger",
+    "ReadOnlyStore",
     "SchemaRevisionError",
     "StoreClosed",
     "StoreError",

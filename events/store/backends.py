@@ -8,9 +8,11 @@ SQLite (``sqlite+aiosqlite``)
     The write transaction runs in one dedicated thread on a sync ``pysqlite`` engine for the
     same file: a whole group-commit batch costs one thread hop instead of one per statement
     (aiosqlite's per-statement hop dominated the write path). Every connection runs
-    ``journal_mode=WAL``, ``busy_timeout`` and the configured ``synchronous`` level (FULL by
-    default: a commit returns once the WAL is fsynced; NORMAL may lose the last commits on
-    power loss, never corrupts). The driver's own transaction handling is off
+    ``busy_timeout`` and the configured ``synchronous`` level (FULL by default: a commit
+    returns once the WAL is fsynced; NORMAL may lose the last commits on power loss, never
+    corrupts); the write connection also sets ``journal_mode=WAL`` (persistent in the file,
+    so readers never set it: a read leaves the file as it was). ``read_only=True`` opens the
+    readers through a ``mode=ro`` URI and refuses writes (:class:`ReadOnlyStore`). The driver's own transaction handling is off
     (``isolation_level = None``) and SQLAlchemy's ``begin`` hook sends ``BEGIN IMMEDIATE``,
     which takes the write lock when the transaction starts. Without it, a transaction that
     reads (head position, stream versions) and then writes holds only a read snapshot; two such
@@ -39,7 +41,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from events.store import schema
-from events.store.url import backend_of, sqlite_path
+from events.store.errors import ReadOnlyStore
+from events.store.probe import readonly_async_engine
+from events.store.url import backend_of, redact, sqlite_path
 
 Synchronous = Literal["FULL", "NORMAL"]
 T = TypeVar("T")
@@ -54,7 +58,9 @@ _VERSIONS = (
     .where(_events.c.stream_id.in_(sa.bindparam("streams", expanding=True)))
     .group_by(_events.c.stream_id)
 )
-_EXISTING = sa.select(_events.c.event_id, _events.c.stream_id, _events.c.version, _events.c.position).where(
+# event_id, then the columns of planning.Existing in its field order.
+EXISTING_COLUMNS = ("event_id", "stream_id", "version", "position", "type", "schema_version", "ts_us", "data")
+_EXISTING = sa.select(*(_events.c[name] for name in EXISTING_COLUMNS)).where(
     _events.c.event_id.in_(sa.bindparam("ids", expanding=True))
 )
 
@@ -70,12 +76,20 @@ class Backend:
 
     name = "base"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         self.url = url
-        self.reader: AsyncEngine = create_async_engine(url, **self._reader_kwargs())
+        self.read_only = read_only
+        self.reader: AsyncEngine = self._make_reader()
+
+    def _make_reader(self) -> AsyncEngine:
+        return create_async_engine(self.url, **self._reader_kwargs())
 
     def _reader_kwargs(self) -> dict[str, Any]:
         return {}
+
+    def _refuse_if_read_only(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStore(f"{redact(self.url)} was opened read-only; nothing was written")
 
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(sync_connection, *args)`` in one write transaction and commit it.
@@ -99,9 +113,9 @@ class Backend:
         """stream_id -> its last version, for those of ``streams`` that exist."""
         return {s: v for s, v in conn.execute(_VERSIONS, {"streams": list(streams)}).all()}
 
-    def select_existing(self, conn: Connection, event_ids: Sequence[str]) -> list[tuple[str, str, int, int]]:
-        """(event_id, stream_id, version, position) of those of ``event_ids`` already stored."""
-        return [tuple(r) for r in conn.execute(_EXISTING, {"ids": list(event_ids)}).all()]  # type: ignore[misc]
+    def select_existing(self, conn: Connection, event_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+        """The :data:`EXISTING_COLUMNS` of those of ``event_ids`` already stored."""
+        return [tuple(r) for r in conn.execute(_EXISTING, {"ids": list(event_ids)}).all()]
 
     def insert_rows(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
         """Insert ``rows`` (tuples in ``schema.ROW_COLUMNS`` order) with one executemany."""
@@ -118,26 +132,30 @@ class Backend:
 class SqliteBackend(Backend):
     name = "sqlite"
 
-    def __init__(self, url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000) -> None:
+    def __init__(self, url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000,
+                 read_only: bool = False) -> None:
         check_synchronous(synchronous)
         self.synchronous = synchronous
         self.busy_timeout_ms = busy_timeout_ms
         path = sqlite_path(url)
-        if not path.parent.exists():
+        if not read_only and not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-        super().__init__(url)
-        self._install_hooks(self.reader.sync_engine, begin=None)  # autocommit reads
+        super().__init__(url, read_only=read_only)
+        self._install_hooks(self.reader.sync_engine, begin=None, wal=False)  # autocommit reads
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-ledger-sqlite-writer")
         self._write_engine: Engine | None = None
         self._write_conn: Connection | None = None
 
+    def _make_reader(self) -> AsyncEngine:
+        return readonly_async_engine(self.url) if self.read_only else super()._make_reader()
+
     def _reader_kwargs(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000}}
 
-    def _install_hooks(self, engine: Engine, *, begin: str | None) -> None:
+    def _install_hooks(self, engine: Engine, *, begin: str | None, wal: bool = True) -> None:
         pragmas = (
             f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}",
-            "PRAGMA journal_mode=WAL",
+            *(("PRAGMA journal_mode=WAL",) if wal else ()),
             f"PRAGMA synchronous={self.synchronous}",
         )
 
@@ -179,6 +197,7 @@ class SqliteBackend(Backend):
             raise
 
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        self._refuse_if_read_only()
         return await asyncio.get_running_loop().run_in_executor(self._thread, self._write_in_thread, fn, args)
 
     # The append transaction's statements go straight to the sqlite3 cursor of the
@@ -196,9 +215,9 @@ class SqliteBackend(Backend):
         sql = f"SELECT stream_id, max(version) FROM events WHERE stream_id IN ({marks}) GROUP BY stream_id"
         return dict(self._cursor(conn).execute(sql, tuple(streams)).fetchall())
 
-    def select_existing(self, conn: Connection, event_ids: Sequence[str]) -> list[tuple[str, str, int, int]]:
+    def select_existing(self, conn: Connection, event_ids: Sequence[str]) -> list[tuple[Any, ...]]:
         marks = ",".join("?" * len(event_ids))
-        sql = f"SELECT event_id, stream_id, version, position FROM events WHERE event_id IN ({marks})"
+        sql = f"SELECT {', '.join(EXISTING_COLUMNS)} FROM events WHERE event_id IN ({marks})"
         return self._cursor(conn).execute(sql, tuple(event_ids)).fetchall()  # type: ignore[no-any-return]
 
     def insert_rows(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
@@ -231,6 +250,7 @@ class PostgresBackend(Backend):
         return {"pool_size": 5, "max_overflow": 10}
 
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        self._refuse_if_read_only()
         async with self.reader.connect() as conn:
             async with conn.begin():
                 return await conn.run_sync(fn, *args)
@@ -244,9 +264,10 @@ class PostgresBackend(Backend):
         return code in ("40001", "40P01")  # serialization failure, deadlock detected
 
 
-def make_backend(url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000) -> Backend:
+def make_backend(url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000,
+                 read_only: bool = False) -> Backend:
     """The backend a URL selects (see :func:`events.store.url.backend_of`). Raises ValueError
     for an unsupported URL."""
     if backend_of(url) == "sqlite":
-        return SqliteBackend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
-    return PostgresBackend(url)
+        return SqliteBackend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, read_only=read_only)
+    return PostgresBackend(url, read_only=read_only)

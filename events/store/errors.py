@@ -9,12 +9,14 @@ class StoreError(Exception):
 
 class ConcurrencyError(StoreError):
     """Optimistic concurrency failed: ``stream_id`` was at version ``actual`` when the caller
-    expected ``expected`` (0 = "the stream must not exist yet"). Nothing was appended."""
+    expected ``expected`` (0 = "the stream must not exist yet"). Nothing was appended.
+    ``event_id``: the imported row that did not fit (bulk import), else None."""
 
-    def __init__(self, stream_id: str, expected: int, actual: int) -> None:
+    def __init__(self, stream_id: str, expected: int, actual: int, event_id: str | None = None) -> None:
         self.stream_id = stream_id
         self.expected = expected
         self.actual = actual
+        self.event_id = event_id
         super().__init__(
             f"stream {stream_id!r}: expected version {expected}, but it is at version {actual}"
         )
@@ -22,7 +24,8 @@ class ConcurrencyError(StoreError):
 
 class EventIdConflict(StoreError):
     """Some event ids of a call are already stored but the call is not an exact re-append of
-    them (only part of the batch exists, or the stored copy sits in another stream).
+    them: only part of the batch exists, or a stored copy differs in content (stream, type,
+    schema_version, ts or data; see :func:`events.store.planning.same_content`).
     Nothing was appended. ``event_ids`` lists the ids at fault (strings)."""
 
     def __init__(self, stream_id: str, event_ids: list[str], reason: str) -> None:
@@ -34,6 +37,26 @@ class EventIdConflict(StoreError):
 
 class SchemaRevisionError(StoreError):
     """The database schema revision differs from the code's (older, newer or missing)."""
+
+
+class NotALedger(SchemaRevisionError):
+    """The database (a SQLite file: another application's, a text file, a directory) is not a
+    duplex-ledger database. It was opened read-only and left as it was."""
+
+
+class ReadOnlyStore(StoreError):
+    """An append on a store opened with ``read_only=True``."""
+
+
+class InvalidRow(StoreError, ValueError):
+    """A row the store would not read back identically (DOMAIN §5.7 D12): a ``ts`` outside
+    1970 … 9999, a NUL in the stream id. Refused before the group commit; nothing written."""
+
+
+class AppendFailed(StoreError):
+    """The database refused this call's rows (the driver's reason is the message and the
+    ``__cause__``). The calls committed with it in the same group commit were retried without
+    it and are unaffected; nothing of this call was written."""
 
 
 class LedgerNotFound(SchemaRevisionError):

@@ -5,6 +5,11 @@ operation opens the URL's write engine and hands its connection to ``migrations/
 Adding a read-model table later = one new file in ``migrations/versions`` whose
 ``down_revision`` is the current head; :func:`head_revision` and the store's revision check
 follow automatically.
+
+On PostgreSQL every migration runs under a transaction-scoped advisory lock, so any number of
+processes may upgrade (or ``EventStore.open(create=True)``) a fresh database at once. A SQLite
+file is inspected read-only before anything writes to it: another application's database is
+refused untouched (:class:`NotALedger`).
 """
 
 from __future__ import annotations
@@ -17,12 +22,23 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
+import sqlalchemy as sa
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 import migrations
 from events.store.backends import make_backend
-from events.store.errors import SchemaRevisionError
-from events.store.url import missing_sqlite_file, redact, require_existing, resolve_url
+from events.store.errors import NotALedger, SchemaRevisionError
+from events.store.probe import read_sqlite
+from events.store.url import (
+    backend_of,
+    missing_ancestor,
+    missing_sqlite_file,
+    redact,
+    remove_sqlite_file,
+    require_existing,
+    resolve_url,
+)
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).resolve().parent)
 
@@ -42,6 +58,10 @@ def head_revision() -> str:
     return head
 
 
+# Arbitrary constant key of the advisory lock serialising migrations on PostgreSQL ("dlgm").
+MIGRATION_LOCK_KEY = 0x646C676D
+
+
 async def _with_connection(url: str | None, fn: Any, *args: Any) -> Any:
     """Run ``fn(sync_conn, url, *args)`` in one write transaction (transactional DDL)."""
     url = resolve_url(url)
@@ -52,7 +72,33 @@ async def _with_connection(url: str | None, fn: Any, *args: Any) -> Any:
         await backend.dispose()
 
 
+async def _read(url: str, fn: Any) -> Any:
+    """Run ``fn(sync_conn, url)`` on a read connection; a SQLite file is opened read-only
+    (left byte-identical, :mod:`events.store.probe`)."""
+    if backend_of(url) == "sqlite":
+        return read_sqlite(url, fn)
+    backend = make_backend(url)
+    try:
+        return await backend.run_read(fn, url)
+    finally:
+        await backend.dispose()
+
+
+def revision_known(revision: str) -> bool:
+    """True when ``revision`` (an id, ``head``, ``base`` …) names a revision of this code."""
+    try:
+        ScriptDirectory.from_config(alembic_config()).get_revisions(revision)
+    except (CommandError, KeyError, ValueError):
+        return False
+    return True
+
+
 def _command(sync_conn: Connection, url: str, name: str, revision: str) -> None:
+    if sync_conn.dialect.name == "postgresql":
+        # N processes opening a fresh database at once: one migrates, the others wait here and
+        # then find it at head (without the lock: IntegrityError on pg_type, issue 11).
+        sync_conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+    ledger_state(sync_conn, url)  # refuses another application's database before any DDL
     cfg = alembic_config(url)
     cfg.attributes["connection"] = sync_conn
     try:
@@ -61,59 +107,106 @@ def _command(sync_conn: Connection, url: str, name: str, revision: str) -> None:
         raise SchemaRevisionError(f"{name} to {revision!r} failed on {redact(url)}: {exc}") from None
 
 
+def _unknown_target(url: str, revision: str) -> SchemaRevisionError:
+    return SchemaRevisionError(f"{redact(url)}: unknown schema revision {revision!r} (this code knows "
+                               f"base … {head_revision()}); nothing was changed")
+
+
 async def upgrade(url: str | None = None, revision: str = "head") -> str | None:
     """Create or upgrade the schema to ``revision``; returns the revision now current.
 
-    Raises SchemaRevisionError for an unknown revision."""
-    await _with_connection(url, _command, "upgrade", revision)
+    Raises SchemaRevisionError for an unknown revision (checked before anything is created:
+    no file is left behind), NotALedger for a database that holds another application's
+    tables (left untouched). A SQLite file this call created is removed again when the
+    upgrade fails."""
+    url = resolve_url(url)
+    if not revision_known(revision):
+        raise _unknown_target(url, revision)
+    missing = missing_sqlite_file(url)
+    created = None if missing is None else missing_ancestor(missing)
+    if missing is None and backend_of(url) == "sqlite":
+        read_sqlite(url, ledger_state)  # a foreign or damaged file: refused, byte-identical
+    try:
+        await _with_connection(url, _command, "upgrade", revision)
+    except BaseException:
+        if created is not None:
+            remove_sqlite_file(created)
+        raise
     return await current_revision(url)
 
 
 async def downgrade(url: str | None = None, revision: str = "base") -> str | None:
     """Downgrade to ``revision`` ("base" drops every ledger table, events included: the data
     is gone). Returns the revision now current (None at base). Raises LedgerNotFound for a
-    SQLite file that does not exist (nothing is created)."""
-    require_existing(resolve_url(url))
+    SQLite file that does not exist (nothing is created), NotALedger for a database that is
+    not a ledger, SchemaRevisionError for an unknown revision (nothing changed)."""
+    url = resolve_url(url)
+    require_existing(url)
+    if not revision_known(revision):
+        raise _unknown_target(url, revision)
+    if backend_of(url) == "sqlite":
+        read_sqlite(url, ledger_state)
     await _with_connection(url, _command, "downgrade", revision)
     return await current_revision(url)
 
 
-def _current(sync_conn: Connection, _url: str) -> str | None:
-    return MigrationContext.configure(sync_conn).get_current_revision()
+def ledger_state(sync_conn: Connection, url: str) -> str | None:
+    """The database's schema revision (None: no ledger schema yet, e.g. an empty file).
+
+    Raises NotALedger when the database holds tables but no ledger (another application's
+    database), SchemaRevisionError when it holds the ledger's ``events`` table but no
+    revision record (``alembic_version`` dropped: upgrading would try to create it again)."""
+    tables = set(sa.inspect(sync_conn).get_table_names())
+    revision = MigrationContext.configure(sync_conn).get_current_revision() if "alembic_version" in tables else None
+    shown = redact(url)
+    if "events" not in tables and (tables - {"alembic_version"} or (revision and not revision_known(revision))):
+        raise NotALedger(f"{shown}: not a duplex-ledger database (it holds other tables: "
+                         f"{', '.join(sorted(tables)[:8])}); nothing was changed")
+    if "events" in tables and revision is None:
+        raise SchemaRevisionError(
+            f"{shown} holds a ledger's events table but no schema revision (its alembic_version table is missing "
+            "or empty); refusing to migrate it. Restore alembic_version from a backup, or export the events "
+            "with an older copy and import them into a new ledger")
+    return revision
 
 
 async def current_revision(url: str | None = None) -> str | None:
     """The database's revision: None for an empty database, and for a SQLite file that does
-    not exist (which is not created by asking)."""
-    if missing_sqlite_file(resolve_url(url)) is not None:
+    not exist (which is not created by asking). A SQLite file is only read (byte-identical).
+    Raises NotALedger for a database that is not a ledger."""
+    url = resolve_url(url)
+    if missing_sqlite_file(url) is not None:
         return None
-    return await _with_connection(url, _current)
+    return await _read(url, ledger_state)
+
+
+def revision_status(revision: str | None) -> str:
+    """``"current"``, ``"older"`` (``db upgrade`` helps; None included) or ``"newer"``
+    (the database is ahead of this code: only a newer duplex-ledger helps)."""
+    if revision == head_revision():
+        return "current"
+    return "older" if revision is None or revision_known(revision) else "newer"
 
 
 def check_revision(sync_conn: Connection, url: str) -> None:
-    """Raise SchemaRevisionError unless the database is exactly at :func:`head_revision`.
+    """Raise SchemaRevisionError unless the database is exactly at :func:`head_revision`
+    (NotALedger for another application's database, see :func:`ledger_state`).
 
     The message says what to run: ``duplex-ledger db upgrade --db URL`` for a missing or
     older schema; for a newer one, a newer duplex-ledger (or a downgrade run by it)."""
-    current = _current(sync_conn, url)
+    current = ledger_state(sync_conn, url)
     head = head_revision()
-    if current == head:
+    status = revision_status(current)
+    if status == "current":
         return
     shown = redact(url)
     fix = f"run `duplex-ledger db upgrade --db {shown}`"
     if current is None:
         raise SchemaRevisionError(f"{shown} has no duplex-ledger schema (this code needs revision {head}); {fix}")
-    script = ScriptDirectory.from_config(alembic_config(url))
-    try:
-        script.get_revision(current)
-    except CommandError:
-        known = False
-    else:
-        known = True
-    if not known:
+    if status == "newer":
         raise SchemaRevisionError(
-            f"{shown} is at schema revision {current!r}, newer than this code (which knows up to {head}); "
-            "upgrade duplex-ledger, or have the newer version run `duplex-ledger db downgrade` to "
-            f"{head}. (`duplex-ledger db upgrade --db {shown}` cannot help here.)"
+            f"{shown} is at schema revision {current!r}, newer than this code (which knows up to {head}): "
+            "this duplex-ledger is older than the database; upgrade duplex-ledger, or have the newer version "
+            f"run `duplex-ledger db downgrade {head}`"
         )
     raise SchemaRevisionError(f"{shown} is at schema revision {current!r}, older than this code's {head}; {fix}")

@@ -6,19 +6,24 @@ names), then :func:`plan_call` decides each call in queue order. A call that fai
 its own typed error and leaves the state untouched, so one bad call never fails the others in
 the batch (no savepoints needed: nothing of it was written).
 
-Idempotency rules (documented decision):
+Idempotency rules (documented decision). A re-sent event is "the same" when its stored copy
+has the same *content*: stream, type, schema_version, ts (integer µs) and data (equal as JSON
+values: key order and spacing do not matter, ``1`` and ``1.0`` or ``true`` and ``1`` differ).
+Position, version and recorded_at are the store's, not content (:func:`content_difference`).
 
 * ``append`` (one stream, ``bulk=False``): if *every* event id of the call is already stored
-  in that stream, the call succeeds without writing and returns the original positions — no
-  version check, since a retry after a lost acknowledgement necessarily carries a stale
-  expected version. If only *some* are stored, or any is stored in another stream, the call
-  raises :class:`EventIdConflict` (the batch differs from what was stored: ambiguous).
-* bulk import (``bulk=True``): rows whose event id is stored (in the same stream) are skipped
-  and report their original position; the others are appended at the end of their stream.
+  with the same content, the call succeeds without writing and returns the original
+  positions — no version check, since a retry after a lost acknowledgement necessarily
+  carries a stale expected version. If only *some* are stored, or any stored copy differs
+  (another stream included), the call raises :class:`EventIdConflict`.
+* bulk import (``bulk=True``): rows whose event id is stored with the same content are
+  skipped and report their original position; a stored copy with other content raises
+  :class:`EventIdConflict`; the others are appended at the end of their stream.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from events.store.errors import ConcurrencyError, EventIdConflict
@@ -27,9 +32,43 @@ from events.store.rows import NewRow
 
 @dataclass(frozen=True, slots=True)
 class Existing:
+    """A stored (or planned-in-this-batch) copy of an event id and its content."""
+
     stream_id: str
     version: int
     position: int
+    type: str
+    schema_version: int
+    ts_us: int
+    data: str
+
+
+def content_difference(row: NewRow, stored: Existing) -> str | None:
+    """The first content field (stream, type, schema_version, ts, data) in which ``row``
+    differs from the stored copy of its event id; None when they are the same event."""
+    for name, new, old in (("stream", row.stream_id, stored.stream_id), ("type", row.type, stored.type),
+                           ("schema_version", row.schema_version, stored.schema_version),
+                           ("ts", row.ts_us, stored.ts_us)):
+        if new != old:
+            return name
+    if row.data != stored.data and _canonical(row.data) != _canonical(stored.data):
+        return "data"
+    return None
+
+
+def _canonical(data: str) -> str:
+    return json.dumps(json.loads(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _conflict(stream: str, rows: list[NewRow], stored: list[Existing | None]) -> EventIdConflict | None:
+    """EventIdConflict for the rows whose stored copy differs, naming the fields; else None."""
+    differ = [(r.event_id, d) for r, f in zip(rows, stored) if f is not None and (d := content_difference(r, f))]
+    if not differ:
+        return None
+    fields = sorted({d for _, d in differ})
+    reason = ("event ids already stored in another stream" if "stream" in fields
+              else f"event ids already stored with different content ({', '.join(fields)} differ)")
+    return EventIdConflict(stream, [eid for eid, _ in differ], reason)
 
 
 @dataclass(slots=True)
@@ -67,9 +106,9 @@ def plan_call(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
     found = [state.existing.get(r.event_id) for r in call.rows]
     present = [r.event_id for r, f in zip(call.rows, found) if f is not None]
     if present:
-        elsewhere = [r.event_id for r, f in zip(call.rows, found) if f is not None and f.stream_id != stream]
-        if elsewhere:
-            raise EventIdConflict(stream, elsewhere, "event ids already stored in another stream")
+        conflict = _conflict(stream, call.rows, found)
+        if conflict is not None:
+            raise conflict
         if len(present) != len(call.rows):
             raise EventIdConflict(stream, present, "only part of this batch is already stored")
         return CallResult([f.position for f in found if f is not None], 0)
@@ -86,13 +125,14 @@ def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
     for row in call.rows:
         stored = state.existing.get(row.event_id)
         if stored is not None:
-            if stored.stream_id != row.stream_id:
-                raise EventIdConflict(row.stream_id, [row.event_id], "event id already stored in another stream")
+            conflict = _conflict(row.stream_id, [row], [stored])
+            if conflict is not None:
+                raise conflict
             planned.append(stored)
             continue
         current = versions.get(row.stream_id, state.versions.get(row.stream_id, 0))
         if row.version is not None and row.version != current + 1:
-            raise ConcurrencyError(row.stream_id, row.version - 1, current)
+            raise ConcurrencyError(row.stream_id, row.version - 1, current, row.event_id)
         versions[row.stream_id] = current + 1
         planned.append((row, current + 1))
     positions = [p.position if isinstance(p, Existing) else _accept(state, p[0], p[1], now_us) for p in planned]
@@ -102,7 +142,8 @@ def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
 def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
     state.head += 1
     state.versions[row.stream_id] = version
-    state.existing[row.event_id] = Existing(row.stream_id, version, state.head)
+    state.existing[row.event_id] = Existing(row.stream_id, version, state.head, row.type, row.schema_version,
+                                            row.ts_us, row.data)
     state.inserts.append(
         (
             state.head,

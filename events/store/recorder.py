@@ -104,8 +104,8 @@ class AggregateRecorder:
         for chunk in _chunks(sorted(streams - state.versions.keys())):
             state.versions.update(backend.select_versions(conn, chunk))
         for chunk in _chunks([r.event_id for c in calls for r in c.rows]):
-            for eid, sid, ver, pos in backend.select_existing(conn, chunk):
-                state.existing[eid] = Existing(sid, ver, pos)
+            for eid, *stored in backend.select_existing(conn, chunk):
+                state.existing[eid] = Existing(*stored)
         return state
 
     def _remember_versions(self, state: BatchState) -> None:

@@ -14,17 +14,22 @@ from dataclasses import dataclass
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from pydantic_core import PydanticSerializationError
+
+from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US
 from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
+from events.store.errors import InvalidRow
 from events.types import EventBase, ts_to_us
 
 
 _ENVELOPE = {"type", "event_id", "session_id", "ts", "schema_version"}
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 def dump_data(data: dict[str, Any]) -> str:
     """A raw payload dict as stored: compact JSON, keys in given order, non-ASCII kept. Used
-    for rows kept at an old schema version (import); typed events use :func:`payload_json`."""
+    for rows kept at an old schema version (import); typed events use :func:`payload_json`.
+    Raises ValueError for NaN/inf (DOMAIN §5.7 D12)."""
     return _dumps(data)
 
 
@@ -47,14 +52,33 @@ class NewRow:
 
     @classmethod
     def from_event(cls, event: EventBase) -> "NewRow":
-        return cls(
-            stream_id=event.session_id,
-            event_id=str(event.event_id),
-            type=event.type,  # type: ignore[attr-defined]
-            schema_version=event.schema_version,
-            ts_us=ts_to_us(event.ts),
-            data=payload_json(event),
-        )
+        """The row of a typed event. Raises InvalidRow for an event built around validation
+        (``model_construct``) whose ts or payload cannot be stored (NaN, lone surrogates)."""
+        try:
+            return cls(
+                stream_id=event.session_id,
+                event_id=str(event.event_id),
+                type=event.type,  # type: ignore[attr-defined]
+                schema_version=event.schema_version,
+                ts_us=ts_to_us(event.ts),
+                data=payload_json(event),
+            )
+        except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
+            raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
+
+    def check(self) -> "NewRow":
+        """Raise :class:`InvalidRow` unless the store reads this row back identically (DOMAIN
+        §5.7 D12): ``ts`` and ``recorded_at`` within 1970 … 9999 UTC, a stream id without NUL,
+        a ``version`` within 64 bits. The models refuse such values already; this guards rows
+        built around them (``model_construct``, hand-made ImportRows) before the group commit."""
+        for name, us in (("ts", self.ts_us), ("recorded_at", self.recorded_at_us)):
+            if us is not None and not MIN_TS_US <= us <= MAX_TS_US:
+                raise InvalidRow(f"event {self.event_id}: {name} ({us} µs) is outside 1970 … 9999 UTC")
+        if "\x00" in self.stream_id:
+            raise InvalidRow(f"event {self.event_id}: the stream id contains a NUL character")
+        if self.version is not None and not 1 <= self.version <= INT64_MAX:
+            raise InvalidRow(f"event {self.event_id}: version {self.version} is outside 1 … {INT64_MAX}")
+        return self
 
     @classmethod
     def from_import(cls, row: "ImportRow") -> "NewRow":
@@ -75,17 +99,20 @@ class NewRow:
 class ImportRow:
     """``version``: if set, the event must land at exactly this stream version (else the import
     raises ConcurrencyError); ``recorded_at_us``: keep this commit time instead of now;
-    ``data_json``: the payload text to store (default: ``record.data`` dumped)."""
+    ``data_json``: the payload text to store (default: ``record.data`` dumped); ``line``:
+    where it came from (a JSONL line number), named by errors about this row."""
 
     record: EventRecord
     version: int | None = None
     recorded_at_us: int | None = None
     data_json: str | None = None
+    line: int | None = None
 
     @classmethod
-    def from_event(cls, event: EventBase, *, version: int | None = None, recorded_at_us: int | None = None) -> "ImportRow":
+    def from_event(cls, event: EventBase, *, version: int | None = None, recorded_at_us: int | None = None,
+                   line: int | None = None) -> "ImportRow":
         """A typed (current-version) event, stored exactly as :meth:`EventStore.append` would."""
-        return cls(to_record(event), version, recorded_at_us, payload_json(event))
+        return cls(to_record(event), version, recorded_at_us, payload_json(event), line)
 
 
 class StoredRow(NamedTuple):

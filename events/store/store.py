@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from events.records import StoredEvent
 from events.store.backends import Synchronous, check_synchronous, make_backend
 from events.store.migrate import check_revision, upgrade
+from events.store.probe import read_sqlite
 from events.store.planning import AppendCall
 from events.store.recorder import SubscribableRecorder
 from events.store.rows import ImportRow, NewRow, StoredRow, decode_rows
-from events.store.url import require_existing, resolve_url
+from events.store.url import backend_of, resolve_url
 from events.store.writer import GroupCommitWriter
 from events.types import EventBase
 
@@ -54,6 +55,7 @@ class EventStore:
         url: str | None = None,
         *,
         create: bool = False,
+        read_only: bool = False,
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = 30_000,
         max_batch_rows: int = 4000,
@@ -61,24 +63,33 @@ class EventStore:
         """Open the log at ``url`` (default: ``$DUPLEX_LEDGER_DB_URL`` or ``./duplex-ledger.db``).
 
         ``create=True`` first upgrades the schema to the code's revision (creating the SQLite
-        file and its folder when missing). ``synchronous`` (SQLite only): FULL (durable on
-        power loss, default) or NORMAL. Raises LedgerNotFound (without creating anything)
-        for a SQLite file that does not exist when ``create`` is false; SchemaRevisionError
-        when the schema is missing, older or newer than the code (the message names
-        ``duplex-ledger db upgrade --db URL``); ValueError for an unsupported URL.
+        file and its folder when missing; any number of processes may do so at once, on
+        PostgreSQL too). Without it, a SQLite file is first inspected read-only, so a file that
+        is not a ledger at this code's revision is refused byte-identical. ``read_only=True``
+        (not with ``create``): readers open a SQLite file through a ``mode=ro`` URI and appends
+        raise ReadOnlyStore. ``synchronous`` (SQLite only): FULL (durable on power loss,
+        default) or NORMAL. Raises LedgerNotFound (without creating anything) for a SQLite file
+        that does not exist when ``create`` is false; NotALedger for another application's
+        database, a directory or a non-database file; SchemaRevisionError when the schema is
+        missing, older or newer than the code (the message says what to run); ValueError for
+        an empty or unsupported URL.
         """
         url = resolve_url(url)
         check_synchronous(synchronous)
-        if not create:
-            require_existing(url)
-        backend = make_backend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        if create and read_only:
+            raise ValueError("EventStore.open: create and read_only exclude each other")
+        sqlite = backend_of(url) == "sqlite"
         if create:
             await upgrade(url)
-        try:
-            await backend.run_read(check_revision, url)
-        except BaseException:
-            await backend.dispose()
-            raise
+        if sqlite:
+            read_sqlite(url, check_revision)
+        backend = make_backend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, read_only=read_only)
+        if not sqlite:
+            try:
+                await backend.run_read(check_revision, url)
+            except BaseException:
+                await backend.dispose()
+                raise
         return cls(url, SubscribableRecorder(backend), max_batch_rows=max_batch_rows)
 
     async def __aenter__(self) -> "EventStore":
@@ -93,16 +104,19 @@ class EventStore:
 
         ``expected_version``: None = no check; 0 = the stream must not exist yet; N = the
         stream must be at version N. Returns the positions, one per event, once durable.
-        Re-appending exactly the same event ids returns their original positions and writes
-        nothing. Raises ConcurrencyError(stream_id, expected, actual); EventIdConflict when only
-        some ids are stored or they belong to another stream; ValueError for an empty batch,
-        a foreign ``session_id`` or a repeated event id.
+        Re-appending exactly the same events (same ids, same content) returns their original
+        positions and writes nothing. Raises ConcurrencyError(stream_id, expected, actual);
+        EventIdConflict when only some ids are stored or a stored copy differs (stream, type,
+        schema_version, ts or data); InvalidRow (a ValueError) for a value the store could not
+        read back (DOMAIN §5.7 D12); ValueError for an empty batch, a foreign ``session_id`` or
+        a repeated event id; AppendFailed when the database refused this call (the other calls
+        of its group commit are unaffected); ReadOnlyStore on a read-only store.
         """
         if not events:
             raise ValueError(f"append to {stream_id!r}: no events given")
         if expected_version is not None and expected_version < 0:
             raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
-        rows = [NewRow.from_event(e) for e in events]
+        rows = [NewRow.from_event(e).check() for e in events]
         for e in events:
             if e.session_id != stream_id:
                 raise ValueError(f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}")
@@ -114,12 +128,13 @@ class EventStore:
         """Bulk append across many streams, in one transaction (all rows or none).
 
         Each row goes to the end of its stream in input order; a row whose event id is
-        already stored is skipped (idempotent re-import). A row with ``version`` set must land
-        at exactly that version, else ConcurrencyError and nothing is appended. Raises
-        EventIdConflict if a stored id belongs to another stream, ValueError for an id repeated
-        in the input.
+        already stored with the same content is skipped (idempotent re-import). A row with
+        ``version`` set must land at exactly that version, else ConcurrencyError (naming the
+        row's ``event_id``) and nothing is appended. Raises EventIdConflict if a stored copy
+        of an id differs (another stream, other content), InvalidRow / ValueError for a value
+        the store could not read back or an id repeated in the input.
         """
-        new_rows = [NewRow.from_import(r) for r in rows]
+        new_rows = [NewRow.from_import(r).check() for r in rows]
         if not new_rows:
             return ImportResult([], 0)
         _check_unique_ids(new_rows)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import Literal
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 
 from events.store.errors import LedgerNotFound
 
@@ -21,8 +24,24 @@ def default_url() -> str:
 
 
 def resolve_url(url: str | None) -> str:
-    """``url`` itself, or :func:`default_url` when it is None or empty."""
-    return url or default_url()
+    """``url`` itself, or :func:`default_url` when it is None. Raises ValueError for an empty
+    or blank string (``--db ''`` is a mistake, not a request for the default file)."""
+    if url is None:
+        return default_url()
+    if not url.strip():
+        raise ValueError("the database URL is empty; give sqlite+aiosqlite:///PATH or "
+                         "postgresql+asyncpg://USER:PASS@HOST/DB, or leave --db out for the default")
+    return url
+
+
+def parse_url(url: str) -> URL:
+    """SQLAlchemy's URL object. Raises ValueError (password masked) for a string that is not
+    a database URL at all."""
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):
+        raise ValueError(f"{redact(url)!r} is not a database URL: use sqlite+aiosqlite:///PATH or "
+                         "postgresql+asyncpg://USER:PASS@HOST/DB") from None
 
 
 def backend_of(url: str) -> Backend:
@@ -31,7 +50,7 @@ def backend_of(url: str) -> Backend:
     Raises ValueError naming the URL for any other scheme (including sync drivers and an
     in-memory SQLite database, which cannot be shared by the writer and the readers).
     """
-    u = make_url(url)
+    u = parse_url(url)
     if u.drivername == "sqlite+aiosqlite":
         if not u.database or u.database == ":memory:":
             raise ValueError(f"{url!r}: the ledger needs a SQLite file, e.g. sqlite+aiosqlite:///./duplex-ledger.db")
@@ -46,7 +65,7 @@ def backend_of(url: str) -> Backend:
 
 def sqlite_path(url: str) -> Path:
     """The file a ``sqlite+aiosqlite`` URL points at (relative to the working directory)."""
-    return Path(make_url(url).database or "")
+    return Path(parse_url(url).database or "")
 
 
 def missing_sqlite_file(url: str) -> Path | None:
@@ -69,5 +88,48 @@ def require_existing(url: str) -> None:
 
 
 def redact(url: str) -> str:
-    """The URL with its password masked, for messages."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The URL with its password masked (``***``), for every message and log line. A string
+    SQLAlchemy cannot parse is masked by pattern (``scheme://user:***@…``)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return _USERINFO.sub(r"\1***@", url)
+
+
+_USERINFO = re.compile(r"(://[^/:@]*:)[^@/]*@")
+
+
+def scrub(text: str, url: str | None) -> str:
+    """``text`` with the password of ``url`` (as typed and as URL-decoded) replaced by ``***``:
+    for driver messages that may quote the URL they were given."""
+    if not url:
+        return text
+    try:
+        password = make_url(url).password
+    except (ArgumentError, ValueError):
+        password = None
+    text = text.replace(url, redact(url))
+    if password:  # as a whole token only: a short password must not garble the message
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(str(password))}(?![A-Za-z0-9])", "***", text)
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def missing_ancestor(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist (None: ``path`` exists)."""
+    if path.exists():
+        return None
+    top = path
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    return top
+
+
+def remove_sqlite_file(created: Path) -> None:
+    """Undo the creation of a SQLite ledger: ``created`` is what :func:`missing_ancestor`
+    returned before (the file, or the topmost folder made for it); the file's ``-wal``,
+    ``-shm`` and ``-journal`` companions go too."""
+    if created.is_dir():
+        shutil.rmtree(created, ignore_errors=True)
+        return
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{created}{suffix}").unlink(missing_ok=True)

@@ -5,6 +5,12 @@ everything queued (up to ``max_batch_rows`` rows), runs it as one transaction th
 ``write_batch`` and resolves each future with that call's own outcome — only after the
 transaction committed, so an append returns only once its events are durable. While one
 transaction runs, new calls queue up and form the next batch.
+
+Isolation: when the database refuses a whole batch (not a typed per-call error, which the
+planner already confines to its call), each call of it is retried in a transaction of its
+own, so only the call at fault fails — with :class:`AppendFailed` carrying the driver's
+reason — and its neighbours commit (issue 11: one bad append must not fail a live session's
+neighbours).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from events.store.errors import StoreClosed
+from events.store.errors import AppendFailed, StoreClosed, StoreError
 from events.store.planning import AppendCall, CallResult
 
 WriteBatch = Callable[[Sequence[AppendCall]], Awaitable[list[Any]]]
@@ -68,10 +74,14 @@ class GroupCommitWriter:
                 if not f.done():
                     f.set_exception(StoreClosed("the event store was closed during the append"))
             raise
-        except Exception as exc:  # the whole transaction failed: every call in it fails
-            for _, f in batch:
-                if not f.done():
-                    f.set_exception(exc)
+        except Exception as exc:  # the whole transaction failed: find the call at fault
+            if len(batch) > 1:
+                for one in batch:
+                    await self._commit([one])
+                return
+            _, future = batch[0]
+            if not future.done():
+                future.set_exception(exc if isinstance(exc, StoreError) else append_failed(exc))
             return
         for (_, f), outcome in zip(batch, outcomes):
             if f.done():
@@ -88,3 +98,12 @@ class GroupCommitWriter:
             self._queue.put_nowait(None)
             await self._task
             self._task = None
+
+
+def append_failed(exc: BaseException) -> AppendFailed:
+    """A driver error as :class:`AppendFailed`: the first line of the driver's own message
+    (SQLAlchemy's wrapper adds the SQL and parameters, which can be megabytes)."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__]
+    failed = AppendFailed(f"the database refused the append: {type(exc).__name__}: {reason[0][:300]}")
+    failed.__cause__ = exc
+    return failed

@@ -36,7 +36,7 @@ def test_downgrade_asks_first(sqlite_cli) -> None:
 
 def test_commands_on_a_database_without_schema_say_what_to_run(sqlite_cli) -> None:
     r = sqlite_cli("events", "export")
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # rejected input, the same code from every command (reports.cli_errors)
     assert f"duplex-ledger db upgrade --db {sqlite_cli.url}" in r.output
 
 
@@ -46,13 +46,13 @@ def test_current_and_downgrade_on_a_missing_file_create_nothing(tmp_path) -> Non
     r = cli("db", "current")
     assert r.exit_code == 0 and r.output.startswith("none (no such ledger file")
     r = cli("db", "downgrade", "base", "--yes")
-    assert r.exit_code == 1 and "no such ledger file" in r.output
+    assert r.exit_code == 2 and "no such ledger file" in r.output
     assert not missing.parent.exists()
 
 
 def test_unknown_url_is_an_error(sqlite_cli) -> None:
     r = sqlite_cli("db", "upgrade", db="mysql://h/db")
-    assert r.exit_code == 1 and "unsupported database URL" in r.output
+    assert r.exit_code == 2 and "unsupported database URL" in r.output
 
 
 def test_schema_prints_every_event_kind() -> None:

@@ -40,7 +40,7 @@ def test_duplicate_retry_inside_batch_is_idempotent() -> None:
 
 
 def test_partial_and_foreign_ids() -> None:
-    state = BatchState(head=3, existing={"e1": Existing("A", 1, 1)})
+    state = BatchState(head=3, existing={"e1": Existing("A", 1, 1, "TurnCommitted", 1, 1, "{}")})
     with pytest.raises(EventIdConflict, match="only part"):
         plan_call(state, AppendCall([row("A", "e1"), row("A", "new")], "A"), now_us=5)
     with pytest.raises(EventIdConflict, match="another stream"):
@@ -54,3 +54,21 @@ def test_bulk_keeps_given_recorded_at() -> None:
     r = NewRow("A", "e", "T", 1, 7, "{}", recorded_at_us=42)
     plan_call(state, AppendCall([r, row("A", "f")], bulk=True), now_us=99)
     assert [x[7] for x in state.inserts] == [42, 99]
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+@pytest.mark.parametrize(("changed", "field"), [
+    (NewRow("A", "e1", "TurnCommitted", 1, 2, '{"turn_id":0}'), "ts"),
+    (NewRow("A", "e1", "TurnCommitted", 1, 1, '{"turn_id":1}'), "data"),
+    (NewRow("A", "e1", "TurnCommitted", 1, 1, '{"turn_id":0.0}'), "data"),
+    (NewRow("A", "e1", "SessionClosed", 1, 1, '{"turn_id":0}'), "type"),
+    (NewRow("A", "e1", "TurnCommitted", 2, 1, '{"turn_id":0}'), "schema_version"),
+])
+def test_same_id_with_other_content_is_a_conflict(changed: NewRow, field: str, bulk: bool) -> None:
+    """Issue 11 point 4: same id + same content = no-op; same id + other content = conflict."""
+    state = BatchState(head=1, existing={"e1": Existing("A", 1, 1, "TurnCommitted", 1, 1, '{"turn_id":0}')})
+    with pytest.raises(EventIdConflict, match=f"different content \\({field} differ"):
+        plan_call(state, AppendCall([changed], None if bulk else "A", bulk=bulk), now_us=5)
+    same = NewRow("A", "e1", "TurnCommitted", 1, 1, '{ "turn_id": 0 }')  # spacing is not content
+    assert plan_call(state, AppendCall([same], None if bulk else "A", bulk=bulk), now_us=5).positions == [1]
+    assert state.inserts == []

@@ -1,0 +1,72 @@
+"""Read-only access to a SQLite ledger file: look before anything writes (issue 11, point 6).
+
+A read command (``events export``, ``audit``, ``tables``, ``db current`` …) must leave any
+file byte-identical, another application's included: no journal-mode switch, no rewritten
+0-byte file. So the file is opened through a ``file:…?mode=ro`` URI (the path escaped as a
+file URI, so ``#``, ``?`` and ``%`` in it are not parsed) and nothing sets a pragma that
+persists. What cannot be opened as a database (a directory, a text file) is
+:class:`~events.store.errors.NotALedger`; a missing file is
+:class:`~events.store.errors.LedgerNotFound` (nothing created).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+from sqlalchemy import create_engine, pool
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from events.store.errors import NotALedger
+from events.store.url import redact, require_existing, sqlite_path
+
+T = TypeVar("T")
+
+
+def readonly_uri(path: Path) -> str:
+    """The ``file:`` URI that opens ``path`` read-only."""
+    return path.resolve().as_uri() + "?mode=ro"
+
+
+def check_openable(url: str) -> Path:
+    """The ledger file of a SQLite ``url``, after checking it exists and is not a directory.
+    Raises LedgerNotFound, NotALedger."""
+    require_existing(url)
+    path = sqlite_path(url)
+    if path.is_dir():
+        raise NotALedger(f"{redact(url)}: {str(path)!r} is a directory, not a duplex-ledger database")
+    return path
+
+
+def not_a_database(url: str, exc: BaseException) -> NotALedger | None:
+    """NotALedger when ``exc`` says the file is not a SQLite database at all, else None."""
+    orig = getattr(exc, "orig", exc)
+    if isinstance(orig, sqlite3.DatabaseError) and "not a database" in str(orig):
+        return NotALedger(f"{redact(url)}: not a duplex-ledger database (not even an SQLite file: {orig})")
+    return None
+
+
+def read_sqlite(url: str, fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(sync_connection, url, *args)`` on a read-only connection to the SQLite file.
+    Raises LedgerNotFound, NotALedger, or what ``fn`` raises."""
+    path = check_openable(url)
+    engine = create_engine("sqlite+pysqlite://", creator=lambda: sqlite3.connect(readonly_uri(path), uri=True),
+                           poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return fn(conn, url, *args)
+    except DBAPIError as exc:
+        raise not_a_database(url, exc) or exc
+    finally:
+        engine.dispose()
+
+
+def readonly_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An aiosqlite engine whose every connection opens the file read-only."""
+    uri = readonly_uri(sqlite_path(url))
+    return create_async_engine("sqlite+aiosqlite://", async_creator=lambda: aiosqlite.connect(uri, uri=True), **kwargs)
+

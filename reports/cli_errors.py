@@ -1,0 +1,129 @@
+"""One error policy for every ``duplex-ledger`` command: a clear line, never a traceback.
+
+Exit codes (the same error gives the same code from every command):
+
+* **2 — rejected input**, nothing was written: a bad URL (empty, unparsable, unsupported), a
+  SQLite path that is missing, a directory or not a ledger, a schema at another revision than
+  the code (:class:`~events.store.errors.SchemaRevisionError`), bad JSONL or trace lines, a
+  version or event-id conflict, a value the store refuses (DOMAIN §5.7 D12), an unknown
+  ``--session``.
+* **1 — operational**: the database could not be reached or refused the login, the file
+  system failed, a lock could not be had, or anything unexpected (the message names the
+  exception; ``DUPLEX_LEDGER_DEBUG=1`` shows its traceback). ``audit`` also exits 1 for
+  leaks; its error line on stderr tells the two apart.
+
+Every message is one line per problem on stderr, printed without rich markup (user data such
+as ``--session '[/]'`` is text, not markup), with characters the terminal cannot encode
+escaped and any database password masked (:func:`events.store.url.scrub`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from events.store.errors import ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError
+from events.store.url import redact, scrub
+
+T = TypeVar("T")
+REJECTED = 2
+OPERATIONAL = 1
+DEBUG_ENV = "DUPLEX_LEDGER_DEBUG"
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class UnknownSession(LookupError):
+    """``--session`` names a session the log has no event of."""
+
+
+def rejected_types() -> tuple[type[BaseException], ...]:
+    """The exception classes that mean "rejected input" (exit 2)."""
+    from engine_bridge.traces import TraceError
+    from events.jsonl import JsonlError
+
+    return (JsonlError, TraceError, ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError,
+            UnknownSession, ValueError)
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for rejected input, 1 for an operational failure (see the module doc)."""
+    return REJECTED if isinstance(exc, rejected_types()) else OPERATIONAL
+
+
+def describe(exc: BaseException, url: str | None = None) -> list[str]:
+    """The lines that say what went wrong: a driver error as its own first line (not
+    SQLAlchemy's SQL dump), every line of a JSONL or trace error. An operational error names
+    the database (``url``, password masked) it happened on."""
+    from engine_bridge.traces import TraceError
+    from events.jsonl import JsonlError
+
+    if isinstance(exc, JsonlError):
+        return [*map(str, exc.errors), f"{len(exc.errors)} bad line(s); nothing was imported"]
+    if isinstance(exc, TraceError):
+        return [*exc.problems, f"{len(exc.problems)} bad trace line(s); nothing was run"]
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or exc.title}: {e['msg']}" for e in exc.errors())
+        return [f"error: {exc.title}: {problems}"]
+    orig = getattr(exc, "orig", None)  # sqlalchemy.exc.DBAPIError: the driver's own error
+    cause = exc if orig is None else orig
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else type(cause).__name__
+    if isinstance(exc, (ConcurrencyError, EventIdConflict)):
+        first += "; nothing was written"
+    if exit_code(exc) == REJECTED:
+        return [f"error: {first}"]
+    where = f"{redact(url)}: " if url else ""
+    return [f"error: {where}{type(cause).__name__}: {first}"]
+
+
+def say(line: str, url: str | None = None) -> None:
+    """Print one line on stderr: password masked, no markup, un-encodable characters escaped."""
+    safe = scrub(line, url).encode("utf-8", "backslashreplace").decode("utf-8")
+    err.print(safe, markup=False, highlight=False)
+
+
+def fail(message: str, code: int = REJECTED, url: str | None = None) -> NoReturn:
+    """Print ``error: message`` and exit with ``code``."""
+    say(f"error: {message}", url)
+    raise typer.Exit(code)
+
+
+def report(exc: BaseException, url: str | None = None) -> NoReturn:
+    """Print what ``exc`` says (see :func:`describe`) and exit with :func:`exit_code`."""
+    for line in describe(exc, url):
+        say(line, url)
+    raise typer.Exit(exit_code(exc))
+
+
+def checked_url(db: str | None) -> str:
+    """The URL a ``--db`` value selects (None: the default), checked for shape and backend;
+    exits 2 with one line for an empty, unparsable or unsupported URL."""
+    from events.store.url import backend_of, resolve_url
+
+    try:
+        url = resolve_url(db)
+        backend_of(url)
+    except ValueError as exc:
+        report(exc, db)
+    return url
+
+
+def run(coro_fn: Callable[[], Awaitable[T]], url: str | None = None) -> T:
+    """Run an async command body; any error becomes :func:`report` (no traceback unless
+    ``$DUPLEX_LEDGER_DEBUG`` is set). ``url``: the database URL, whose password is masked in
+    every message."""
+    try:
+        return asyncio.run(coro_fn())
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line, one exit code
+        if os.environ.get(DEBUG_ENV):
+            raise
+        report(exc, url)
