@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from events.chain import GENESIS, row_hash
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.rows import NewRow
 
@@ -51,6 +52,7 @@ class CallResult:
 @dataclass(slots=True)
 class BatchState:
     head: int
+    head_hash: bytes = GENESIS  # chain hash of the row at ``head`` (events.chain)
     versions: dict[str, int] = field(default_factory=dict)  # stream -> current version (absent = 0)
     existing: dict[str, Existing] = field(default_factory=dict)  # event_id -> stored copy
     inserts: list[tuple[object, ...]] = field(default_factory=list)  # rows to write (schema.ROW_COLUMNS order)
@@ -103,6 +105,9 @@ def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
     state.head += 1
     state.versions[row.stream_id] = version
     state.existing[row.event_id] = Existing(row.stream_id, version, state.head)
+    recorded_at_us = now_us if row.recorded_at_us is None else row.recorded_at_us
+    state.head_hash = row_hash(state.head_hash, state.head, row.stream_id, version, row.event_id, row.type,
+                               row.schema_version, row.ts_us, recorded_at_us, row.data)
     state.inserts.append(
         (
             state.head,
@@ -112,8 +117,9 @@ def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
             row.type,
             row.schema_version,
             row.ts_us,
-            now_us if row.recorded_at_us is None else row.recorded_at_us,
+            recorded_at_us,
             row.data,
+            state.head_hash,
         )
     )
     return state.head
