@@ -23,7 +23,9 @@ Line format (keys in this order on export)::
   previous position (or the line holds position 1), the hash is recomputed from that line's
   hash and this line's content, and a mismatch rejects the import naming the line (an edited,
   inserted, dropped or reordered line of an export). The first line of a partial export
-  (``--from-position``, ``--stream``) has no predecessor in the file and is not checkable.
+  (``--from-position``, ``--stream``) has no predecessor in the file and is not checkable,
+  and neither is a line after a gap (a dropped line looks like a ``--stream`` export); lines
+  with hashes must come in increasing position order.
   The store never takes a hash from input: it computes each row's link at its new position.
 
 Export → import into an empty database → export gives byte-identical output. Import checks
@@ -242,7 +244,10 @@ def parse_lines(lines: Iterable[str]) -> list[ImportRow]:
             errors += exc.errors
             previous = None
             continue
-        if claim is not None and (bad := _check_link(row, claim, previous, lineno)) is not None:
+        if claim is not None and previous is not None and claim.position <= previous.position:
+            errors.append(LineError(lineno, "position", f"{claim.position} after {previous.position}: the lines of "
+                                                        "an export are in position order (reordered?)"))
+        elif claim is not None and (bad := _check_link(row, claim, previous, lineno)) is not None:
             errors.append(bad)
         previous = claim
         eid = row.record.event_id
