@@ -4,8 +4,9 @@ decode it back into an allow-listed set of classes only.
 A ledger file is untrusted input, so the checkpoint it holds is too. The blob is MessagePack
 (msgspec) holding only nil/bool/int/float/str/bin/array/map; objects are written as tagged
 arrays and rebuilt only as classes of :func:`registry`. A class name the registry does not
-hold, a field set that differs from the class's, a value of the wrong type for an annotated
-field, a format or fold version other than ours: :class:`CheckpointRefused`, and the runner
+hold, a field set that differs from the class's, a value that does not fit a field's
+annotation (scalars, unions, literals and containers are checked; a registered class stands
+for any registered object), a format or fold version other than ours: :class:`CheckpointRefused`, and the runner
 rebuilds from the log. Nothing in a blob is ever imported, called by name or executed.
 
 Blob (``seal``/``open_blob``)::
@@ -280,21 +281,24 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _conforms(value: Any, hint: Any) -> bool:
-    """Whether ``value`` fits the annotation ``hint`` (shallow for the element types of
-    classes it does not know; ``Any`` and unknown typing forms accept everything)."""
+    """Whether ``value`` fits the annotation ``hint``: scalars, ``None``, ``Literal``, unions
+    and the container kinds (tuple/list/dict/set/frozenset/Mapping, elements included) are
+    checked; a class of the registry stands for any registered object (fold state holds a
+    model's twin, or an accumulator, where a model is annotated); ``Any`` and other typing
+    forms accept everything."""
     if hint is Any or isinstance(hint, typing.TypeVar):
         return True
     if hint is None or hint is type(None):
         return value is None
     origin = get_origin(hint)
     if origin is None:
+        if not isinstance(hint, type):
+            return True
+        if hint in registry().by_type or issubclass(hint, (BaseModel, msgspec.Struct)):
+            return type(value) in registry().by_type
         if hint is float:
             return type(value) in (float, int)
-        if not isinstance(hint, type) or isinstance(value, hint):
-            return True
-        # Folds read events by attribute: a model's read-side twin stands in for the model.
-        return issubclass(hint, BaseModel) and isinstance(value, msgspec.Struct) \
-            and type(value).__name__ == hint.__name__
+        return isinstance(value, hint)
     args = get_args(hint)
     if origin in (Union, types.UnionType):
         return any(_conforms(value, a) for a in args)

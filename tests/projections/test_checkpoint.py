@@ -211,3 +211,25 @@ async def test_a_checkpoint_bound_to_another_log_is_discarded(tmp_path: Path) ->
 
 def blob_body(blob: bytes) -> bytes:
     return msgspec.msgpack.decode(blob)[5]
+
+
+@pytest.mark.parametrize("batch_size", [97, 1000])
+async def test_the_runner_trusts_its_own_checkpoints(tmp_path: Path, batch_size: int) -> None:
+    """Every checkpoint the runner writes on a realistic log (pre-begin buffers, open turns,
+    leaks) loads again without a note: a false refusal would rebuild on every run."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
+    store = await EventStore.open(url, create=True)
+    try:
+        events = [parse_event({"type": t, "session_id": sid, "ts": ts, **p}) for ts, t, sid, p in generate(40, 8)]
+        await store.append_records([ImportRow.from_event(e) for e in events])
+        notes: list[str] = []
+        head = await store.head_position()
+        position = 0
+        while position < head:
+            runner = ProjectionRunner(store, batch_size=batch_size, note=notes.append)
+            await runner.load()
+            assert runner.position == position, notes
+            position = await runner.catch_up(until_position=position + batch_size)
+        assert notes == []
+    finally:
+        await store.close()
