@@ -12,8 +12,13 @@ returns only once durable). Rows, all in one run on the same prepared events:
   threads calling ``insert_events`` with the same batches.
 * read-back: ``EventStore.read_all`` decoding every event into its pydantic model.
 
+* ``--chain-cost``: instead, the store alone with and without the hash chain (issue 12: the
+  SHA-256 link per row and the SQLite insert trigger refusing replacements), interleaved over
+  ``--rounds`` rounds; prints the medians and the slowdown.
+
 Usage: ``.venv/bin/python benchmarks/bench_append.py [--sessions 32] [--events 400]
-[--per-call 1,8] [--sync FULL,NORMAL]``. Needs the ``bench`` extra (eventsourcing).
+[--per-call 1,8] [--sync FULL,NORMAL] [--chain-cost --rounds 5]``. Needs the ``bench`` extra
+(eventsourcing), except with ``--chain-cost``.
 """
 
 from __future__ import annotations
@@ -56,9 +61,32 @@ def fresh_url(root: Path, name: str) -> tuple[str, Path]:
     return f"sqlite+aiosqlite:///{path}", path
 
 
-async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str) -> tuple[float, str]:
-    url, _ = fresh_url(root, f"store-{sync}-{per_call}")
+def _no_chain(*_args: object) -> bytes:
+    return bytes(32)
+
+
+async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
+                      chain: bool = True) -> tuple[float, str]:
+    """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link,
+    the SQLite ``events_no_replace`` trigger dropped), for --chain-cost."""
+    from events.store import planning
+
+    url, path = fresh_url(root, f"store-{sync}-{per_call}-{'chain' if chain else 'plain'}")
+    if path.exists():
+        path.unlink()
     await upgrade(url)
+    if not chain:
+        with sqlite3.connect(path) as conn:
+            conn.execute("DROP TRIGGER events_no_replace")
+    linked = planning.row_hash
+    planning.row_hash = linked if chain else _no_chain  # type: ignore[assignment]
+    try:
+        return await _bench_store(url, events, per_call, sync)
+    finally:
+        planning.row_hash = linked
+
+
+async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: int, sync: str) -> tuple[float, str]:
     store = await EventStore.open(url, synchronous=sync)  # type: ignore[arg-type]
     total = sum(len(v) for v in events.values())
 
@@ -167,7 +195,12 @@ def main() -> None:
     ap.add_argument("--per-call", default="1,8", help="events per append call (comma list)")
     ap.add_argument("--sync", default="FULL,NORMAL", help="SQLite synchronous levels (comma list)")
     ap.add_argument("--dir", default=None, help="where the database files go (default: a temp dir)")
+    ap.add_argument("--chain-cost", action="store_true", help="the store with and without the hash chain only")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --chain-cost")
     args = ap.parse_args()
+    if args.chain_cost:
+        chain_cost(args)
+        return
     events = make_events(args.sessions, args.events)
     size = sum(len(NewRow.from_event(e).data) for e in next(iter(events.values()))) / args.events
     per_calls = [int(x) for x in args.per_call.split(",")]
@@ -186,6 +219,24 @@ def main() -> None:
                 print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f}")
         assert read_url is not None
         print(f"{'read-back, decoded into models':48} {asyncio.run(bench_read(read_url)):12,.0f}")
+
+
+def chain_cost(args: argparse.Namespace) -> None:
+    """The store with and without the chain, interleaved (with first in even rounds), medians."""
+    import statistics
+
+    events = make_events(args.sessions, args.events)
+    print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds")
+    print(f"{'row':40} {'with chain':>12} {'without':>12} {'slowdown':>9}")
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        for sync in args.sync.split(","):
+            for pc in (int(x) for x in args.per_call.split(",")):
+                rates: dict[bool, list[float]] = {True: [], False: []}
+                for r in range(args.rounds):
+                    for chain in ((True, False) if r % 2 == 0 else (False, True)):
+                        rates[chain].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain))[0])
+                on, off = statistics.median(rates[True]), statistics.median(rates[False])
+                print(f"{f'duplex-ledger store {sync}, {pc}/call':40} {on:12,.0f} {off:12,.0f} {off / on - 1:9.1%}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def build_db(path: Path, sessions: int, turns: int) -> int:
     """Generate the log into a fresh, migrated SQLite file; returns the event count."""
+    from events.chain import GENESIS, row_hash
     from events.records import to_record
     from events.store.migrate import upgrade
     from events.store.rows import dump_data
@@ -46,18 +47,21 @@ def build_db(path: Path, sessions: int, turns: int) -> int:
     rows = []
     position = 0
     now_us = int(time.time() * 1e6)
+    previous = GENESIS
     for ts, type_name, sid, payload in generate(sessions, turns):
         position += 1
         event = parse_event({"type": type_name, "session_id": sid, "ts": ts,
                              "event_id": uuid.UUID(int=position), **payload})
         record = to_record(event)
         versions[sid] = versions.get(sid, 0) + 1
-        rows.append((position, sid, versions[sid], str(record.event_id), record.type, record.schema_version,
-                     record.ts_us, now_us, dump_data(record.data)))
+        row = (position, sid, versions[sid], str(record.event_id), record.type, record.schema_version,
+               record.ts_us, now_us, dump_data(record.data))
+        previous = row_hash(previous, *row)
+        rows.append((*row, previous))
         if len(rows) >= 50_000:
-            conn.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?)", rows)
+            conn.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
             rows.clear()
-    conn.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?)", rows)
+    conn.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
     conn.commit()
     conn.close()
     return position

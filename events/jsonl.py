@@ -4,7 +4,7 @@ Line format (keys in this order on export)::
 
     {"position":12,"stream":"S1","version":3,"type":"TurnCommitted",
      "event_id":"6f1c…","schema_version":1,"ts":1757000020.850001,
-     "recorded_at":1764480000.123456,"data":{"turn_id":0,…}}
+     "recorded_at":1764480000.123456,"data":{"turn_id":0,…},"hash":"9f2c…"}
 
 * Required on import: ``stream`` (session id), ``type``, ``ts``, ``data`` (the payload: the
   event's own fields, no envelope).
@@ -18,6 +18,16 @@ Line format (keys in this order on export)::
   and stored as given), ``version`` (if present the event must land at exactly that stream
   version, else the import fails and appends nothing), ``recorded_at`` (kept as given;
   default: the import's commit time). ``position`` is informational and ignored on import.
+* ``hash`` (always exported; optional on import): the row's chain hash (:mod:`events.chain`),
+  64 lowercase hex digits. A line that carries one must carry ``position``, ``version``,
+  ``event_id``, ``schema_version`` and ``recorded_at`` too; when the previous line holds the
+  previous position (or the line holds position 1), the hash is recomputed from that line's
+  hash and this line's content, and a mismatch rejects the import naming the line (an edited,
+  inserted, dropped or reordered line of an export). The first line of a partial export
+  (``--from-position``, ``--stream``) has no predecessor in the file and is not checkable,
+  and neither is a line after a gap (a dropped line looks like a ``--stream`` export); lines
+  with hashes must come in increasing position order.
+  The store never takes a hash from input: it computes each row's link at its new position.
 
 Export → import into an empty database → export gives byte-identical output. Import checks
 every line before writing and reports every bad line (:class:`JsonlError`); a file with any
@@ -36,6 +46,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from events.chain import GENESIS, row_hash
 from events.limits import INT64_MAX, check_value, short_number
 from events.records import EventRecord
 from events.store import ConcurrencyError, EventIdConflict, EventStore, ImportResult, ImportRow, StoredRow
@@ -44,7 +55,8 @@ from events.types import UnknownEventType, event_class, ts_from_any, ts_to_us
 from events.upcasting import FutureSchemaVersion, MissingUpcaster, upcast
 
 REQUIRED = ("stream", "type", "ts", "data")
-OPTIONAL = ("position", "version", "event_id", "schema_version", "recorded_at")
+OPTIONAL = ("position", "version", "event_id", "schema_version", "recorded_at", "hash")
+CHAIN_FIELDS = ("position", "version", "event_id", "schema_version", "recorded_at")
 ENVELOPE = ("type", "event_id", "session_id", "ts", "schema_version")
 _FIELD_NAMES = {"session_id": "stream"}
 
@@ -61,7 +73,7 @@ def format_line(row: StoredRow) -> str:
         f'{{"position":{row.position},"stream":{q(row.stream_id)},"version":{row.version},'
         f'"type":{q(row.type)},"event_id":{q(row.event_id)},"schema_version":{row.schema_version},'
         f'"ts":{format_seconds(row.ts_us)},"recorded_at":{format_seconds(row.recorded_at_us)},'
-        f'"data":{row.data}}}'
+        f'"data":{row.data}' + ("}" if row.hash is None else f',"hash":"{bytes(row.hash).hex()}"}}')
     )
 
 
@@ -128,12 +140,24 @@ def _load(text: str | bytes, lineno: int) -> Any:
         raise JsonlError([LineError(lineno, "", f"not valid JSON: {exc}")]) from None
 
 
+@dataclass(frozen=True, slots=True)
+class ChainClaim:
+    """What a line says about its place in the chain: its ``position`` and ``hash``."""
+
+    position: int
+    hash: bytes
+
+
 def parse_line(text: str | bytes, lineno: int) -> ImportRow:
     """Validate one line (text, or raw bytes that must be UTF-8) into an ImportRow.
 
     Every value must be one the store reads back identically (DOMAIN §5.7 D12: finite numbers,
     64-bit integers, UTF-8 text, ``ts`` in 1970 … 9999). Raises JsonlError listing all
     faults of the line."""
+    return _parse_line(text, lineno)[0]
+
+
+def _parse_line(text: str | bytes, lineno: int) -> tuple[ImportRow, ChainClaim | None]:
     obj = _load(text, lineno)
     if not isinstance(obj, dict):
         raise JsonlError([LineError(lineno, "", f"must be a JSON object{_got(obj)}")])
@@ -148,6 +172,7 @@ def parse_line(text: str | bytes, lineno: int) -> ImportRow:
         errors.append(LineError(lineno, "stream", f"must be a string{_got(obj['stream'])}"))
     version = _int_field(obj, "version", lineno, errors, 1)
     schema_version = _int_field(obj, "schema_version", lineno, errors, 1)
+    claim = _chain_claim(obj, lineno, errors)
     recorded_at_us = None
     if obj.get("recorded_at") is not None:
         try:
@@ -181,7 +206,7 @@ def parse_line(text: str | bytes, lineno: int) -> ImportRow:
     except RecursionError:
         raise JsonlError([LineError(lineno, "data", "nested too deeply")]) from None
     if stored_version == cls.SCHEMA_VERSION:
-        return ImportRow.from_event(event, version=version, recorded_at_us=recorded_at_us, line=lineno)
+        return ImportRow.from_event(event, version=version, recorded_at_us=recorded_at_us, line=lineno), claim
     record = EventRecord(
         stream_id=event.session_id,
         event_id=event.event_id,
@@ -195,23 +220,69 @@ def parse_line(text: str | bytes, lineno: int) -> ImportRow:
         data_json = dump_data(data)
     except ValueError as exc:
         raise JsonlError([LineError(lineno, "data", str(exc))]) from None
-    return ImportRow(record, version=version, recorded_at_us=recorded_at_us, data_json=data_json, line=lineno)
+    return ImportRow(record, version=version, recorded_at_us=recorded_at_us, data_json=data_json, line=lineno), claim
+
+
+def _chain_claim(obj: dict[str, Any], lineno: int, errors: list[LineError]) -> ChainClaim | None:
+    """The line's (position, hash) when it carries a hash; errors for a malformed one or
+    for missing fields the hash covers."""
+    value = obj.get("hash")
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        errors.append(LineError(lineno, "hash", f"must be 64 lowercase hex digits{_got(value)}"))
+        return None
+    missing = [k for k in CHAIN_FIELDS if obj.get(k) is None]
+    if missing:
+        errors.append(LineError(lineno, "hash", f"given without {', '.join(missing)} (the hash covers them)"))
+        return None
+    position = _int_field(obj, "position", lineno, errors, 1)
+    return None if position is None else ChainClaim(position, bytes.fromhex(value))
+
+
+def _check_link(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, lineno: int) -> LineError | None:
+    """Recompute the line's hash from the previous line's (or GENESIS at position 1); None
+    when it matches or cannot be checked (no predecessor in the file)."""
+    if claim.position == 1:
+        before = GENESIS
+    elif previous is not None and previous.position == claim.position - 1:
+        before = previous.hash
+    else:
+        return None
+    r = row.record
+    assert row.version is not None and row.recorded_at_us is not None  # required with a hash
+    data = row.data_json if row.data_json is not None else dump_data(r.data)
+    expected = row_hash(before, claim.position, r.stream_id, row.version, str(r.event_id), r.type,
+                        r.schema_version, r.ts_us, row.recorded_at_us, data)
+    if expected == claim.hash:
+        return None
+    return LineError(lineno, "hash", f"does not match the line and the chain before it (expected {expected.hex()}): "
+                                     "the export was edited, or lines were inserted, dropped or reordered")
 
 
 def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     """Validate every line (text, or bytes that must be UTF-8; blank lines are skipped).
-    Raises JsonlError with every bad line, including an event id repeated within the input."""
+    Raises JsonlError with every bad line, including an event id repeated within the input and
+    a line whose chain ``hash`` does not match (module docstring)."""
     rows: list[ImportRow] = []
     errors: list[LineError] = []
     first_line: dict[UUID, int] = {}
+    previous: ChainClaim | None = None
     for lineno, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            row = parse_line(text, lineno)
+            row, claim = _parse_line(text, lineno)
         except JsonlError as exc:
             errors += exc.errors
+            previous = None
             continue
+        if claim is not None and previous is not None and claim.position <= previous.position:
+            errors.append(LineError(lineno, "position", f"{claim.position} after {previous.position}: the lines of "
+                                                        "an export are in position order (reordered?)"))
+        elif claim is not None and (bad := _check_link(row, claim, previous, lineno)) is not None:
+            errors.append(bad)
+        previous = claim
         eid = row.record.event_id
         if eid in first_line:
             errors.append(LineError(lineno, "event_id", f"{eid} already used on line {first_line[eid]}"))

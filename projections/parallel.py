@@ -45,7 +45,7 @@ PARALLEL_MIN_EVENTS = 200_000
 
 # ``+stream_id``: no index for this term, so SQLite scans the table in position order (one
 # pass, no sort) and checks each row against the temporary table in C.
-_SELECT = ("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data "
+_SELECT = ("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data, hash "
            "FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition ORDER BY position")
 
 

@@ -6,8 +6,9 @@
 * ``rm_turn_tables`` — one row per finalized turn, keyed (session_id, response_id); the
   table set as lossless JSON (``tables_json``) so ``duplex-ledger tables`` re-renders it
   byte for byte;
-* ``projection_checkpoints`` — position + pickled fold state, written in the same
-  transaction as the rows (exactly once, CASE-16).
+* ``projection_checkpoints`` — position + fold state as versioned plain data
+  (:mod:`projections.checkpoint`, bound to the log's chain hash at that position), written in
+  the same transaction as the rows (exactly once, CASE-16).
 
 Pure row builders (and :func:`fold_batch`, which applies a batch and collects its turn rows) +
 one synchronous write function per batch (run by the async runner).
@@ -26,6 +27,8 @@ from sqlalchemy.engine import Connection
 
 from events.types import ts_to_us, us_to_ts
 from events.records import StoredEvent
+from events.store.schema import events as events_table
+from projections import checkpoint
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.resources import ResourcesFold
@@ -161,7 +164,9 @@ def finding_from_row(row: Any) -> Finding:
 def write_batch(conn: Connection, *, name: str, position: int, fold_version: int, state: bytes,
                 turns: Iterable[dict[str, Any]], touched: Sequence[str], resources: Sequence[dict[str, Any]],
                 findings: Sequence[dict[str, Any]], before_checkpoint: Any = None) -> None:
-    """One transaction: rows of the batch, then the checkpoint (position + fold state).
+    """One transaction: rows of the batch, then the checkpoint: ``state`` (the body from
+    :func:`projections.checkpoint.encode_state`) sealed with ``position``, ``fold_version`` and
+    the log's chain hash at ``position``, read in this transaction.
 
     ``turns`` may be a lazy iterable (a parallel rebuild streams them from its workers' files);
     it is inserted in chunks. ``before_checkpoint`` (tests) is called between the rows and the
@@ -185,9 +190,17 @@ def write_batch(conn: Connection, *, name: str, position: int, fold_version: int
         conn.execute(audit_findings.insert(), list(findings))
     if before_checkpoint is not None:
         before_checkpoint()
+    blob = checkpoint.seal(state, fold_version=fold_version, position=position,
+                           log_hash=log_hash_at(conn, position))
     conn.execute(checkpoints.delete().where(checkpoints.c.name == name))
-    conn.execute(checkpoints.insert().values(name=name, position=position, fold_version=fold_version, state=state,
+    conn.execute(checkpoints.insert().values(name=name, position=position, fold_version=fold_version, state=blob,
                                              updated_at_us=int(time.time() * 1_000_000)))
+
+
+def log_hash_at(conn: Connection, position: int) -> bytes:
+    """The chain hash stored at ``position`` (b"" when there is no such row or no hash)."""
+    found = conn.execute(sa.select(events_table.c.hash).where(events_table.c.position == position)).scalar()
+    return bytes(found) if isinstance(found, (bytes, bytearray, memoryview)) else b""
 
 
 def clear_read_models(conn: Connection) -> None:

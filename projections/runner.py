@@ -3,7 +3,7 @@ a synchronous core).
 
 * :meth:`ProjectionRunner.catch_up` — incremental from the stored checkpoint: read a batch of
   events, fold it, then write the batch's read-model rows AND the checkpoint (position + the
-  pickled fold state) in one transaction. A crash or an injected failure anywhere in between
+  fold state as plain data, :mod:`projections.checkpoint`) in one transaction. A crash or an injected failure anywhere in between
   leaves the previous checkpoint and rows untouched; the next run resumes from it, so no event
   is applied twice or skipped (CASE-16). Events at or below the checkpoint are skipped
   (at-least-once readers are harmless).
@@ -11,6 +11,11 @@ a synchronous core).
 * :meth:`ProjectionRunner.follow` — live: catch up, then fold the subscription.
 * :func:`project_as_of` — time travel in memory (no writes): the log up to a position and/or
   a time.
+
+A checkpoint found in the database is untrusted (a copied file): it is decoded into
+allow-listed classes only, and used only when its format and fold version are ours and the
+log's chain hash at its position is the one it was built at. Otherwise the read models are
+dropped and rebuilt from the log, with a note (``note``, default: stderr).
 
 Memory: after each batch, closed sessions that hold nothing leave memory (their rows are
 written), so a long log's working set is its open and leaking sessions.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import pickle
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -30,12 +36,12 @@ from events.records import StoredEvent
 from events.store.store import EventStore
 from events.types import ts_to_us
 from events.store.url import sqlite_path
-from projections import parallel, readmodels
+from projections import checkpoint, parallel, readmodels
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
-FOLD_VERSION = 1  # bump when the pickled state's shape changes: old checkpoints then rebuild
+FOLD_VERSION = 2  # bump when the fold state's meaning changes: old checkpoints then rebuild
 
 
 @dataclass
@@ -43,6 +49,11 @@ class BatchReport:
     position: int
     events: int
     turns: int
+
+
+def note_to_stderr(message: str) -> None:
+    """The default ``note`` of :class:`ProjectionRunner`: one line on stderr."""
+    print(f"duplex-ledger: {message}", file=sys.stderr)
 
 
 @contextmanager
@@ -64,8 +75,10 @@ class ProjectionRunner:
     """Keeps the read models of one store up to date. Not thread-safe; one per process."""
 
     def __init__(self, store: EventStore, *, batch_size: int = 5000, max_idle_s: float = 30.0,
-                 before_checkpoint: Callable[[], None] | None = None) -> None:
+                 before_checkpoint: Callable[[], None] | None = None,
+                 note: Callable[[str], None] = note_to_stderr) -> None:
         self.store = store
+        self.note = note
         self.batch_size = batch_size
         self.max_idle_s = max_idle_s
         self.before_checkpoint = before_checkpoint  # test hook: raise to simulate a crash
@@ -76,16 +89,35 @@ class ProjectionRunner:
         return await self.store.recorder.backend.run_write(fn, *args)
 
     async def load(self) -> Projector:
-        """The projector at the stored checkpoint (a fresh one when none, or when the stored
-        state was written by another fold version — then the read models are rebuilt)."""
+        """The projector at the stored checkpoint; a fresh one when there is none, or when
+        :meth:`_trusted` refuses it (then the read models are dropped, to be rebuilt from the
+        log, and ``note`` says why). Never raises for a bad checkpoint."""
         found = await self.store.recorder.backend.run_read(readmodels.load_checkpoint, CHECKPOINT_NAME)
-        if found is not None and found[1] == FOLD_VERSION:
-            self.projector, self.position = pickle.loads(found[2]), found[0]
-        else:
-            if found is not None:
+        sealed = None
+        if found is not None:
+            try:
+                sealed = await self._trusted(found)
+            except checkpoint.CheckpointRefused as exc:
+                self.note(f"projection checkpoint discarded ({exc}); rebuilding the read models from the log")
                 await self._run_write(readmodels.clear_read_models)
+        if sealed is None:
             self.projector, self.position = Projector(), 0
+        else:
+            self.projector, self.position = sealed.state, sealed.position
         return self.projector
+
+    async def _trusted(self, found: tuple[int, int, bytes]) -> checkpoint.Sealed:
+        """The decoded checkpoint row, or CheckpointRefused: unreadable or forged, another
+        format or fold version, a position other than its row's, or built on another log (the
+        chain hash at its position differs)."""
+        position, _fold_version, blob = found
+        sealed = checkpoint.open_blob(blob, fold_version=FOLD_VERSION, expect=Projector)
+        if sealed.position != position or sealed.state.position != position:
+            raise checkpoint.CheckpointRefused(f"position {sealed.position} does not match its row ({position})")
+        log_hash = await self.store.recorder.backend.run_read(readmodels.log_hash_at, position)
+        if not log_hash or log_hash != sealed.log_hash:
+            raise checkpoint.CheckpointRefused(f"built on another log (the chain hash at position {position} differs)")
+        return sealed
 
     async def rebuild(self, progress: Callable[[int, int], None] | None = None, *,
                       workers: int | None = None) -> int:
@@ -194,12 +226,12 @@ class ProjectionRunner:
 
     def _snapshot(self, projector: Projector, sessions: Iterable[str]) -> tuple[list[dict], list[dict], bytes]:
         """What a checkpoint transaction writes besides the turn rows: the request_resources
-        rows of ``sessions``, every finding, and the pickled fold state (closed sessions that
+        rows of ``sessions``, every finding, and the encoded fold state (closed sessions that
         hold nothing are dropped from it first)."""
         resources = readmodels.resource_rows(projector.resources, sessions)
         findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
         projector.forget_closed()
-        return resources, findings, pickle.dumps(projector, protocol=pickle.HIGHEST_PROTOCOL)
+        return resources, findings, checkpoint.encode_state(projector)
 
     async def _commit(self, batch: list[StoredEvent]) -> BatchReport:
         projector = self.projector

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from reports import cli_engine, cli_events, cli_metrics, cli_projections, cli_timeline
+from reports import cli_engine, cli_events, cli_metrics, cli_projections, cli_timeline, cli_verify
 
 app = typer.Typer(
     name="duplex-ledger",
@@ -24,6 +24,7 @@ app = typer.Typer(
 cli_events.register(app)  # db upgrade|downgrade|current, events import|export|tail, schema
 
 cli_projections.register(app)  # audit, tables, rebuild
+cli_verify.register(app)  # verify, digest
 # --- further command groups: one line each -------------------------------------------------
 cli_engine.register(app)  # demo, run, model prepare
 cli_metrics.register(app)  # metrics (Prometheus exposition from the log)

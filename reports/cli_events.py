@@ -95,6 +95,20 @@ def db_current(db: DbOption = None) -> None:
     typer.echo(f"{now or 'none'} ({state})")
 
 
+@db_app.command("grant")
+def db_grant(
+    role: Annotated[str, typer.Argument(help="The application role (PostgreSQL), e.g. ledger_app.")],
+    db: DbOption = None,
+) -> None:
+    """PostgreSQL: give the application ROLE only what it needs (SELECT/INSERT on events, the
+    read-model tables); run as the tables' owner after `db upgrade`. The application then
+    connects as ROLE and cannot update, delete or disable the append-only triggers."""
+    from events.store.roles import grant_app_role
+
+    _run(lambda: grant_app_role(db, role))
+    typer.echo(f"granted {role} SELECT/INSERT on events and the read models on {redact(resolve_url(db))}")
+
+
 # --- events ------------------------------------------------------------------------------
 @events_app.command("import")
 def events_import(

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Install (Debian's packages), start a local PostgreSQL server and create the test role and
+# Install (Debian's packages), start a local PostgreSQL server and create the roles and the
 # database used by the PostgreSQL half of the test suite. Idempotent; run as root.
-# Prints the export line for DUPLEX_LEDGER_TEST_PG_URL on its last line.
+#
+# Two roles (issue 12): $PG_USER owns the tables and runs the migrations (`duplex-ledger db
+# upgrade`, then `duplex-ledger db grant $PG_APP_USER`); $PG_APP_USER is the application role,
+# with only SELECT/INSERT on events (and what the read models need): it cannot UPDATE, DELETE,
+# TRUNCATE, or DISABLE/DROP the append-only triggers (only a table's owner can).
+#
+# Prints export lines; the LAST line is always the one for DUPLEX_LEDGER_TEST_PG_URL (the
+# owner role, with CREATEDB), which .ci/run evaluates. The line before it exports
+# DUPLEX_LEDGER_TEST_PG_APP_URL (the application role) for the role tests.
 set -euo pipefail
 
 PG_USER=${PG_USER:-ledger}
 PG_PASS=${PG_PASS:-ledger}
 PG_DB=${PG_DB:-ledger_test}
+PG_APP_USER=${PG_APP_USER:-ledger_app}
+PG_APP_PASS=${PG_APP_PASS:-ledger_app}
 
 if ! command -v pg_ctlcluster >/dev/null 2>&1; then
   apt-get update -qq
@@ -30,8 +40,12 @@ psql_su() { su postgres -c "psql -p $port -v ON_ERROR_STOP=1 -tAc \"$1\""; }
 if [ "$(psql_su "SELECT 1 FROM pg_roles WHERE rolname='$PG_USER'")" != "1" ]; then
   psql_su "CREATE ROLE $PG_USER LOGIN PASSWORD '$PG_PASS' CREATEDB" >/dev/null
 fi
+if [ "$(psql_su "SELECT 1 FROM pg_roles WHERE rolname='$PG_APP_USER'")" != "1" ]; then
+  psql_su "CREATE ROLE $PG_APP_USER LOGIN PASSWORD '$PG_APP_PASS' NOCREATEDB NOCREATEROLE" >/dev/null
+fi
 if [ "$(psql_su "SELECT 1 FROM pg_database WHERE datname='$PG_DB'")" != "1" ]; then
   psql_su "CREATE DATABASE $PG_DB OWNER $PG_USER" >/dev/null
 fi
 
+echo "export DUPLEX_LEDGER_TEST_PG_APP_URL=postgresql+asyncpg://$PG_APP_USER:$PG_APP_PASS@127.0.0.1:$port/$PG_DB"
 echo "export DUPLEX_LEDGER_TEST_PG_URL=postgresql+asyncpg://$PG_USER:$PG_PASS@127.0.0.1:$port/$PG_DB"

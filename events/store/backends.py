@@ -40,6 +40,7 @@ from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from events.chain import GENESIS
 from events.store import schema
 from events.store.errors import ReadOnlyStore
 from events.store.probe import readonly_async_engine
@@ -53,6 +54,7 @@ APPEND_LOCK_KEY = 0x646C6772
 _SQLITE_INSERT = str(schema.events.insert().compile(dialect=sqlite_dialect(paramstyle="qmark")))
 _events = schema.events
 HEAD = sa.select(sa.func.coalesce(sa.func.max(_events.c.position), 0))
+_TIP = sa.select(_events.c.position, _events.c.hash).order_by(_events.c.position.desc()).limit(1)
 _VERSIONS = (
     sa.select(_events.c.stream_id, sa.func.max(_events.c.version))
     .where(_events.c.stream_id.in_(sa.bindparam("streams", expanding=True)))
@@ -63,6 +65,17 @@ EXISTING_COLUMNS = ("event_id", "stream_id", "version", "position", "type", "sch
 _EXISTING = sa.select(*(_events.c[name] for name in EXISTING_COLUMNS)).where(
     _events.c.event_id.in_(sa.bindparam("ids", expanding=True))
 )
+
+
+def tip_of(row: Any) -> tuple[int, bytes]:
+    """``(position, hash)`` of the last row, ``(0, GENESIS)`` when there is none. A hash that
+    is not 32 bytes (a row the store did not write) is chained from as GENESIS: ``verify``
+    reports that row."""
+    if row is None:
+        return 0, GENESIS
+    position, digest = row
+    return int(position), bytes(digest) if isinstance(digest, (bytes, bytearray, memoryview)) and len(digest) == 32 \
+        else GENESIS
 
 
 def check_synchronous(synchronous: str) -> None:
@@ -105,9 +118,9 @@ class Backend:
         """Serialise position allocation with every other writer (inside the transaction)."""
 
     # The append transaction's statements (run inside it, on its sync connection).
-    def select_head(self, conn: Connection) -> int:
-        """The head position (0 for an empty log)."""
-        return int(conn.execute(HEAD).scalar_one())
+    def select_tip(self, conn: Connection) -> tuple[int, bytes]:
+        """The head position and its chain hash ((0, GENESIS) for an empty log)."""
+        return tip_of(conn.execute(_TIP).first())
 
     def select_versions(self, conn: Connection, streams: Sequence[str]) -> dict[str, int]:
         """stream_id -> its last version, for those of ``streams`` that exist."""
@@ -207,8 +220,9 @@ class SqliteBackend(Backend):
     def _cursor(conn: Connection) -> Any:
         return conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
 
-    def select_head(self, conn: Connection) -> int:
-        return int(self._cursor(conn).execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0])
+    def select_tip(self, conn: Connection) -> tuple[int, bytes]:
+        return tip_of(self._cursor(conn).execute(
+            "SELECT position, hash FROM events ORDER BY position DESC LIMIT 1").fetchone())
 
     def select_versions(self, conn: Connection, streams: Sequence[str]) -> dict[str, int]:
         marks = ",".join("?" * len(streams))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from events.chain import GENESIS, row_hash
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.rows import NewRow
 
@@ -90,6 +91,7 @@ class CallResult:
 @dataclass(slots=True)
 class BatchState:
     head: int
+    head_hash: bytes = GENESIS  # chain hash of the row at ``head`` (events.chain)
     versions: dict[str, int] = field(default_factory=dict)  # stream -> current version (absent = 0)
     existing: dict[str, Existing] = field(default_factory=dict)  # event_id -> stored copy
     inserts: list[tuple[object, ...]] = field(default_factory=list)  # rows to write (schema.ROW_COLUMNS order)
@@ -144,6 +146,9 @@ def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
     state.versions[row.stream_id] = version
     state.existing[row.event_id] = Existing(row.stream_id, version, state.head, row.type, row.schema_version,
                                             row.ts_us, row.data)
+    recorded_at_us = now_us if row.recorded_at_us is None else row.recorded_at_us
+    state.head_hash = row_hash(state.head_hash, state.head, row.stream_id, version, row.event_id, row.type,
+                               row.schema_version, row.ts_us, recorded_at_us, row.data)
     state.inserts.append(
         (
             state.head,
@@ -153,8 +158,9 @@ def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
             row.type,
             row.schema_version,
             row.ts_us,
-            now_us if row.recorded_at_us is None else row.recorded_at_us,
+            recorded_at_us,
             row.data,
+            state.head_hash,
         )
     )
     return state.head

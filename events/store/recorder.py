@@ -13,9 +13,13 @@ position 10 and transaction B position 11, and B can commit first; a reader poll
 ``position > 9`` then sees 11, moves its cursor past 10 and never sees A's event. Under the
 advisory lock, B cannot allocate until A has committed (or rolled back, freeing nothing:
 positions stay gap-free), so allocation order equals commit order, and a reader that sees
-``N + 1`` has already been able to see ``N``. PostgreSQL makes a commit visible before it
+``N + 1`` has already been able to see ``N``. The same lock makes the hash chain
+(:mod:`events.chain`) follow position order: each row's hash is computed from the head row's
+hash read under the lock. PostgreSQL makes a commit visible before it
 releases the transaction's locks, and under READ COMMITTED B's ``max(position)`` (a new
-statement after the lock) sees A's rows.
+statement after the lock) sees A's rows. The same lock makes the hash chain
+(:mod:`events.chain`) follow position order: each batch chains from the head row's hash, read
+under the lock.
 
 No code path here updates or deletes an event row; the database's triggers refuse it anyway.
 """
@@ -96,11 +100,11 @@ class AggregateRecorder:
 
     def _load_state(self, conn: Connection, calls: Sequence[AppendCall]) -> BatchState:
         backend = self.backend
-        head = backend.select_head(conn)
+        head, head_hash = backend.select_tip(conn)
         if head != self._versions_head:
             self._versions.clear()
         streams = {r.stream_id for c in calls for r in c.rows}
-        state = BatchState(head=head, versions={s: self._versions[s] for s in streams if s in self._versions})
+        state = BatchState(head=head, head_hash=head_hash, versions={s: self._versions[s] for s in streams if s in self._versions})
         for chunk in _chunks(sorted(streams - state.versions.keys())):
             state.versions.update(backend.select_versions(conn, chunk))
         for chunk in _chunks([r.event_id for c in calls for r in c.rows]):

@@ -127,6 +127,7 @@ class StoredRow(NamedTuple):
     ts_us: int
     recorded_at_us: int
     data: str
+    hash: bytes | None = None  # chain link (events.chain); None only for a row the store did not write
 
     def decode(self, *, as_struct: bool = False) -> StoredEvent:
         """The typed, upcast event (its read-side twin when ``as_struct``, see

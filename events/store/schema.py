@@ -12,6 +12,8 @@ history); this module must match the head revision. Columns:
   backends: CASE-08 part B).
 * ``recorded_at_us`` — when the store committed it, integer microseconds since the epoch.
 * ``data`` — the payload (no envelope) as compact JSON text.
+* ``hash`` — SHA-256 chain link over the row and its predecessor (:mod:`events.chain`), 32
+  bytes, written by the store in the append transaction (revision ``0003_hash_chain``).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ events = sa.Table(
     sa.Column("ts_us", sa.BigInteger, nullable=False),
     sa.Column("recorded_at_us", sa.BigInteger, nullable=False),
     sa.Column("data", sa.Text, nullable=False),
+    sa.Column("hash", sa.LargeBinary, nullable=True),
     sa.UniqueConstraint("stream_id", "version", name="uq_events_stream_version"),
     sa.UniqueConstraint("event_id", name="uq_events_event_id"),
 )
 
 ROW_COLUMNS: tuple[str, ...] = (
-    "position", "stream_id", "version", "event_id", "type", "schema_version", "ts_us", "recorded_at_us", "data",
+    "position", "stream_id", "version", "event_id", "type", "schema_version", "ts_us", "recorded_at_us", "data", "hash",
 )

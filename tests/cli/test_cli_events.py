@@ -72,7 +72,8 @@ def test_export_format(cli: Cli, tmp_path: Path) -> None:
     cli("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))
     lines = cli("events", "export").output.splitlines()
     first = json.loads(lines[1])
-    assert list(first) == ["position", "stream", "version", "type", "event_id", "schema_version", "ts", "recorded_at", "data"]
+    assert list(first) == ["position", "stream", "version", "type", "event_id", "schema_version", "ts", "recorded_at", "data",
+                         "hash"]
     assert (first["position"], first["stream"], first["version"]) == (2, "S1", 2)
     assert '"ts":1757000020.000000,' in lines[1]  # +08:00 normalised to UTC, exact decimals
     assert '"ts":1757000020.850001,' in lines[2] and "sess/ü:1.2" in lines[2]

@@ -1,0 +1,178 @@
+"""Checking a stored log against its hash chain (:mod:`events.chain`) and against a digest.
+
+:class:`ChainWalker` takes the rows in position order, batch by batch, recomputes each row's
+hash from the stored hash of the row before it, and stops at the first fault, which it names:
+
+* ``missing`` — positions absent (rows deleted), or the log ends before a digest's position
+  (tail truncated);
+* ``inserted`` — a row without a 32-byte chain hash (written around the store), or a row
+  whose successors chain as if it were not there (the later rows were shifted up by one);
+* ``reordered`` — two neighbouring rows that chain when swapped back;
+* ``edited`` — any other row whose content does not give its stored hash;
+* ``rewritten`` — the chain is consistent but differs from a digest taken earlier (history
+  rewritten and rehashed).
+
+A :class:`Digest` is what ``duplex-ledger digest`` prints for the operator to keep elsewhere:
+``{"position": N, "hash": "<hex>", "recorded_at": <seconds>, "algorithm": ALGORITHM}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from events.chain import ALGORITHM, GENESIS, row_hash
+
+FaultKind = Literal["missing", "inserted", "reordered", "edited", "rewritten"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChainFault:
+    """The first bad ``position`` of the log, what is wrong (``kind``) and a sentence."""
+
+    position: int
+    kind: FaultKind
+    detail: str
+
+    def __str__(self) -> str:
+        return f"position {self.position}: {self.kind} — {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """A log's head as the operator keeps it: ``position``, its chain ``hash`` (32 bytes), its
+    ``recorded_at_us`` (integer µs) and the chain ``algorithm``."""
+
+    position: int
+    hash: bytes
+    recorded_at_us: int
+    algorithm: str = ALGORITHM
+
+    def to_json(self) -> str:
+        """One JSON object; ``recorded_at`` in epoch seconds with exactly 6 decimals."""
+        us = self.recorded_at_us
+        return (f'{{"position":{self.position},"hash":"{self.hash.hex()}",'
+                f'"recorded_at":{us // 1_000_000}.{us % 1_000_000:06d},"algorithm":{json.dumps(self.algorithm)}}}')
+
+    @classmethod
+    def from_json(cls, text: str) -> "Digest":
+        """Parse :meth:`to_json` output. Raises ValueError naming what is wrong (not JSON, a
+        missing or malformed key, another algorithm)."""
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"digest is not JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("digest must be a JSON object")
+        position, digest, algorithm = obj.get("position"), obj.get("hash"), obj.get("algorithm")
+        if algorithm != ALGORITHM:
+            raise ValueError(f"digest algorithm {algorithm!r}, this code checks {ALGORITHM!r}")
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"digest position must be an integer >= 0, got {position!r}")
+        if not isinstance(digest, str) or len(digest) != 64 or digest.strip("0123456789abcdef"):
+            raise ValueError("digest hash must be 64 lowercase hex digits")
+        recorded = obj.get("recorded_at", 0)
+        if isinstance(recorded, bool) or not isinstance(recorded, (int, float)):
+            raise ValueError(f"digest recorded_at must be a number, got {recorded!r}")
+        return cls(position, bytes.fromhex(digest), round(recorded * 1_000_000), ALGORITHM)
+
+
+def _hash_at(previous: bytes, row: Any, position: int) -> bytes:
+    return row_hash(previous, position, row.stream_id, row.version, row.event_id, row.type, row.schema_version,
+                    row.ts_us, row.recorded_at_us, row.data)
+
+
+def _valid(digest: Any) -> bool:
+    return isinstance(digest, (bytes, bytearray, memoryview)) and len(digest) == 32
+
+
+class ChainWalker:
+    """Feed rows (``StoredRow``-like: the nine chained fields and ``hash``) in position order
+    with :meth:`feed`; :meth:`finish` returns the first fault or None. ``watch``: positions
+    whose stored hash to remember (a digest's, a checkpoint's), in :attr:`watched` once
+    checked (position 0: GENESIS)."""
+
+    def __init__(self, watch: Iterable[int] = ()) -> None:
+        self.previous = GENESIS
+        self.next_position = 1
+        self.rows = 0
+        self.head_recorded_at_us = 0
+        self.watch = set(watch)
+        self.watched: dict[int, bytes] = {0: GENESIS}
+        self.fault: ChainFault | None = None
+        self._suspect: list[Any] = []  # the first bad row and up to two after it
+
+    def feed(self, rows: Sequence[Any]) -> bool:
+        """Check ``rows``; False once the first fault is settled (feeding more is useless)."""
+        for row in rows:
+            if self._suspect:
+                self._suspect.append(row)
+                if len(self._suspect) == 3:
+                    self._settle()
+                    return False
+                continue
+            if row.position != self.next_position:
+                self.fault = ChainFault(self.next_position, "missing",
+                                        f"positions {self.next_position}..{row.position - 1} are absent "
+                                        f"(rows deleted); the log goes on at {row.position}")
+                return False
+            stored = row.hash
+            if not _valid(stored):
+                self.fault = ChainFault(row.position, "inserted",
+                                        "the row has no chain hash: it was written around the store")
+                return False
+            if _hash_at(self.previous, row, row.position) != bytes(stored):
+                self._suspect.append(row)
+                continue
+            self.previous = bytes(stored)
+            self.next_position += 1
+            self.rows += 1
+            self.head_recorded_at_us = row.recorded_at_us
+            if row.position in self.watch:
+                self.watched[row.position] = self.previous
+        return True
+
+    def _settle(self) -> None:
+        bad, *after = self._suspect
+        p = bad.position
+        detail = (f"its content does not give its stored hash (stream {bad.stream_id!r} version {bad.version}, "
+                  f"{bad.type}): the row was edited")
+        kind: FaultKind = "edited"
+        if after and after[0].position == p + 1 and _valid(after[0].hash):
+            nxt = after[0]
+            moved = _hash_at(self.previous, nxt, p)  # the next row, chained where the bad one is
+            if moved == bytes(bad.hash):
+                kind, detail = "reordered", f"the rows at {p} and {p + 1} were swapped (their hashes were not)"
+            elif moved == bytes(nxt.hash):
+                back = _hash_at(moved, bad, p + 1)
+                if back == bytes(bad.hash):
+                    kind, detail = "reordered", f"the rows at {p} and {p + 1} were swapped"
+                else:
+                    kind, detail = "inserted", (f"a row was inserted at {p} (stream {bad.stream_id!r}, {bad.type}); "
+                                                "the rows after it were shifted up by one")
+        self.fault = ChainFault(p, kind, detail)
+        self._suspect = []
+
+    def finish(self, digest: Digest | None = None) -> ChainFault | None:
+        """The first fault of the rows fed (including one only a following row would have
+        classified), else a digest mismatch, else None."""
+        if self._suspect:
+            self._settle()
+        if self.fault is not None or digest is None:
+            return self.fault
+        head = self.next_position - 1
+        if digest.position > head:
+            return ChainFault(head + 1, "missing",
+                              f"the log ends at position {head}, but the digest names position {digest.position} "
+                              "(tail truncated)")
+        if self.watched.get(digest.position) != digest.hash:
+            return ChainFault(digest.position, "rewritten",
+                              f"the chain is consistent but its hash at position {digest.position} is not the "
+                              "digest's: the history was rewritten and rehashed")
+        return None
+
+    def digest(self) -> Digest:
+        """The head of the rows fed so far as a :class:`Digest`."""
+        return Digest(self.next_position - 1, self.previous, self.head_recorded_at_us)

@@ -1,0 +1,379 @@
+"""Projection checkpoints as versioned plain data (never code): encode a :class:`Projector`,
+decode it back into an allow-listed set of classes only.
+
+A ledger file is untrusted input, so the checkpoint it holds is too. The blob is MessagePack
+(msgspec) holding only nil/bool/int/float/str/bin/array/map; objects are written as tagged
+arrays and rebuilt only as classes of :func:`registry`. A class name the registry does not
+hold, a field set that differs from the class's, a value that does not fit a field's
+annotation (scalars, unions, literals and containers are checked; a registered class stands
+for any registered object), a format or fold version other than ours: :class:`CheckpointRefused`, and the runner
+rebuilds from the log. Nothing in a blob is ever imported, called by name or executed.
+
+Blob (``seal``/``open_blob``)::
+
+    ["duplex-ledger-checkpoint", FORMAT_VERSION, fold_version, position, log_hash, body]
+
+``position``: the last log position folded into the state; ``log_hash``: the log's chain hash
+at that position (:mod:`events.chain`), so a checkpoint is only used with the log it was built
+from; ``body``: the encoded state (bin).
+
+Body encoding of a value ``v`` (``enc``):
+
+===================================  =============================================
+``None``, bool, int (64-bit), float,   themselves
+str, bytes
+list / tuple / set / frozenset         ``["l"|"t"|"s"|"f", enc(item)…]``
+dict (any encodable keys)              ``["d", enc(k1), enc(v1), enc(k2), enc(v2)…]``
+dataclass (mutable, frozen, slots)     ``["D", name, {field: enc(value)}]`` (every field)
+plain state class (``Projector``,      ``["O", name, {attr: enc(value)}]`` (its instance
+``ResourcesFold``, ``TurnsFold``)      attributes, less handler tables of bound methods)
+pydantic model (events.types/stats)    ``["P", name, enc(model_dump(exclude_unset=True))]``
+msgspec Struct twin (events.structs)   ``["S", name, enc(msgspec.to_builtins(v))]``
+===================================  =============================================
+
+``name`` is ``module:qualname``. The state must be a tree: a mutable object reached twice
+(shared between two places) cannot be written faithfully and raises ``ValueError`` on encode.
+A frozen dataclass (e.g. ``StageCollapse``) and everything inside it is a value: it may be
+reached from several places, and decoding gives equal copies.
+
+Registry (:func:`registry`, built once on first use): every dataclass defined in a
+``projections.*`` module; the plain classes reachable from a fresh ``Projector()``'s
+attributes (classes of ``projections.*`` without dataclass fields; decoded by calling the
+class with no arguments, then setting exactly the attributes a fresh instance has); every
+pydantic model of ``events.types`` and ``events.stats`` (validated by ``model_validate``);
+every Struct twin of ``events.structs`` (validated by ``msgspec.convert``). A new dataclass
+in those modules is picked up without editing this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import pkgutil
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args, get_origin
+
+import msgspec
+from pydantic import BaseModel
+
+MAGIC = "duplex-ledger-checkpoint"
+FORMAT_VERSION = 1
+"""Version of this encoding; bump on any change to the tags or the header."""
+
+Kind = Literal["D", "O", "P", "S"]
+
+
+class CheckpointRefused(ValueError):
+    """The blob is not a checkpoint this code will use (unreadable, forged, another format or
+    fold version, or bound to another log). ``str(exc)`` says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A decoded checkpoint header and its state."""
+
+    fold_version: int
+    position: int
+    log_hash: bytes
+    state: Any
+
+
+# ------------------------------------------------------------------ registry
+@dataclass(frozen=True, slots=True)
+class Registry:
+    by_name: Mapping[str, tuple[Kind, type]]
+    by_type: Mapping[type, tuple[Kind, str]]
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _projection_modules() -> list[types.ModuleType]:
+    import projections
+
+    return [importlib.import_module(f"projections.{m.name}") for m in pkgutil.iter_modules(projections.__path__)
+            if m.name != "checkpoint"]
+
+
+def _plain_classes(root: object, found: dict[type, None]) -> None:
+    """Classes of ``projections.*`` reachable from ``root``'s attributes that are not
+    dataclasses (``root``'s own class included)."""
+    cls = type(root)
+    if cls in found:
+        return
+    found[cls] = None
+    for value in vars(root).values():
+        vcls = type(value)
+        if vcls.__module__.startswith("projections.") and not dataclasses.is_dataclass(vcls) \
+                and hasattr(value, "__dict__"):
+            _plain_classes(value, found)
+
+
+@functools.cache
+def registry() -> Registry:
+    """The allow-list (module docstring). Built once per process."""
+    from events import stats, structs
+    from events import types as event_types
+    from projections.projector import Projector
+
+    entries: dict[str, tuple[Kind, type]] = {}
+    for module in _projection_modules():
+        for value in vars(module).values():
+            if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__:
+                entries[_name(value)] = ("D", value)
+    plain: dict[type, None] = {}
+    _plain_classes(Projector(), plain)
+    for cls in plain:
+        entries[_name(cls)] = ("O", cls)
+    for module in (event_types, stats):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == module.__name__:
+                entries[_name(value)] = ("P", value)
+    for attr, value in vars(structs).items():
+        if isinstance(value, type) and issubclass(value, msgspec.Struct):
+            entries[f"events.structs:{attr}"] = ("S", value)
+    return Registry(entries, {cls: (kind, name) for name, (kind, cls) in entries.items()})
+
+
+def _is_handler_table(value: object) -> bool:
+    """A dict of bound methods (a fold's dispatch table): wiring rebuilt by ``cls()``."""
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, types.MethodType) for v in value.values())
+
+
+# ------------------------------------------------------------------ encode
+class _Encoder:
+    def __init__(self) -> None:
+        self.reg = registry()
+        self.seen: set[int] = set()
+        self.in_value = 0  # > 0 inside a frozen dataclass: its contents are values, sharing is harmless
+        self.keep: list[Any] = []  # temporaries stay alive, so their ids are not reused
+        self.by_type: dict[type, Callable[[Any], Any]] = {
+            list: lambda v: ["l", *map(self.enc, self._once(v))],
+            tuple: lambda v: ["t", *map(self.enc, v)],
+            set: lambda v: ["s", *map(self.enc, self._once(v))],
+            frozenset: lambda v: ["f", *map(self.enc, v)],
+            dict: self._dict,
+        }
+
+    def _once(self, v: Any) -> Any:
+        if self.in_value:
+            return v
+        key = id(v)
+        if key in self.seen:
+            raise ValueError(f"checkpoint state shares a mutable {type(v).__name__} between two places")
+        self.seen.add(key)
+        return v
+
+    def _dict(self, v: dict[Any, Any]) -> list[Any]:
+        out: list[Any] = ["d"]
+        enc = self.enc
+        for k, x in self._once(v).items():
+            out.append(enc(k))
+            out.append(enc(x))
+        return out
+
+    def enc(self, v: Any) -> Any:
+        if v is None or type(v) in (str, int, float, bool, bytes):
+            return v
+        fn = self.by_type.get(type(v))
+        if fn is not None:
+            return fn(v)
+        found = self.reg.by_type.get(type(v))
+        if found is None:
+            raise ValueError(f"checkpoint cannot hold a {type(v).__module__}.{type(v).__qualname__} "
+                             "(not in projections.checkpoint.registry)")
+        kind, name = found
+        if kind == "D":
+            frozen = v.__dataclass_params__.frozen
+            if not frozen:
+                self._once(v)
+            self.in_value += frozen
+            try:
+                return ["D", name, {f.name: self.enc(getattr(v, f.name)) for f in dataclasses.fields(v)}]
+            finally:
+                self.in_value -= frozen
+        if kind == "O":
+            self._once(v)
+            return ["O", name, {k: self.enc(x) for k, x in vars(v).items() if not _is_handler_table(x)}]
+        plain = v.model_dump(exclude_unset=True) if kind == "P" else msgspec.to_builtins(v)
+        self.keep.append(plain)
+        return [kind, name, self.enc(plain)]
+
+
+def encode_state(state: Any) -> bytes:
+    """The body bytes of ``state`` (module docstring). Raises ValueError for a value the
+    format cannot hold (a class outside the registry, shared mutable objects)."""
+    return msgspec.msgpack.encode(_Encoder().enc(state))
+
+
+def seal(body: bytes, *, fold_version: int, position: int, log_hash: bytes) -> bytes:
+    """The checkpoint blob: header + ``body`` (from :func:`encode_state`)."""
+    return msgspec.msgpack.encode([MAGIC, FORMAT_VERSION, fold_version, position, log_hash, body])
+
+
+# ------------------------------------------------------------------ decode
+class _Decoder:
+    def __init__(self) -> None:
+        self.reg = registry()
+
+    def dec(self, v: Any) -> Any:
+        if v is None or type(v) in (str, int, float, bool, bytes):
+            return v
+        if type(v) is not list or not v or type(v[0]) is not str:
+            raise CheckpointRefused(f"unexpected {type(v).__name__} in the state")
+        tag = v[0]
+        if tag == "l":
+            return [self.dec(x) for x in v[1:]]
+        if tag == "t":
+            return tuple(self.dec(x) for x in v[1:])
+        if tag == "s":
+            return {self.dec(x) for x in v[1:]}
+        if tag == "f":
+            return frozenset(self.dec(x) for x in v[1:])
+        if tag == "d":
+            if len(v) % 2 != 1:
+                raise CheckpointRefused("a dict with an odd number of items")
+            return {self.dec(v[i]): self.dec(v[i + 1]) for i in range(1, len(v), 2)}
+        if len(v) != 3 or type(v[1]) is not str:
+            raise CheckpointRefused(f"malformed {tag!r} entry")
+        found = self.reg.by_name.get(v[1])
+        if found is None or found[0] != tag:
+            raise CheckpointRefused(f"class {v[1]!r} is not allowed in a checkpoint")
+        cls = found[1]
+        if tag == "D":
+            return self._dataclass(cls, v[2])
+        if tag == "O":
+            return self._plain(cls, v[2])
+        if tag == "P":
+            return cls.model_validate(self.dec(v[2]))
+        return msgspec.convert(self.dec(v[2]), cls)
+
+    def _fields(self, cls: type, table: Any, names: Sequence[str]) -> dict[str, Any]:
+        if type(table) is not dict or sorted(table) != sorted(names):
+            got = sorted(table) if type(table) is dict else type(table).__name__
+            raise CheckpointRefused(f"{_name(cls)}: fields {got} instead of {sorted(names)}")
+        return {k: self.dec(x) for k, x in table.items()}
+
+    def _dataclass(self, cls: type, table: Any) -> Any:
+        values = self._fields(cls, table, [f.name for f in dataclasses.fields(cls)])
+        hints = _hints(cls)
+        obj = object.__new__(cls)
+        for name, value in values.items():
+            hint = hints.get(name)
+            if hint is not None and not _conforms(value, hint):
+                raise CheckpointRefused(f"{_name(cls)}.{name}: {type(value).__name__} does not fit {hint}")
+            object.__setattr__(obj, name, value)
+        return obj
+
+    def _plain(self, cls: type, table: Any) -> Any:
+        obj = cls()
+        fresh = {k: x for k, x in vars(obj).items() if not _is_handler_table(x)}
+        for name, value in self._fields(cls, table, list(fresh)).items():
+            expected = type(fresh[name])
+            if not (isinstance(value, expected) or (expected is float and type(value) is int)
+                    or (fresh[name] is None)):
+                raise CheckpointRefused(f"{_name(cls)}.{name}: {type(value).__name__} instead of {expected.__name__}")
+            setattr(obj, name, value)
+        return obj
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation is left unchecked
+        return {}
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fits the annotation ``hint``: scalars, ``None``, ``Literal``, unions
+    and the container kinds (tuple/list/dict/set/frozenset/Mapping, elements included) are
+    checked; a class of the registry stands for any registered object (fold state holds a
+    model's twin, or an accumulator, where a model is annotated); ``Any`` and other typing
+    forms accept everything."""
+    if hint is Any or isinstance(hint, typing.TypeVar):
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin = get_origin(hint)
+    if origin is None:
+        if not isinstance(hint, type):
+            return True
+        if hint in registry().by_type or issubclass(hint, (BaseModel, msgspec.Struct)):
+            return type(value) in registry().by_type
+        if hint is float:
+            return type(value) in (float, int)
+        return isinstance(value, hint)
+    args = get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is Literal:
+        return value in args
+    if origin is typing.Annotated:
+        return _conforms(value, args[0])
+    if not isinstance(origin, type) or not isinstance(value, origin):
+        return not isinstance(origin, type)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_conforms(x, args[0]) for x in value)
+        return not args or (len(args) == len(value) and all(_conforms(x, a) for x, a in zip(value, args)))
+    if isinstance(value, Mapping):
+        return not args or all(_conforms(k, args[0]) and _conforms(x, args[1]) for k, x in value.items())
+    if args and isinstance(value, (list, set, frozenset)):
+        return all(_conforms(x, args[0]) for x in value)
+    return True
+
+
+def decode_state(body: bytes) -> Any:
+    """The state :func:`encode_state` wrote. Raises CheckpointRefused for anything else."""
+    try:
+        return _Decoder().dec(msgspec.msgpack.decode(body))
+    except CheckpointRefused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any fault of untrusted bytes is a refusal
+        raise CheckpointRefused(f"unreadable state ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def open_blob(blob: bytes, *, fold_version: int, expect: type | None = None) -> Sealed:
+    """Check the header and decode the state. ``expect``: the state's class (refused
+    otherwise). Raises CheckpointRefused (wrong magic, format or fold version, malformed)."""
+    try:
+        header = msgspec.msgpack.decode(bytes(blob))
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes (a pickle, garbage…)
+        raise CheckpointRefused(f"not a checkpoint ({type(exc).__name__})") from None
+    if type(header) is not list or len(header) != 6 or header[0] != MAGIC:
+        raise CheckpointRefused("not a duplex-ledger checkpoint")
+    _, fmt, fold, position, log_hash, body = header
+    if fmt != FORMAT_VERSION:
+        raise CheckpointRefused(f"checkpoint format {fmt!r}, this code reads {FORMAT_VERSION}")
+    if fold != fold_version:
+        raise CheckpointRefused(f"fold version {fold!r}, this code folds version {fold_version}")
+    if type(position) is not int or position < 0 or type(log_hash) is not bytes or type(body) is not bytes:
+        raise CheckpointRefused("malformed checkpoint header")
+    state = decode_state(body)
+    if expect is not None and type(state) is not expect:
+        raise CheckpointRefused(f"state is a {type(state).__name__}, not a {expect.__name__}")
+    return Sealed(fold, position, log_hash, state)
+
+
+# ------------------------------------------------------------------ comparison
+def same_state(a: Any, b: Any) -> bool:
+    """Structural equality of two states (plain state classes have no ``__eq__``: their
+    attributes are compared; handler tables are ignored)."""
+    if type(a) is not type(b):
+        return False
+    kind = registry().by_type.get(type(a), ("", ""))[0]
+    if kind == "O":
+        va = {k: x for k, x in vars(a).items() if not _is_handler_table(x)}
+        vb = {k: x for k, x in vars(b).items() if not _is_handler_table(x)}
+        return va.keys() == vb.keys() and all(same_state(va[k], vb[k]) for k in va)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    return bool(a == b)

@@ -1,0 +1,139 @@
+"""Whether the read models and the checkpoint found in a ledger equal a fresh fold of its log
+(``duplex-ledger verify``). Derived state in a copied file is untrusted: an edited
+``rm_audit_findings`` row could hide a leak, so it is recomputed, never believed.
+
+:class:`FreshFold` folds the log's rows up to the checkpoint position exactly as the runner
+does (:func:`projections.readmodels.fold_batch`); :func:`compare` then checks, in this order,
+``rm_turn_tables``, ``rm_request_resources``, ``rm_audit_findings`` (findings at
+``max_idle_s``, the runner's default 30 s) and the checkpoint's fold state, and returns the
+first difference as a :class:`Mismatch` (None when everything is equal).
+
+Known limit: the runner drops closed sessions that hold nothing after each batch; an event
+arriving later for such a session rebuilds it from that event on, so a checkpoint can differ
+from a single fresh fold for a session whose log goes on after its close (no such session:
+no false report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from events.store.rows import StoredRow, decode_rows
+from projections import checkpoint, readmodels
+from projections.projector import Projector
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """What differs: ``what`` (a table, or ``checkpoint``), the row ``key`` and a sentence."""
+
+    what: str
+    key: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.what} {self.key}: {self.detail}" if self.key else f"{self.what}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredModels:
+    """The read models and checkpoint row as found: rows as dicts, checkpoint as
+    ``(position, fold_version, blob)`` or None."""
+
+    turns: list[dict[str, Any]]
+    resources: list[dict[str, Any]]
+    findings: list[dict[str, Any]]
+    checkpoint: tuple[int, int, bytes] | None
+
+
+def load_models(conn: Connection) -> StoredModels:
+    """Read every read-model row and the checkpoint (a sync read function)."""
+    def rows(table: sa.Table) -> list[dict[str, Any]]:
+        return [dict(r._mapping) for r in conn.execute(sa.select(table))]
+
+    return StoredModels(rows(readmodels.turn_tables), rows(readmodels.request_resources),
+                        rows(readmodels.audit_findings),
+                        readmodels.load_checkpoint(conn, "ledger"))
+
+
+class FreshFold:
+    """A projector fed stored rows with position <= ``until`` (the checkpoint's position),
+    collecting the turn rows as the runner writes them."""
+
+    def __init__(self, until: int) -> None:
+        self.until = until
+        self.projector = Projector()
+        self.turn_rows: list[dict[str, Any]] = []
+
+    def feed(self, rows: Sequence[StoredRow]) -> None:
+        """Fold the rows of ``rows`` up to :attr:`until`. Raises what decoding raises."""
+        if not rows or rows[0].position > self.until:
+            return
+        batch = rows if rows[-1].position <= self.until else [r for r in rows if r.position <= self.until]
+        turn_rows, _ = readmodels.fold_batch(self.projector, decode_rows(batch, as_struct=True))
+        self.turn_rows.extend(turn_rows)
+
+
+def _diff_rows(what: str, key_cols: Sequence[str], found: Iterable[Mapping[str, Any]],
+               fresh: Iterable[Mapping[str, Any]]) -> Mismatch | None:
+    def keyed(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], Mapping[str, Any]]:
+        return {tuple(r[c] for c in key_cols): r for r in rows}
+
+    have, want = keyed(found), keyed(fresh)
+    for key in sorted(have.keys() | want.keys(), key=repr):
+        shown = "(" + ", ".join(map(str, key)) + ")"
+        if key not in want:
+            return Mismatch(what, shown, "row not in a fresh fold of the log (inserted)")
+        if key not in have:
+            return Mismatch(what, shown, "row of a fresh fold is missing (deleted)")
+        cols = [c for c in want[key] if have[key].get(c) != want[key][c]]
+        if cols:
+            c = cols[0]
+            return Mismatch(what, shown, f"{c} is {_short(have[key].get(c))}, a fresh fold gives {_short(want[key][c])}")
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def compare(found: StoredModels, fresh: FreshFold, *, fold_version: int, log_hash: bytes,
+            max_idle_s: float = 30.0) -> Mismatch | None:
+    """The first difference between ``found`` and ``fresh`` (module docstring), else None.
+    ``log_hash``: the log's chain hash at the checkpoint position."""
+    projector = fresh.projector
+    resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
+    findings = readmodels.finding_rows(projector.findings(max_idle_s))
+    mismatch = (_diff_rows("rm_turn_tables", ("session_id", "response_id"), found.turns, fresh.turn_rows)
+                or _diff_rows("rm_request_resources", ("session_id", "stage_id", "request_id"),
+                              found.resources, resources)
+                or _diff_rows("rm_audit_findings", ("finding_no",), found.findings, findings))
+    if mismatch is not None or found.checkpoint is None:
+        return mismatch
+    position, _, blob = found.checkpoint
+    try:
+        sealed = checkpoint.open_blob(blob, fold_version=fold_version, expect=Projector)
+    except checkpoint.CheckpointRefused as exc:
+        return Mismatch("checkpoint", "", f"refused: {exc}")
+    if sealed.position != position or sealed.log_hash != log_hash:
+        return Mismatch("checkpoint", "", f"bound to another log (position {sealed.position}, "
+                                          f"hash {sealed.log_hash.hex()[:16]}…)")
+    projector.forget_closed()
+    return _diff_state(sealed.state, projector)
+
+
+def _diff_state(found: Projector, fresh: Projector) -> Mismatch | None:
+    for name, a, b in (("resources", found.resources.sessions, fresh.resources.sessions),
+                       ("turns", found.turns.sessions, fresh.turns.sessions)):
+        for sid in sorted(a.keys() | b.keys()):
+            if sid not in a or sid not in b or not checkpoint.same_state(a[sid], b[sid]):
+                return Mismatch("checkpoint", f"({name}, {sid})", "fold state differs from a fresh fold")
+    if not checkpoint.same_state(found, fresh):
+        return Mismatch("checkpoint", "", "fold state differs from a fresh fold")
+    return None

@@ -1,0 +1,182 @@
+"""The known tricks against a ledger file or database (issue 12), on both backends: the
+database refuses what it can; ``verify`` (and ``verify --digest``) catches the rest and names
+the first bad position and what is wrong. TAMPER_MATRIX in the README/design note is this file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError
+
+from events import jsonl
+from events.chain import GENESIS, hash_of
+from events.chain_walk import Digest
+from events.store import EventStore
+from events.store.rows import StoredRow
+from projections import readmodels
+from projections.runner import ProjectionRunner
+from reports.cli_verify import Verdict, head_digest, verify_store
+
+LOG = Path(__file__).parents[1] / "cases" / "logs" / "case-12-arrival.jsonl"  # 26 events, 2 leaks
+CONTENT = "stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data"
+
+
+@pytest.fixture
+async def ledger(db_url: str):
+    store = await EventStore.open(db_url, create=True)
+    try:
+        await jsonl.import_lines(store, LOG.read_text(encoding="utf-8").splitlines())
+        await ProjectionRunner(store, note=lambda _m: None).catch_up()
+        yield store
+    finally:
+        await store.close()
+
+
+async def sql(store: EventStore, *statements: str) -> None:
+    async with store.recorder.backend.reader.begin() as conn:
+        for statement in statements:
+            await conn.execute(sa.text(statement))
+
+
+def lift(store: EventStore, what: str) -> tuple[str, ...]:
+    """Statements that take the append-only guard off (the owner of a PostgreSQL table, or
+    anyone holding a SQLite file, can)."""
+    if store.recorder.backend.name == "postgresql":
+        return ("ALTER TABLE events DISABLE TRIGGER events_no_update_delete",)
+    return (f"DROP TRIGGER events_no_{what}",)
+
+
+async def verdict(store: EventStore, digest: Digest | None = None) -> Verdict:
+    return await verify_store(store, digest)
+
+
+async def test_an_untouched_ledger_verifies(ledger: EventStore) -> None:
+    v = await verdict(ledger, (await head_digest(ledger))[0])
+    assert (v.fault, v.mismatch, v.events, v.compared_at) == (None, None, 26, 26)
+
+
+# ------------------------------------------------------------------ refused by the database
+@pytest.mark.parametrize("trick", ["insert_or_replace", "replace_into", "update", "delete", "upsert"])
+async def test_the_database_refuses(ledger: EventStore, trick: str) -> None:
+    sqlite = ledger.recorder.backend.name == "sqlite"
+    statements = {
+        "insert_or_replace": f"INSERT OR REPLACE INTO events (position, {CONTENT}, hash) SELECT position, stream_id, "
+                             "version, event_id, type, schema_version, ts_us, recorded_at_us, '{}', hash "
+                             "FROM events WHERE position = 2",
+        "replace_into": f"REPLACE INTO events (position, {CONTENT}) SELECT 99, stream_id, version + 100, event_id, "
+                        "type, schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 3",
+        "update": "UPDATE events SET data = '{}' WHERE position = 2",
+        "delete": "DELETE FROM events WHERE position = 3",
+        "upsert": f"INSERT INTO events (position, {CONTENT}) SELECT position, {CONTENT} FROM events "
+                  "WHERE position = 2 ON CONFLICT (position) DO UPDATE SET data = '{}'",
+    }
+    if not sqlite and trick in ("insert_or_replace", "replace_into"):
+        pytest.skip("SQLite syntax (PostgreSQL's form is the upsert)")
+    with pytest.raises(DBAPIError, match="append-only"):
+        await sql(ledger, statements[trick])
+    v = await verdict(ledger)
+    assert (v.fault, v.mismatch, v.events) == (None, None, 26)
+
+
+# ------------------------------------------------------------------ caught by verify
+async def test_edit_after_lifting_the_guard(ledger: EventStore) -> None:
+    await sql(ledger, *lift(ledger, "update"),
+              "UPDATE events SET data = replace(data, '3200', '3201') WHERE position = 2")
+    v = await verdict(ledger)
+    assert (v.fault.position, v.fault.kind) == (2, "edited"), v.fault
+
+
+async def test_delete_in_the_middle(ledger: EventStore) -> None:
+    await sql(ledger, *lift(ledger, "delete"), "DELETE FROM events WHERE position = 3")
+    v = await verdict(ledger)
+    assert (v.fault.position, v.fault.kind) == (3, "missing") and "3..3" in v.fault.detail
+
+
+async def test_replace_around_the_trigger_drops_a_row(ledger: EventStore) -> None:
+    """The issue's REPLACE INTO trick with the new insert trigger dropped too."""
+    if ledger.recorder.backend.name != "sqlite":
+        pytest.skip("SQLite only")
+    await sql(ledger, "DROP TRIGGER events_no_replace",
+              f"REPLACE INTO events (position, {CONTENT}) SELECT 99, stream_id, version + 100, event_id, type, "
+              "schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 3")
+    v = await verdict(ledger)
+    assert (v.fault.position, v.fault.kind) == (3, "missing"), v.fault
+
+
+async def test_swapped_rows(ledger: EventStore) -> None:
+    rows = await _rows(ledger)
+    r9, r10 = rows[8], rows[9]
+    cols = ("stream_id", "version", "event_id", "type", "schema_version", "ts_us", "recorded_at_us", "data")
+    assign = ", ".join(f"{c} = :{c}" for c in cols)
+    async with ledger.recorder.backend.reader.begin() as conn:
+        for statement in lift(ledger, "update"):
+            await conn.execute(sa.text(statement))
+        # park row 10 first: (stream, version) and event_id are unique
+        await conn.execute(sa.text("UPDATE events SET event_id = 'parked', version = -1 WHERE position = 10"))
+        for position, source in ((9, r10), (10, r9)):
+            await conn.execute(sa.text(f"UPDATE events SET {assign} WHERE position = :p"),
+                               {"p": position, **{c: getattr(source, c) for c in cols}})
+    v = await verdict(ledger)
+    assert (v.fault.position, v.fault.kind) == (9, "reordered"), v.fault
+
+
+async def test_a_row_inserted_around_the_store(ledger: EventStore) -> None:
+    await sql(ledger, f"INSERT INTO events (position, {CONTENT}) SELECT 27, stream_id, 999, 'forged', type, "
+                      "schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 26")
+    v = await verdict(ledger)
+    assert (v.fault.position, v.fault.kind) == (27, "inserted"), v.fault
+
+
+async def test_truncated_tail_needs_the_digest(ledger: EventStore) -> None:
+    digest, _ = await head_digest(ledger)
+    await sql(ledger, *lift(ledger, "delete"), "DELETE FROM events WHERE position > 20",
+              "DELETE FROM projection_checkpoints", "DELETE FROM rm_turn_tables", "DELETE FROM rm_audit_findings",
+              "DELETE FROM rm_request_resources")
+    assert (await verdict(ledger)).fault is None  # a consistent, shorter chain
+    v = await verdict(ledger, digest)
+    assert (v.fault.position, v.fault.kind) == (21, "missing") and "truncated" in v.fault.detail
+
+
+async def test_rewritten_and_rehashed_history_needs_the_digest(ledger: EventStore) -> None:
+    digest, _ = await head_digest(ledger)
+    rows = await _rows(ledger)
+    previous, updates = GENESIS, []
+    for row in rows:
+        if row.position == 2:
+            row = row._replace(data=row.data.replace("3200", "3201"))
+        previous = hash_of(previous, row)
+        updates.append((row.position, row.data, previous))
+    async with ledger.recorder.backend.reader.begin() as conn:
+        for statement in lift(ledger, "update"):
+            await conn.execute(sa.text(statement))
+        await conn.execute(sa.text("UPDATE events SET data = :d, hash = :h WHERE position = :p"),
+                           [{"p": p, "d": d, "h": h} for p, d, h in updates])
+    assert (await verdict(ledger)).fault is None
+    v = await verdict(ledger, digest)
+    assert (v.fault.position, v.fault.kind) == (26, "rewritten"), v.fault
+
+
+async def test_an_edited_read_model_is_caught(ledger: EventStore) -> None:
+    await sql(ledger, "DELETE FROM rm_audit_findings WHERE finding_no = 1")
+    v = await verdict(ledger)
+    assert v.fault is None and (v.mismatch.what, v.mismatch.key) == ("rm_audit_findings", "(1)"), v.mismatch
+    await ProjectionRunner(ledger).rebuild()
+    assert (await verdict(ledger)).mismatch is None
+
+
+async def test_an_edited_turn_table_and_a_forged_checkpoint_are_caught(ledger: EventStore) -> None:
+    assert await ledger.recorder.backend.run_read(readmodels.load_turns)
+    await sql(ledger, "UPDATE rm_turn_tables SET request_id = 'forged'")
+    v = await verdict(ledger)
+    assert v.mismatch is not None and v.mismatch.what == "rm_turn_tables", v.mismatch
+    await ProjectionRunner(ledger).rebuild()
+    async with ledger.recorder.backend.reader.begin() as conn:
+        await conn.execute(readmodels.checkpoints.update().values(state=b"\x93forged"))
+    v = await verdict(ledger)
+    assert v.mismatch is not None and v.mismatch.what == "checkpoint" and "refused" in v.mismatch.detail
+
+
+async def _rows(store: EventStore) -> list[StoredRow]:
+    return [r async for r in store.read_rows(1)]
