@@ -16,6 +16,7 @@ from engine_bridge.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
 from engine_bridge.plugin import TextPlugin
 from projections.runner import project_as_of
+from tests.engine.test_session_rules import turn
 
 CONFIG = EngineConfig(max_tokens=6, talker_max_tokens=4, flush_interval_s=0.005)
 LONG = EngineConfig(max_tokens=400, talker_max_tokens=4, flush_interval_s=0.005)  # ~0.8 s per answer
@@ -26,13 +27,6 @@ async def open_engine(tmp_path, config=CONFIG, resumable=False, name="ledger"):
     ports = [FakeStagePort(0, "thinker", token_delay_s=0.002), FakeStagePort(1, "talker", token_delay_s=0.002)]
     return await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/{name}.db", ports, config=config,
                                     plugin=TextPlugin(resumable=resumable))
-
-
-async def turn(session, text, **kw):
-    await session.append_text(text)
-    action = await session.commit(**kw)
-    await session.wait_idle(10)
-    return action
 
 
 async def until_delta(session):
