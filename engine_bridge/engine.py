@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +69,7 @@ class SessionEngine:
         self.plugin = plugin or TextPlugin()
         self.config = config or EngineConfig()
         self.sessions: dict[str, Session] = {}
-        self.printed: list[TurnTables] = []
+        self.printed: deque[TurnTables] = deque(maxlen=self.config.printed_turns_kept)  # the last ones only
         self._on_turn = on_turn
         self._owns_store = owns_store
         self._logger = logging.getLogger(self.config.stats_logger_name)

@@ -34,7 +34,9 @@ class EngineConfig:
     * ``flush_interval_s``: events without an engine call after them (outputs, results) reach
       the log within this long; outputs are merged per window of this length;
     * ``ignore_eos``: generate exactly the budget (tiny random models never stop by themselves);
-      ``talker_ignore_eos`` the same for Stage1 (None: as ``ignore_eos``).
+      ``talker_ignore_eos`` the same for Stage1 (None: as ``ignore_eos``);
+    * ``printed_turns_kept``: how many of the last printed turn tables
+      ``SessionEngine.printed`` keeps (a long-running engine stays in flat memory).
     """
 
     max_tokens: int = 32
@@ -50,6 +52,7 @@ class EngineConfig:
     temperature: float = 0.0
     system_prompt: str = "You are a helpful voice assistant. Answer in one short sentence."
     stats_logger_name: str = "duplex_ledger.stats"
+    printed_turns_kept: int = 1000
 
 
 class SessionError(RuntimeError):

@@ -24,6 +24,7 @@ every later emit raises :class:`SessionLogBroken`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -32,6 +33,9 @@ from events.store.store import EventStore
 from events.types import EventBase
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
+
+
+logger = logging.getLogger(__name__)
 
 
 class SessionLogBroken(RuntimeError):
@@ -124,13 +128,14 @@ class SessionLog:
                 try:
                     self.on_applied(stored)
                 except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
-                    pass
+                    logger.exception("session %s: metrics hook failed on %s", self.session_id, event.type)
         for turn in (self.projector.turns.take_finalized() if self.projector.turns.finalized else ()):
             if self.on_turn is not None:  # handed on, not kept: a long-lived session stays flat
                 try:
                     self.on_turn(turn)
                 except Exception:  # noqa: BLE001 - DOMAIN §5.5: printing failures never block
-                    pass
+                    logger.exception("session %s: printing the tables of %s failed", self.session_id,
+                                     turn.response_id)
 
     async def _write(self) -> None:
         batch, self._pending = self._pending, []

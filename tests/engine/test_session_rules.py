@@ -261,7 +261,7 @@ async def test_log_stats_off_prints_nothing_but_reprojects(engine):
     s = await engine.open_session("max", log_stats=False)
     await turn(s, "Hello")
     await s.close()
-    assert engine.printed == []
+    assert list(engine.printed) == []
     assert len((await offline(engine)).turn_tables) == 1
 
 
