@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from engine_bridge.ports import EngineMetrics, FinishedStats
 from events.stats import EngineStamp, StageRequestStats
+from projections.intervals import gen_ms, span_ms, tpot_ms, ttft_ms
 
 __all__ = ["SegmentMetrics", "itls_from_receipts", "stage_stats_from_outputs"]
 
@@ -121,22 +122,22 @@ def stage_stats_from_outputs(
     ttft: float | None = None
     if not resident and m is not None and m.first_token_latency_s is not None and n > 0:
         ttft = _ms(m.first_token_latency_s)
-    elif submit_wall_s is not None and first_output_wall_s is not None:
-        ttft = _ms(first_output_wall_s - submit_wall_s)
+    else:
+        ttft = ttft_ms(submit_wall_s, first_output_wall_s)
 
     tpot: float | None = None
     if finished is not None:
         tpot = _ms(finished.mean_time_per_output_token_s)
-    elif m is not None and m.first_token_mono_s is not None and m.last_token_mono_s is not None and n >= 2:
-        tpot = (m.last_token_mono_s - m.first_token_mono_s) * 1000.0 / (n - 1)
+    elif m is not None:
+        tpot = tpot_ms(m.first_token_mono_s, m.last_token_mono_s, n)
 
     gen: float | None = None
     if finished is not None:
         gen = _ms(finished.inference_time_s)
     elif not resident and m is not None and m.scheduled_mono_s is not None and m.last_token_mono_s is not None:
-        gen = (m.last_token_mono_s - m.scheduled_mono_s) * 1000.0
-    elif submit_wall_s is not None and last_output_wall_s is not None:
-        gen = _ms(last_output_wall_s - submit_wall_s)
+        gen = span_ms(m.scheduled_mono_s, m.last_token_mono_s)
+    else:
+        gen = gen_ms(submit_wall_s, last_output_wall_s)
 
     itls = itls_from_receipts(receipts) if receipts else None
     itl = (sum(itls) / len(itls)) if itls else None

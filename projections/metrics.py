@@ -10,7 +10,7 @@ engine feeds it every event it emits; the offline command feeds it the stored lo
 updates, so the same samples. Positions play no part (live folds see provisional ones).
 
 Clocks: every duration is two event ``ts`` of one wall clock (the server's), computed on integer
-microseconds (``projections.turn_tables.span_ms``); no engine-monotonic stamp is used here.
+microseconds (``projections.intervals.span_ms``); no engine-monotonic stamp is used here.
 
 Per turn (once per ``response_id``, when the projector finalizes it; listen-only turns make no
 turn table, so they add nothing here):
@@ -56,7 +56,8 @@ from typing import Any, Literal, Protocol
 from events.records import StoredEvent
 from events.types import FINISHED_REASONS
 from projections.projector import Projector
-from projections.turn_tables import TurnTables, span_ms
+from projections.intervals import span_ms
+from projections.turn_tables import TurnTables
 
 FamilyKind = Literal["counter", "gauge", "histogram"]
 

@@ -77,3 +77,8 @@ def reason_for_end(cause: str | None, status: str | None) -> str:
     if status is not None:
         return STATUS_REASON.get(status, "abort")
     return "stop"
+
+
+def normalize_reason(reason: str | None) -> str:
+    """DOMAIN §5.5: a known finished reason passes through; anything else is ``abort``."""
+    return reason if reason in FINISHED_REASONS else "abort"

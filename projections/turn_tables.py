@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from events.types import FINISHED_REASONS, ts_to_us
 from projections.collapse import Segment, collapse_segments
+from projections.intervals import span_ms
+from projections.reasons import normalize_reason
 
 PREPROCESS_TIMING_KEY = "preprocess_ms"
 """The ``pipeline_timings`` key read as the turn's input preprocess time (ms)."""
@@ -126,15 +127,6 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def span_ms(start_ts: float, end_ts: float) -> float:
-    """(end - start) in ms, computed on integer microseconds so that log timestamps (already
-    microsecond-rounded, events.types.ts_from_any) give exact spans (1700.0, not 1700.0000000000455)."""
-    return (ts_to_us(end_ts) - ts_to_us(start_ts)) / 1000.0
-
-
-def normalize_reason(reason: str | None) -> str:
-    """DOMAIN §5.5: a known finished reason passes through; anything else is ``abort``."""
-    return reason if reason in FINISHED_REASONS else "abort"
 
 
 def _edges(

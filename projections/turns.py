@@ -69,7 +69,8 @@ from events.records import StoredEvent
 from projections.collapse import EMPTY, StageCollapse
 from projections.findings import Finding, severity_of
 from projections.reasons import reason_for, reason_for_cancel_source, reason_for_end
-from projections.turn_tables import TurnTables, build_turn_tables, span_ms
+from projections.intervals import gen_ms, tpot_ms, ttft_ms
+from projections.turn_tables import TurnTables, build_turn_tables
 
 Edge = tuple[int, int]
 TURN, PENDING, NOWHERE = "turn", "pending", "nowhere"
@@ -90,15 +91,11 @@ class DerivedStage:
     def to_segment(self) -> StageCollapse:
         """One segment of the stage (DOMAIN §5.3 decision; CASE-03/09/10), durations in ms from
         integer microseconds."""
-        ttft = tpot = gen = None
-        if self.first_token_ts is not None and self.submit_ts is not None:
-            ttft = span_ms(self.submit_ts, self.first_token_ts)
-        if self.num_tokens_out >= 2 and self.first_token_ts is not None and self.last_token_ts is not None:
-            tpot = span_ms(self.first_token_ts, self.last_token_ts) / (self.num_tokens_out - 1)
-        if self.submit_ts is not None and self.last_ts is not None:
-            gen = max(span_ms(self.submit_ts, self.last_ts), 0.0)
-        return StageCollapse.from_values(num_tokens_in=self.num_tokens_in, num_tokens_out=self.num_tokens_out,
-                                         stage_gen_time_ms=gen, vllm_ttft_ms=ttft, vllm_tpot_ms=tpot)
+        return StageCollapse.from_values(
+            num_tokens_in=self.num_tokens_in, num_tokens_out=self.num_tokens_out,
+            stage_gen_time_ms=gen_ms(self.submit_ts, self.last_ts),
+            vllm_ttft_ms=ttft_ms(self.submit_ts, self.first_token_ts),
+            vllm_tpot_ms=tpot_ms(self.first_token_ts, self.last_token_ts, self.num_tokens_out))
 
 
 @dataclass(slots=True)
@@ -561,11 +558,13 @@ def snapshot_segment(e: Any) -> StageCollapse | None:
     if len({v.clock for v in present.values()}) > 1:
         return None
     overrides: dict[str, float] = {}
-    if stats.vllm_ttft_ms is None and "submit" in present and "first" in present:
-        overrides["vllm_ttft_ms"] = (present["first"].s - present["submit"].s) * 1000.0
-    n_out = stats.num_tokens_out or 0
-    if stats.vllm_tpot_ms is None and "first" in present and "last" in present and n_out >= 2:
-        overrides["vllm_tpot_ms"] = (present["last"].s - present["first"].s) * 1000.0 / (n_out - 1)
+    def stamp(name: str) -> float | None:
+        return present[name].s if name in present else None
+
+    if stats.vllm_ttft_ms is None and (ttft := ttft_ms(stamp("submit"), stamp("first"))) is not None:
+        overrides["vllm_ttft_ms"] = ttft
+    if stats.vllm_tpot_ms is None and (tpot := tpot_ms(stamp("first"), stamp("last"), stats.num_tokens_out)) is not None:
+        overrides["vllm_tpot_ms"] = tpot
     return StageCollapse.from_snapshot(stats, overrides)
 
 

@@ -37,7 +37,8 @@ from engine_bridge.trace_runner import LineOutcome, RunProgress, TraceRunResult
 from engine_bridge.traces import Trace, TraceError, TraceLine, parse_traces
 from events.store.url import redact
 from reports import cli_projections
-from reports.cli_errors import checked_url, fail, report, run
+from reports.cli_errors import checked_url, fail, report
+from reports.cli_errors import run as run_body  # `run` is this module's command
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
@@ -211,7 +212,7 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
     thinker_dir = _prepare(model, err)
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = engine_config(model, max_tokens, talker_model)
-    result, timings = run(
+    result, timings = run_body(
         lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port), url)
     problems = result.problems
     if problems:

@@ -105,8 +105,9 @@ def db_grant(
     connects as ROLE and cannot update, delete or disable the append-only triggers."""
     from events.store.roles import grant_app_role
 
-    _run(lambda: grant_app_role(db, role))
-    typer.echo(f"granted {role} SELECT/INSERT on events and the read models on {redact(resolve_url(db))}")
+    url = checked_url(db)
+    run(lambda: grant_app_role(url, role), url)
+    typer.echo(f"granted {role} SELECT/INSERT on events and the read models on {redact(url)}")
 
 
 # --- events ------------------------------------------------------------------------------

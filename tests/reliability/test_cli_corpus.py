@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from projections.findings import Finding
 from reports.cli_errors import exit_code
 from reports.cli_projections import _findings_table
-from tests.reliability.support import LOG, SECRET, cli, export, fingerprint, refused_cleanly
+from tests.reliability.support import LOG, SECRET, cli, fingerprint, refused_cleanly
 
 COMMANDS = [("audit",), ("tables",), ("rebuild", "--quiet"), ("events", "export"), ("db", "current"),
             ("db", "upgrade"), ("events", "tail"), ("events", "import", str(LOG))]
