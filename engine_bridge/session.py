@@ -579,7 +579,8 @@ class Session:
                                         finished_reason="stop"))
         self.log.emit_later(*events)
         answer = "".join(turn.text)
-        self._history += [{"role": "user", "content": turn.user_text}, {"role": "assistant", "content": answer}]
+        self._history = [*self._history[-4:], {"role": "user", "content": turn.user_text},
+                         {"role": "assistant", "content": answer}]  # the prompt uses the last 6 messages
         if turn.response_id is not None:
             self._send("response.done", response_id=turn.response_id, reason="stop", finish_reason=finish_reason,
                        text=answer)

@@ -28,6 +28,9 @@ from projections.findings import Finding, severity_of
 _segment_of = lru_cache(maxsize=4096)(rid.encode_session)
 
 RESERVED, SUBMITTED, FINISHED = "reserved", "submitted", "finished"
+RETIRED_IDS_KEPT = 256
+"""Cleaned-up ids whose life a session remembers (to name a late fact of one ``output_after_*``);
+older ones are forgotten, so a session of a million turns folds in flat memory."""
 
 
 @dataclass(slots=True)
@@ -93,6 +96,7 @@ class SessionResources:
     last_position: int = 0
     last_ts: float = 0.0
     reported: set[tuple[str, str, int | None]] = field(default_factory=set)
+    retired: dict[str, None] = field(default_factory=dict)  # cleaned-up ids, oldest first (bounded)
 
     def keys_of(self, request_id: str) -> list[tuple[int, str]]:
         return [k for k in self.bindings if k[1] == request_id]
@@ -202,6 +206,20 @@ class ResourcesFold:
             life = session.lives[request_id] = IdLife(request_id, stored.position, stored.event.ts)
         life.touch(stored.position, stored.event.ts)
         return life
+
+    @staticmethod
+    def _retire(s: SessionResources, life: IdLife) -> None:
+        """Remember ``life`` as cleaned up; forget the oldest cleaned ids beyond
+        :data:`RETIRED_IDS_KEPT` (their lives and report marks), keeping memory flat (R6)."""
+        s.retired.pop(life.request_id, None)
+        s.retired[life.request_id] = None
+        while len(s.retired) > RETIRED_IDS_KEPT:
+            old = next(iter(s.retired))
+            del s.retired[old]
+            gone = s.lives.get(old)
+            if gone is not None and gone.cleanup_ok and not gone.abort_pending and not s.keys_of(old):
+                del s.lives[old]
+                s.reported = {key for key in s.reported if key[1] != old}
 
     def _point(self, session: SessionResources, kind: str, stage_id: int | None, request_id: str | None,
                stored: StoredEvent, evidence: Iterable[int], detail: str, first: tuple[int, float] | None = None,
@@ -447,6 +465,7 @@ class ResourcesFold:
         self._drop(s, (e.stage_id, e.request_id), st)
         if not s.keys_of(e.request_id) and self._all_finished(s, life):
             life.cleanup_ok = True  # a finished id whose bindings are gone is cleaned (CASE-02)
+            self._retire(s, life)
         return ACCEPTED
 
     @staticmethod
@@ -516,6 +535,7 @@ class ResourcesFold:
                 self._drop(s, (e.stage_id, request_id), st)  # only the binding its abort saw (D10)
             if not s.keys_of(request_id) and not life.abort_failed:
                 life.cleanup_ok = True
+                self._retire(s, life)
         return ACCEPTED
 
     def _release_requested(self, s: SessionResources, st: StoredEvent) -> Verdict:
@@ -533,6 +553,8 @@ class ResourcesFold:
                 if 0 in life.finished_stages:
                     life.abort_failed.clear()  # finished on the engine: releasing it is the whole cleanup
                 life.cleanup_ok = not life.abort_failed
+                if life.cleanup_ok:
+                    self._retire(s, life)
             else:
                 life.abort_failed[-1] = (st.position, e.ts)  # -1: the release pool (no stage)
         return ACCEPTED

@@ -129,7 +129,7 @@ class SessionTurns:
     completed_below: int = 0  # the model completed every turn below this (TurnCompleted)
     current_id: str | None = None  # the last Stage0 id submitted
     live: dict[str, int] = field(default_factory=dict)  # id -> position of the submit opening its live segment
-    submitted: set[str] = field(default_factory=set)  # ids this session ever submitted
+    submitted: dict[str, None] = field(default_factory=dict)  # ids submitted, oldest first (bounded)
     pending_request_id: str | None = None  # the id every pending fact belongs to (D1)
     pending_rows: dict[int, StageCollapse] = field(default_factory=dict)
     pending_first_ts: dict[int, float] = field(default_factory=dict)
@@ -376,7 +376,7 @@ class TurnsFold:
         if s.current_id != e.request_id or s.pending_request_id not in (None, e.request_id):
             s.clear_pending()
         s.current_id = e.request_id
-        s.submitted.add(e.request_id)
+        remember(s.submitted, e.request_id, s.live)
         s.live[e.request_id] = st.position
         turn = s.open
         if turn is not None and turn.request_id is None:
@@ -513,6 +513,7 @@ class TurnsFold:
         assert turn is not None
         s.open = None
         s.terminals[turn.response_id] = Terminal(reason, {st.event.type})  # type: ignore[attr-defined]
+        remember(s.terminals, None, {})
         if end_segment:
             s.end_segment(turn.request_id)
         if turn.request_id is not None and not rid.is_duplex(turn.request_id):
@@ -538,6 +539,22 @@ class TurnsFold:
             segments=segments, stage_first_ts=first_ts, stage_last_ts=last_ts, tx_delta=tx_delta,
             edge_order=list(s.tx_totals), num_stages=s.num_stages,
             snapshot_stages=frozenset(turn.segments)))
+
+
+KEPT_PER_SESSION = 256
+"""Submitted ids and finalized responses a session remembers (to tell a late fact or a second
+terminal from an unknown one); older ones are forgotten, so memory stays flat."""
+
+
+def remember(kept: dict[Any, Any], key: Any, pinned: dict[Any, Any]) -> None:
+    """Add ``key`` (None: nothing) to the insertion-ordered ``kept`` and drop its oldest entries
+    beyond :data:`KEPT_PER_SESSION`, except those in ``pinned`` (ids with a live segment)."""
+    if key is not None:
+        kept.pop(key, None)
+        kept[key] = None
+    for old in list(kept)[: max(len(kept) - KEPT_PER_SESSION, 0)]:
+        if old not in pinned:
+            del kept[old]
 
 
 def _title_turn(request_id: str | None, turn_id: int) -> int:
