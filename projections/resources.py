@@ -21,8 +21,31 @@ from typing import Iterable
 
 from events import ids as rid
 from events.records import StoredEvent
-from events.types import Capabilities, Fence
-
+from events.types import (
+    AbortRequested,
+    AbortResult,
+    ActiveRequestBound,
+    Capabilities,
+    CommandRejected,
+    EpochAdvanced,
+    Fence,
+    InputAppended,
+    ReleaseRequested,
+    ReleaseResult,
+    ResponseListened,
+    SessionClosed,
+    SessionOpened,
+    StageMetricsReported,
+    StageOutput,
+    StageRequestFinished,
+    StageRequestForwarded,
+    StageRequestLost,
+    StageRequestReleased,
+    StageRequestReserved,
+    StageRequestRestored,
+    StageRequestSubmitted,
+)
+from projections.dispatch import dispatch_table
 from projections.findings import Finding, severity_of
 
 _segment_of = lru_cache(maxsize=4096)(rid.encode_session)
@@ -161,28 +184,28 @@ class ResourcesFold:
         self.point_findings: list[Finding] = []
         self.position = 0
         self.ts = 0.0
-        self._handlers = {
-            "SessionOpened": self._opened,
-            "SessionClosed": self._closed,
-            "StageRequestReserved": self._reserved,
-            "StageRequestSubmitted": self._submitted,
-            "StageRequestForwarded": self._forwarded,
-            "StageOutput": self._output,
-            "StageRequestFinished": self._finished,
-            "StageRequestReleased": self._released,
-            "StageRequestRestored": self._restored,
-            "StageRequestLost": self._lost,
-            "AbortRequested": self._abort_requested,
-            "AbortResult": self._abort_result,
-            "ReleaseRequested": self._release_requested,
-            "ReleaseResult": self._release_result,
-            "ActiveRequestBound": self._active_bound,
-            "CommandRejected": self._rejected,
-            "EpochAdvanced": self._epoch_advanced,
-            "InputAppended": self._appended,
-            "StageMetricsReported": self._metrics,
-            "ResponseListened": self._listened,
-        }
+        self._handlers = dispatch_table({
+            SessionOpened: self._opened,
+            SessionClosed: self._closed,
+            StageRequestReserved: self._reserved,
+            StageRequestSubmitted: self._submitted,
+            StageRequestForwarded: self._forwarded,
+            StageOutput: self._output,
+            StageRequestFinished: self._finished,
+            StageRequestReleased: self._released,
+            StageRequestRestored: self._restored,
+            StageRequestLost: self._lost,
+            AbortRequested: self._abort_requested,
+            AbortResult: self._abort_result,
+            ReleaseRequested: self._release_requested,
+            ReleaseResult: self._release_result,
+            ActiveRequestBound: self._active_bound,
+            CommandRejected: self._rejected,
+            EpochAdvanced: self._epoch_advanced,
+            InputAppended: self._appended,
+            StageMetricsReported: self._metrics,
+            ResponseListened: self._listened,
+        })
 
     # ------------------------------------------------------------------ apply
     def apply(self, stored: StoredEvent) -> Verdict:
@@ -195,8 +218,8 @@ class ResourcesFold:
         etype = event.type  # type: ignore[attr-defined]
         if session.pending_retarget is not None and etype != "ActiveRequestBound":
             self._check_retarget(session, stored)
-        handler = self._handlers.get(etype)
-        verdict = handler(session, stored) if handler is not None else ACCEPTED
+        handler = self._handlers.get(type(event))
+        verdict = handler(session, stored, event) if handler is not None else ACCEPTED
         session.last_position, session.last_ts = stored.position, event.ts
         return verdict
 
@@ -235,8 +258,7 @@ class ResourcesFold:
             stored.event.ts, tuple(sorted(set(evidence) | {stored.position})), detail, severity_of(kind)))
 
     # ------------------------------------------------------------------ lifecycle
-    def _opened(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _opened(self, s: SessionResources, st: StoredEvent, e: SessionOpened) -> Verdict:
         if s.closed_at is not None and not s.holds_anything():
             # A reopen (new incarnation) of a closed session that holds nothing starts fresh.
             s = self.sessions[e.session_id] = SessionResources(e.session_id)
@@ -248,14 +270,14 @@ class ResourcesFold:
         s.closed_at = None
         return ACCEPTED
 
-    def _closed(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        s.closed_at = (st.position, st.event.ts)
+    def _closed(self, s: SessionResources, st: StoredEvent, e: SessionClosed) -> Verdict:
+        s.closed_at = (st.position, e.ts)
         return ACCEPTED
 
-    def _epoch_advanced(self, s: SessionResources, st: StoredEvent) -> Verdict:
+    def _epoch_advanced(self, s: SessionResources, st: StoredEvent, e: EpochAdvanced) -> Verdict:
         """DOMAIN §2.1: outputs, appends, submits and forwards of an older epoch are dropped from
         here on; the accepted fence moves to (new epoch, 0) at least."""
-        new_epoch = st.event.new_epoch
+        new_epoch = e.new_epoch
         if new_epoch > s.epoch:
             s.epoch = new_epoch
             s.accepted_fence = max(s.accepted_fence, (new_epoch, 0))
@@ -303,8 +325,7 @@ class ResourcesFold:
         return REFUSED
 
     # ------------------------------------------------------------------ binding
-    def _reserved(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _reserved(self, s: SessionResources, st: StoredEvent, e: StageRequestReserved) -> Verdict:
         key = (e.stage_id, e.request_id)
         fence = e.fence.key()
         existing = s.bindings.get(key)
@@ -332,8 +353,7 @@ class ResourcesFold:
             s.accepted_fence = max(s.accepted_fence, (fence.epoch, fence.turn_id))
         return life
 
-    def _submitted(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _submitted(self, s: SessionResources, st: StoredEvent, e: StageRequestSubmitted) -> Verdict:
         key = (e.stage_id, e.request_id)
         existing = s.bindings.get(key)
         ephemeral = rid.is_ephemeral(e.request_id)
@@ -391,8 +411,7 @@ class ResourcesFold:
             self._point(s, "active_not_retargeted", 0, stale, st, [pos],
                         f"active request still {stale} after {new} was submitted (R5)", first=(pos, ts), once=True)
 
-    def _forwarded(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _forwarded(self, s: SessionResources, st: StoredEvent, e: StageRequestForwarded) -> Verdict:
         stale = self._stale_fence(s, e.request_id, e.fence)
         if stale is not None:
             self._point(s, "forward_ignored", e.stage_id, e.request_id, st, [], f"forward ignored: {stale}")
@@ -403,8 +422,7 @@ class ResourcesFold:
         self._bind(s, st, e.stage_id, e.request_id, e.fence)
         return ACCEPTED
 
-    def _output(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _output(self, s: SessionResources, st: StoredEvent, e: StageOutput) -> Verdict:
         verdict = self._gate_fact(s, st, e.stage_id, e.request_id, "output")
         if not verdict.accepted:
             return verdict
@@ -418,8 +436,7 @@ class ResourcesFold:
             life.finished_stages.add(e.stage_id)
         return ACCEPTED
 
-    def _finished(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _finished(self, s: SessionResources, st: StoredEvent, e: StageRequestFinished) -> Verdict:
         verdict = self._gate_fact(s, st, e.stage_id, e.request_id, "finish")
         if not verdict.accepted:
             return verdict
@@ -430,18 +447,16 @@ class ResourcesFold:
             binding.finished = True
         return ACCEPTED
 
-    def _metrics(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _metrics(self, s: SessionResources, st: StoredEvent, e: StageMetricsReported) -> Verdict:
         return self._gate_fact(s, st, e.stage_id, e.request_id, "metrics snapshot")
 
-    def _listened(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        return self._gate_fact(s, st, 0, st.event.request_id, "listen unit")
+    def _listened(self, s: SessionResources, st: StoredEvent, e: ResponseListened) -> Verdict:
+        return self._gate_fact(s, st, 0, e.request_id, "listen unit")
 
-    def _appended(self, s: SessionResources, st: StoredEvent) -> Verdict:
+    def _appended(self, s: SessionResources, st: StoredEvent, e: InputAppended) -> Verdict:
         """DOMAIN §5.7 D9: an append under a stale fence, or naming an id the session does not
         hold (released, aborted, never reserved), changes nothing (no arrival stamp) and is
         one warning."""
-        e = st.event
         stale = self._stale_fence(s, e.request_id, e.fence)
         if stale is not None:
             self._point(s, "stale_fence", 0, e.request_id, st, [], f"append refused: {stale}")
@@ -459,8 +474,7 @@ class ResourcesFold:
         if s.bindings.pop(key, None) is not None and not s.keys_of(key[1]):
             s.lives[key[1]].keys_dropped_at = (st.position, st.event.ts)
 
-    def _released(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _released(self, s: SessionResources, st: StoredEvent, e: StageRequestReleased) -> Verdict:
         life = self._life(s, e.request_id, st)
         self._drop(s, (e.stage_id, e.request_id), st)
         if not s.keys_of(e.request_id) and self._all_finished(s, life):
@@ -472,8 +486,7 @@ class ResourcesFold:
     def _all_finished(s: SessionResources, life: IdLife) -> bool:
         return 0 in life.finished_stages
 
-    def _restored(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _restored(self, s: SessionResources, st: StoredEvent, e: StageRequestRestored) -> Verdict:
         life = self._life(s, e.request_id, st)
         fence = e.fence.key() if e.fence is not None else None
         s.bindings[(e.stage_id, e.request_id)] = Binding(
@@ -481,8 +494,7 @@ class ResourcesFold:
         life.keys_dropped_at = None
         return ACCEPTED
 
-    def _lost(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _lost(self, s: SessionResources, st: StoredEvent, e: StageRequestLost) -> Verdict:
         life = self._life(s, e.request_id, st)
         self._drop(s, (e.stage_id, e.request_id), st)
         if not s.keys_of(e.request_id):
@@ -491,8 +503,7 @@ class ResourcesFold:
             life.abort_failed.clear()
         return ACCEPTED
 
-    def _abort_requested(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _abort_requested(self, s: SessionResources, st: StoredEvent, e: AbortRequested) -> Verdict:
         for request_id in e.request_ids:
             known = request_id in s.lives
             life = self._life(s, request_id, st)
@@ -511,8 +522,7 @@ class ResourcesFold:
                 life.abort_snapshot[stage_id] = binding.since_position if binding is not None else None
         return ACCEPTED
 
-    def _abort_result(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _abort_result(self, s: SessionResources, st: StoredEvent, e: AbortResult) -> Verdict:
         for request_id in e.request_ids:
             life = s.lives.get(request_id)
             if life is None or e.stage_id not in life.abort_pending:
@@ -538,13 +548,12 @@ class ResourcesFold:
                 self._retire(s, life)
         return ACCEPTED
 
-    def _release_requested(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        for request_id in st.event.request_ids:
+    def _release_requested(self, s: SessionResources, st: StoredEvent, e: ReleaseRequested) -> Verdict:
+        for request_id in e.request_ids:
             self._life(s, request_id, st)
         return ACCEPTED
 
-    def _release_result(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _release_result(self, s: SessionResources, st: StoredEvent, e: ReleaseResult) -> Verdict:
         for request_id in e.request_ids:
             life = self._life(s, request_id, st)
             if e.outcome == "ok":
@@ -559,14 +568,13 @@ class ResourcesFold:
                 life.abort_failed[-1] = (st.position, e.ts)  # -1: the release pool (no stage)
         return ACCEPTED
 
-    def _active_bound(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        s.active_request_id = st.event.request_id
+    def _active_bound(self, s: SessionResources, st: StoredEvent, e: ActiveRequestBound) -> Verdict:
+        s.active_request_id = e.request_id
         if s.pending_retarget is not None and s.active_request_id == s.pending_retarget[3]:
             s.pending_retarget = None
         return ACCEPTED
 
-    def _rejected(self, s: SessionResources, st: StoredEvent) -> Verdict:
-        e = st.event
+    def _rejected(self, s: SessionResources, st: StoredEvent, e: CommandRejected) -> Verdict:
         self._point(s, "command_rejected", None, e.request_id, st, [], f"{e.command}: {e.error_code}: {e.message}")
         return ACCEPTED
 
@@ -628,7 +636,7 @@ class ResourcesFold:
             elif b.submitted and not b.finished and idle:
                 kind = "orphan"
             if kind is not None:
-                first_pos, first_ts = (s.closed_at if closed and kind == "held_after_close"
+                first_pos, first_ts = (s.closed_at if s.closed_at is not None and kind == "held_after_close"
                                        else (b.since_position, b.since_ts))
                 out.append(Finding(s.session_id, stage_id, request_id, kind, first_pos, first_ts, s.last_position,
                                    s.last_ts, tuple(sorted(set(life.evidence))), self._detail(b, life), "leak"))

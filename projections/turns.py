@@ -65,11 +65,33 @@ from typing import Any
 
 from events import ids as rid
 from events.records import StoredEvent
-
+from events.types import (
+    AbortRequested,
+    CancelRequested,
+    EpochAdvanced,
+    InputAppended,
+    ResponseBegun,
+    ResponseEnded,
+    ResponseListened,
+    SessionClosed,
+    SessionOpened,
+    StageMetricsReported,
+    StageOutput,
+    StageRequestFinished,
+    StageRequestForwarded,
+    StageRequestLost,
+    StageRequestReleased,
+    StageRequestSubmitted,
+    TransferTx,
+    TurnCommitted,
+    TurnCompleted,
+    TurnFinalized,
+)
 from projections.collapse import EMPTY, StageCollapse
+from projections.dispatch import dispatch_table
 from projections.findings import Finding, severity_of
-from projections.reasons import reason_for, reason_for_cancel_source, reason_for_end
 from projections.intervals import gen_ms, tpot_ms, ttft_ms
+from projections.reasons import reason_for, reason_for_cancel_source, reason_for_end
 from projections.turn_tables import TurnTables, build_turn_tables
 
 Edge = tuple[int, int]
@@ -166,35 +188,35 @@ class TurnsFold:
         self.silent: set[str] = set()  # live mode: sessions with log_stats off
         self.finalized: list[TurnTables] = []
         self.findings: list[Finding] = []
-        self._handlers = {
-            "InputAppended": self._appended,
-            "TurnCommitted": self._committed,
-            "ResponseBegun": self._begun,
-            "ResponseEnded": self._ended,
-            "TurnFinalized": self._turn_finalized,
-            "CancelRequested": self._cancel,
-            "AbortRequested": self._abort,
-            "SessionClosed": self._closed,
-            "SessionOpened": self._opened,
-            "StageRequestSubmitted": self._submitted,
-            "StageRequestForwarded": self._forwarded,
-            "StageOutput": self._output,
-            "StageRequestFinished": self._finished,
-            "StageMetricsReported": self._metrics,
-            "ResponseListened": self._listened,
-            "StageRequestReleased": self._released,
-            "StageRequestLost": self._released,
-            "EpochAdvanced": self._epoch_advanced,
-            "TransferTx": self._transfer,
-            "TurnCompleted": self._turn_completed,
-        }
+        self._handlers = dispatch_table({
+            InputAppended: self._appended,
+            TurnCommitted: self._committed,
+            ResponseBegun: self._begun,
+            ResponseEnded: self._ended,
+            TurnFinalized: self._turn_finalized,
+            CancelRequested: self._cancel,
+            AbortRequested: self._abort,
+            SessionClosed: self._closed,
+            SessionOpened: self._opened,
+            StageRequestSubmitted: self._submitted,
+            StageRequestForwarded: self._forwarded,
+            StageOutput: self._output,
+            StageRequestFinished: self._finished,
+            StageMetricsReported: self._metrics,
+            ResponseListened: self._listened,
+            StageRequestReleased: self._released,
+            StageRequestLost: self._released,
+            EpochAdvanced: self._epoch_advanced,
+            TransferTx: self._transfer,
+            TurnCompleted: self._turn_completed,
+        })
 
     def apply(self, stored: StoredEvent, accepted: bool = True) -> None:
         """Apply one event; ``accepted`` False (refused by the resources fold) is skipped."""
         if not accepted:
             return
         event = stored.event
-        handler = self._handlers.get(event.type)  # type: ignore[attr-defined]
+        handler = self._handlers.get(type(event))
         if handler is None:
             return
         sid = event.session_id
@@ -212,7 +234,7 @@ class TurnsFold:
         s = self.sessions.get(sid)
         if s is None:
             s = self.sessions[sid] = SessionTurns(sid)
-        handler(s, stored)
+        handler(s, stored, event)
 
     def take_finalized(self) -> list[TurnTables]:
         out, self.finalized = self.finalized, []
@@ -229,12 +251,12 @@ class TurnsFold:
         self.findings.append(_finding(s.session_id, kind, stage_id, request_id, st, detail))
 
     # ------------------------------------------------------------------ lifecycle
-    def _opened(self, s: SessionTurns, st: StoredEvent) -> None:
+    def _opened(self, s: SessionTurns, st: StoredEvent, e: SessionOpened) -> None:
         if s.closed:
             s = self.sessions[s.session_id] = SessionTurns(s.session_id)
-        s.num_stages = st.event.num_stages
+        s.num_stages = e.num_stages
 
-    def _closed(self, s: SessionTurns, st: StoredEvent) -> None:
+    def _closed(self, s: SessionTurns, st: StoredEvent, e: SessionClosed) -> None:
         if s.open is not None:
             self._finalize(s, st, "close")
         s.closed = True
@@ -242,19 +264,17 @@ class TurnsFold:
         s.current_id = None
         s.clear_pending()
 
-    def _epoch_advanced(self, s: SessionTurns, st: StoredEvent) -> None:
+    def _epoch_advanced(self, s: SessionTurns, st: StoredEvent, e: EpochAdvanced) -> None:
         """DOMAIN §2.1: every id of the older epoch leaves its segment; nothing buffered survives."""
         s.live.clear()
         s.current_id = None
         s.clear_pending()
 
-    def _released(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _released(self, s: SessionTurns, st: StoredEvent, e: StageRequestReleased | StageRequestLost) -> None:
         if e.stage_id == 0:
             s.end_segment(e.request_id)
 
-    def _turn_completed(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _turn_completed(self, s: SessionTurns, st: StoredEvent, e: TurnCompleted) -> None:
         s.completed_below = max(s.completed_below, e.completed_turn_id + 1)
 
     # ------------------------------------------------------------------ arrival
@@ -263,11 +283,10 @@ class TurnsFold:
         if s.pending_stamp is None:
             s.pending_stamp = ts
 
-    def _appended(self, s: SessionTurns, st: StoredEvent) -> None:
-        self._stamp(s, st.event.ts)
+    def _appended(self, s: SessionTurns, st: StoredEvent, e: InputAppended) -> None:
+        self._stamp(s, e.ts)
 
-    def _committed(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _committed(self, s: SessionTurns, st: StoredEvent, e: TurnCommitted) -> None:
         if e.response_id is not None and e.create_response and e.action != "START_AUTO_RESPONSE":
             # Pre-created at commit (DOMAIN §2.3): the turn opens now, arrival = commit ts (M6).
             s.pending_stamp = None
@@ -278,8 +297,7 @@ class TurnsFold:
         self._stamp(s, e.ts)
 
     # ------------------------------------------------------------------ open
-    def _begun(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _begun(self, s: SessionTurns, st: StoredEvent, e: ResponseBegun) -> None:
         if e.request_id is not None and not rid.is_duplex(e.request_id):
             return  # chat ids never open a turn (M12)
         self._begin(s, st, e.response_id, e.request_id, e.turn_id, e.commit_ts)
@@ -365,12 +383,11 @@ class TurnsFold:
         return derived
 
     # ------------------------------------------------------------------ ingest
-    def _submitted(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _submitted(self, s: SessionTurns, st: StoredEvent, e: StageRequestSubmitted) -> None:
         if not rid.is_duplex(e.request_id):
             return
         if e.stage_id != 0:
-            self._forwarded(s, st)
+            self._forwarded(s, st, e)
             return
         # A new segment of this id (DOMAIN §5.7 D1): the session's current id from now on.
         if s.current_id != e.request_id or s.pending_request_id not in (None, e.request_id):
@@ -389,8 +406,7 @@ class TurnsFold:
         s.pending_request_id = e.request_id
         s.pending_derived[0] = DerivedStage(e.request_id, e.ts, e.num_tokens_in)  # this segment's submit
 
-    def _forwarded(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _forwarded(self, s: SessionTurns, st: StoredEvent, e: StageRequestForwarded | StageRequestSubmitted) -> None:
         if not rid.is_duplex(e.request_id):
             return
         where = self._target(s, st, e.stage_id, e.request_id, "forward")
@@ -399,8 +415,7 @@ class TurnsFold:
             if d.submit_ts is None:
                 d.submit_ts = e.ts
 
-    def _output(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _output(self, s: SessionTurns, st: StoredEvent, e: StageOutput) -> None:
         if not rid.is_duplex(e.request_id):
             return
         where = self._target(s, st, e.stage_id, e.request_id, "output", e.model_turn_id)
@@ -416,21 +431,18 @@ class TurnsFold:
         if where == TURN and e.finished and e.finish_reason == "abort":
             self._finalize(s, st, "abort")  # the engine ended the turn's request (D11)
 
-    def _finished(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _finished(self, s: SessionTurns, st: StoredEvent, e: StageRequestFinished) -> None:
         if not rid.is_duplex(e.request_id):
             return
         where = self._target(s, st, e.stage_id, e.request_id, "finish", e.model_turn_id, warn=False)
         if where == TURN and e.finish_reason == "abort":
             self._finalize(s, st, "abort")  # engine abort of the turn's id (D11, CASE-21)
 
-    def _listened(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _listened(self, s: SessionTurns, st: StoredEvent, e: ResponseListened) -> None:
         if e.request_id is not None and rid.is_duplex(e.request_id):
             self._target(s, st, 0, e.request_id, "listen unit")
 
-    def _metrics(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _metrics(self, s: SessionTurns, st: StoredEvent, e: StageMetricsReported) -> None:
         if not rid.is_duplex(e.request_id):
             return  # chat ids never buffer (M12)
         segment = snapshot_segment(e)
@@ -459,8 +471,7 @@ class TurnsFold:
         s.pending_last_ts[e.stage_id] = max(s.pending_last_ts.get(e.stage_id, e.ts), e.ts)
         self._stamp(s, first)
 
-    def _transfer(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _transfer(self, s: SessionTurns, st: StoredEvent, e: TransferTx) -> None:
         edge = (e.from_stage, e.to_stage)
         total = s.tx_totals.setdefault(edge, [0.0, 0, False])
         total[0] += e.tx_time_ms
@@ -468,24 +479,20 @@ class TurnsFold:
         total[2] = total[2] or e.used_shm
 
     # ------------------------------------------------------------------ finalize
-    def _ended(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _ended(self, s: SessionTurns, st: StoredEvent, e: ResponseEnded) -> None:
         self._terminal(s, st, e.response_id, reason_for_end(e.cause, e.status))
 
-    def _turn_finalized(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _turn_finalized(self, s: SessionTurns, st: StoredEvent, e: TurnFinalized) -> None:
         self._terminal(s, st, e.response_id, reason_for(e.finished_reason))
 
-    def _cancel(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _cancel(self, s: SessionTurns, st: StoredEvent, e: CancelRequested) -> None:
         reason = reason_for_cancel_source(e.source)
         if e.response_id is not None:
             self._terminal(s, st, e.response_id, reason)
         elif s.open is not None:
             self._finalize(s, st, reason)
 
-    def _abort(self, s: SessionTurns, st: StoredEvent) -> None:
-        e = st.event
+    def _abort(self, s: SessionTurns, st: StoredEvent, e: AbortRequested) -> None:
         if s.open is not None and s.open.request_id is not None and s.open.request_id in e.request_ids:
             self._finalize(s, st, reason_for(e.reason) if e.reason is not None else "abort")
         for request_id in e.request_ids:
