@@ -10,14 +10,19 @@ returns only once durable). Rows, all in one run on the same prepared events:
   indexes and triggers) in ONE transaction — the ceiling, no durability per call.
 * ``eventsourcing``: v9.5.6 ``SQLiteApplicationRecorder`` (via ``SQLiteDatastore``), 32
   threads calling ``insert_events`` with the same batches.
-* read-back: ``EventStore.read_all`` decoding every event into its pydantic model.
+* ``bare group commit``: the ceiling of W (:mod:`benchmarks.group_commit_ceiling`): 32
+  producers, one writer thread, plain sqlite3, ``BEGIN IMMEDIATE`` + ``executemany`` of what is
+  queued, each producer awaiting its own commit. The store's row is printed as a ratio to it,
+  both the median of ``--repeats`` alternating runs in this process.
+* read-back: ``EventStore.read_all`` decoding every event into its pydantic model, as a ratio
+  to plain sqlite3 reading the rows plus ``json.loads`` of each payload (alternating, median).
 
 * ``--chain-cost``: instead, the store alone with and without the hash chain (issue 12: the
   SHA-256 link per row and the SQLite insert trigger refusing replacements), interleaved over
   ``--rounds`` rounds; prints the medians and the slowdown.
 
 Usage: ``.venv/bin/python benchmarks/bench_append.py [--sessions 32] [--events 400]
-[--per-call 1,8] [--sync FULL,NORMAL] [--chain-cost --rounds 5]``. Needs the ``bench`` extra
+[--per-call 1,8] [--sync FULL,NORMAL] [--repeats 3] [--no-peer] [--chain-cost --rounds 5]``. Needs the ``bench`` extra
 (eventsourcing), except with ``--chain-cost``.
 """
 
@@ -25,14 +30,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sqlite3
+import statistics
 import tempfile
 import threading
 import time
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import group_commit_ceiling
 from events.store import EventStore
 from events.store.migrate import upgrade
 from events.store.rows import NewRow
@@ -188,6 +199,40 @@ def bench_eventsourcing(root: Path, events: dict[str, list[EventBase]], per_call
         SQLiteConnectionPool._create_connection = original
 
 
+def bare_rows(events: dict[str, list[EventBase]]) -> dict[str, list[group_commit_ceiling.Row]]:
+    """The events as the bare group commit's prepared rows (payload JSON dumped up front)."""
+    out = {}
+    for sid, evs in events.items():
+        rows = [NewRow.from_event(e) for e in evs]
+        out[sid] = [(r.stream_id, v, r.event_id, r.type, r.schema_version, r.ts_us, r.data)
+                    for v, r in enumerate(rows, start=1)]
+    return out
+
+
+async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int, sync: str) -> float:
+    url, path = fresh_url(root, f"bare-{sync}-{per_call}")
+    if path.exists():
+        path.unlink()
+    await upgrade(url)
+    return await group_commit_ceiling.run(path, sync, rows, per_call)
+
+
+def paired(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
+           repeats: int) -> tuple[float, float, str]:
+    """(bare ceiling ev/s, store ev/s, a store URL): medians of ``repeats`` alternating runs."""
+    rows = bare_rows(events)
+    rates: dict[str, list[float]] = {"bare": [], "store": []}
+    url = ""
+    for r in range(repeats):
+        for which in (("bare", "store") if r % 2 == 0 else ("store", "bare")):
+            if which == "bare":
+                rates["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
+            else:
+                rate, url = asyncio.run(bench_store(root, events, per_call, sync))
+                rates["store"].append(rate)
+    return statistics.median(rates["bare"]), statistics.median(rates["store"]), url
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=32)
@@ -197,6 +242,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the database files go (default: a temp dir)")
     ap.add_argument("--chain-cost", action="store_true", help="the store with and without the hash chain only")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --chain-cost")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating repeats of store vs bare group commit")
+    ap.add_argument("--no-peer", action="store_true", help="skip the eventsourcing and executemany rows")
     args = ap.parse_args()
     if args.chain_cost:
         chain_cost(args)
@@ -204,27 +251,57 @@ def main() -> None:
     events = make_events(args.sessions, args.events)
     size = sum(len(NewRow.from_event(e).data) for e in next(iter(events.values()))) / args.events
     per_calls = [int(x) for x in args.per_call.split(",")]
-    print(f"{args.sessions} sessions x {args.events} events, payload ~{size:.0f} bytes/event")
-    print(f"{'row':48} {'events/s':>12}")
+    print(f"{args.sessions} sessions x {args.events} events, payload ~{size:.0f} bytes/event; "
+          f"store vs bare group commit: median of {args.repeats} alternating repeats")
+    print(f"{'row':48} {'events/s':>12} {'ratio':>7}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         read_url = None
         for sync in args.sync.split(","):
-            print(f"{'sqlite3 executemany, 1 txn (ceiling) ' + sync:48} {bench_sqlite_ceiling(root, events, sync):12,.0f}")
+            if not args.no_peer:
+                print(f"{'sqlite3 executemany, 1 txn (insert ceiling) ' + sync:48} "
+                      f"{bench_sqlite_ceiling(root, events, sync):12,.0f}")
             for pc in per_calls:
-                rate, url = asyncio.run(bench_store(root, events, pc, sync))
+                bare, rate, url = paired(root, events, pc, sync, args.repeats)
                 read_url = read_url or url
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f}")
-                es = bench_eventsourcing(root, events, pc, sync)
-                print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f}")
+                print(f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f}")
+                print(f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f}")
+                if not args.no_peer:
+                    es = bench_eventsourcing(root, events, pc, sync)
+                    print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f} {es / bare:7.2f}")
         assert read_url is not None
-        print(f"{'read-back, decoded into models':48} {asyncio.run(bench_read(read_url)):12,.0f}")
+        ceiling, ours = read_back(read_url, args.repeats)
+        print(f"{'read-back ceiling: sqlite3 rows + json.loads':48} {ceiling:12,.0f} {1.0:7.2f}")
+        print(f"{'read-back, read_all decoded into models':48} {ours:12,.0f} {ours / ceiling:7.2f}")
+
+
+def read_ceiling(url: str) -> float:
+    """Events/s of the read-back ceiling: every row through plain sqlite3, payload json.loads."""
+    path = url.split("///", 1)[1]
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    loads = json.loads
+    t0 = time.perf_counter()
+    n = 0
+    for row in conn.execute("SELECT position, stream_id, version, event_id, type, schema_version, ts_us,"
+                            " recorded_at_us, data, hash FROM events ORDER BY position"):
+        loads(row[8])
+        n += 1
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return n / elapsed
+
+
+def read_back(url: str, repeats: int) -> tuple[float, float]:
+    """(ceiling ev/s, read_all ev/s): medians of ``repeats`` alternating runs."""
+    rates: dict[str, list[float]] = {"ceiling": [], "ours": []}
+    for r in range(repeats):
+        for which in (("ceiling", "ours") if r % 2 == 0 else ("ours", "ceiling")):
+            rates[which].append(read_ceiling(url) if which == "ceiling" else asyncio.run(bench_read(url)))
+    return statistics.median(rates["ceiling"]), statistics.median(rates["ours"])
 
 
 def chain_cost(args: argparse.Namespace) -> None:
     """The store with and without the chain, interleaved (with first in even rounds), medians."""
-    import statistics
-
     events = make_events(args.sessions, args.events)
     print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds")
     print(f"{'row':40} {'with chain':>12} {'without':>12} {'slowdown':>9}")

@@ -2,13 +2,19 @@
 
 8 concurrent sessions x 5 turns on live engines (Stage0 thinker + Stage1 talker, CPU build),
 the same workload driven (a) through duplex-ledger's SessionEngine with its log on SQLite and
-(b) straight against the same vLLM ports with no ledger, in the same process, alternating
-a/b for several rounds. Prints wall time and per-turn latency p50/p99 for both, the ratios,
-events per turn and log bytes per turn.
+(b) straight against the same vLLM ports with no ledger, twice (plain and plain-B: the A/A
+noise floor), in the same process, the three arms rotated round by round. Per turn, ledger
+minus plain (issue 15): commit() -> Stage0 ``add_request`` p50/p99 and engine output -> client
+``response.text.delta`` p50/p99 (perf_counter stamps taken by :mod:`benchmarks.live_stamps`
+around the port and the session's client queue; plain: turn start -> add_request, output ->
+the loop's own append), frontend CPU per turn (``thread_time`` of the event-loop thread plus
+the ledger writer threads' CPU), engine-core steps per round, turn p50 of paired rounds; the
+wall ratio is printed next to the A/A ratio (shown, not judged).
 
     .venv/bin/python benchmarks/bench_live_overhead.py [--model tiny] [--rounds 6]
 
-Targets: the ledger adds <= 3 % wall time and <= 2 ms p99 per turn.
+Targets (issue 15): added commit -> add_request p50 <= 1 ms, p99 <= 5 ms; output -> client p50
+<= 0.5 ms; frontend CPU <= 2 ms per turn; steps within ±2 %; turn p50 within +5 ms.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.live_stamps import TURN, WRITER_CPU, StampedPort, count_writer_threads, stamp_client_queue  # noqa: E402
+
 SESSIONS, TURNS = 8, 5
 QUESTIONS = ["What is the capital of France?", "And of Italy?", "Which one is bigger?",
              "Tell me a fun fact about it.", "Thanks, that is all."]
@@ -36,49 +44,74 @@ def pct(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-async def run_ledger(ports, config, db_path: Path, synchronous: str) -> tuple[float, list[float], int, int, float,
-                                                                          tuple[int, float]]:
-    """(wall s, per-turn latencies ms, events, log bytes, CPU s of this process while the
-    sessions ran — opening and migrating the ledger excluded, (durable emits, seconds callers
-    waited on them))."""
+class Arm:
+    """What one arm collected over all its rounds (times in ms unless named otherwise)."""
+
+    def __init__(self) -> None:
+        self.walls: list[float] = []  # s, one per round
+        self.turn_p50: list[float] = []  # one per round
+        self.turns: list[float] = []
+        self.commit_to_add: list[float] = []  # commit() (plain: turn start) -> Stage0 add_request
+        self.out_to_client: list[float] = []  # engine output -> client event, per text delta
+        self.loop_cpu_s = 0.0  # CPU of the event-loop thread (the vLLM frontend and the ledger)
+        self.writer_cpu_s = 0.0  # CPU of the ledger's writer threads
+        self.steps: list[list[int]] = []  # engine iterations per round, per stage
+
+
+async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm) -> tuple[int, int, tuple[int, float]]:
+    """One round through SessionEngine, stamps into ``arm``; (events, log bytes, (durable
+    emits, seconds callers waited on them))."""
     from engine_bridge.engine import SessionEngine
 
     latencies: list[float] = []
-    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", ports, config=config,
-                                      synchronous=synchronous)
+    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", [StampedPort(ports[0]), *ports[1:]],
+                                      config=config, synchronous=synchronous)
 
     async def one(i: int) -> None:
         s = await engine.open_session(f"bench-{i}-{time.monotonic_ns()}")
+        stamp_client_queue(s, arm.out_to_client)
         for q in QUESTIONS[:TURNS]:
+            turn: dict[str, float] = {}
+            TURN.set(turn)
             t0 = time.perf_counter()
             await s.append_text(q)
+            tc = time.perf_counter()
             await s.commit()
             await s.wait_idle(300)
             latencies.append((time.perf_counter() - t0) * 1000)
+            if "add" in turn:
+                arm.commit_to_add.append((turn["add"] - tc) * 1000)
         await s.close()
 
-    start, cpu0 = time.perf_counter(), time.process_time()
+    writer0, cpu0 = sum(WRITER_CPU), time.thread_time()
+    start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(SESSIONS)))
     wall = time.perf_counter() - start
-    cpu_s = time.process_time() - cpu0
+    arm.loop_cpu_s += time.thread_time() - cpu0
     events = sum(s.log.events_written for s in engine.sessions.values())
     durable = (sum(s.log.durable_emits for s in engine.sessions.values()),
                sum(s.log.durable_wait_s for s in engine.sessions.values()))
     await engine.aclose()
+    arm.writer_cpu_s += sum(WRITER_CPU) - writer0
+    arm.walls.append(wall)
+    arm.turns += latencies
+    arm.turn_p50.append(pct(latencies, .5))
     size = sum(p.stat().st_size for p in db_path.parent.glob(db_path.name + "*"))
-    return wall, latencies, events, size, cpu_s, durable
+    return events, size, durable
 
 
-async def run_plain(ports, config) -> tuple[float, list[float]]:
+async def run_plain(ports, config, arm: Arm) -> None:
     from engine_bridge.ports import GenerationParams
 
-    thinker, talker = ports
+    thinker, talker = StampedPort(ports[0]), ports[1]
     latencies: list[float] = []
     params = GenerationParams(max_tokens=config.max_tokens, temperature=0.0, ignore_eos=config.ignore_eos)
 
     async def one(i: int) -> None:
         history: list[dict[str, str]] = []
         for n, q in enumerate(QUESTIONS[:TURNS]):
+            turn: dict[str, float] = {}
+            TURN.set(turn)
             t0 = time.perf_counter()
             rid = f"plain-{i}-{n}-{time.monotonic_ns()}"
             messages = [{"role": "system", "content": config.system_prompt}, *history[-6:],
@@ -88,6 +121,7 @@ async def run_plain(ports, config) -> tuple[float, list[float]]:
             text = []
             async for chunk in thinker.generate(rid, prompt, params):
                 text.append(chunk.text_delta)
+                arm.out_to_client.append((time.perf_counter() - turn["out"]) * 1000)
             thinker.pop_finished_stats(rid)
             answer = "".join(text)
             budget = max(1, min(config.talker_max_tokens, talker.count_tokens(answer or " ")))
@@ -96,10 +130,15 @@ async def run_plain(ports, config) -> tuple[float, list[float]]:
             talker.pop_finished_stats(rid)
             history += [{"role": "user", "content": q}, {"role": "assistant", "content": answer}]
             latencies.append((time.perf_counter() - t0) * 1000)
+            arm.commit_to_add.append((turn["add"] - t0) * 1000)
 
+    cpu0 = time.thread_time()
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(SESSIONS)))
-    return time.perf_counter() - start, latencies
+    arm.walls.append(time.perf_counter() - start)
+    arm.loop_cpu_s += time.thread_time() - cpu0
+    arm.turns += latencies
+    arm.turn_p50.append(pct(latencies, .5))
 
 
 async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float) -> None:
@@ -107,6 +146,7 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     from engine_bridge.models import resolve_model
     from engine_bridge.vllm_port import VllmStagePort
 
+    count_writer_threads()
     model_dir = resolve_model(model)
     talker_dir = resolve_model("tiny")
     thinker = await VllmStagePort.start(model_dir, stage_id=0, name="thinker", dtype=dtype)
@@ -114,59 +154,68 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     # Exact lengths on both arms: both stages run to their budget.
     config = EngineConfig(max_tokens=24, talker_max_tokens=24, ignore_eos=True, flush_interval_s=flush_s)
     ports = [thinker, talker]
-    ledger_walls, plain_walls, ledger_lat, plain_lat = [], [], [], []
+    arms = {"ledger": Arm(), "plain": Arm(), "plain-B": Arm()}
     events = size = durable_n = 0
     durable_wait_s = 0.0
-    cpu = {"ledger": 0.0, "plain": 0.0}
-    steps: dict[str, list[list[int]]] = {"ledger": [], "plain": []}  # engine iterations per round, per stage
     try:
-        await run_plain(ports, config)  # warm-up (not counted)
+        await run_plain(ports, config, Arm())  # warm-up (not counted)
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
-                order = ("ledger", "plain") if r % 2 == 0 else ("plain", "ledger")
+                names = list(arms)
+                order = names[r % 3:] + names[:r % 3]  # each arm goes first, second, third in turn
                 for which in order:
                     steps0 = [p.counters.iterations for p in ports]
                     if which == "ledger":
-                        wall, lat, ev, sz, cpu_s, (n_durable, wait_s) = await run_ledger(
-                            ports, config, Path(tmp) / f"round{r}.db", synchronous)
+                        ev, sz, (n_durable, wait_s) = await run_ledger(
+                            ports, config, Path(tmp) / f"round{r}.db", synchronous, arms[which])
                         durable_n += n_durable
                         durable_wait_s += wait_s
-                        ledger_walls.append(wall)
-                        cpu["ledger"] += cpu_s
-                        ledger_lat += lat
                         events += ev
                         size += sz
                     else:
-                        cpu0 = time.process_time()
-                        wall, lat = await run_plain(ports, config)
-                        cpu["plain"] += time.process_time() - cpu0
-                        plain_walls.append(wall)
-                        plain_lat += lat
-                    steps[which].append([p.counters.iterations - n for p, n in zip(ports, steps0)])
+                        await run_plain(ports, config, arms[which])
+                    arms[which].steps.append([p.counters.iterations - n for p, n in zip(ports, steps0)])
     finally:
         await talker.shutdown()
         await thinker.shutdown()
+    report(arms, model, rounds, synchronous, flush_s, dtype, events, size, durable_n, durable_wait_s)
+
+
+def report(arms: dict[str, Arm], model: str, rounds: int, synchronous: str, flush_s: float, dtype: str,
+           events: int, size: int, durable_n: int, durable_wait_s: float) -> None:
+    led, pl, aa = arms["ledger"], arms["plain"], arms["plain-B"]
     turns = SESSIONS * TURNS * rounds
-    lw, pw = statistics.median(ledger_walls), statistics.median(plain_walls)
-    paired = sorted(lw_r / pw_r for lw_r, pw_r in zip(ledger_walls, plain_walls))
-    plain_spread = (max(plain_walls) - min(plain_walls)) / pw
-    print(f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds alternating, "
-          f"SQLite synchronous={synchronous}, flush interval {flush_s} s, {dtype}")
-    print(f"{'':28s}{'wall s (median)':>16s}{'turn p50 ms':>14s}{'turn p99 ms':>14s}")
-    print(f"{'vLLM straight (no ledger)':28s}{pw:>16.3f}{pct(plain_lat, .5):>14.1f}{pct(plain_lat, .99):>14.1f}")
-    print(f"{'through duplex-ledger':28s}{lw:>16.3f}{pct(ledger_lat, .5):>14.1f}{pct(ledger_lat, .99):>14.1f}")
-    print(f"wall ratio ledger/plain: {lw / pw:.3f} ({(lw / pw - 1) * 100:+.1f} %); "
-          f"p99 delta: {pct(ledger_lat, .99) - pct(plain_lat, .99):+.1f} ms; "
-          f"p50 delta: {pct(ledger_lat, .5) - pct(plain_lat, .5):+.1f} ms")
-    print(f"per-round paired ratios ledger/plain: {', '.join(f'{x:.2f}' for x in paired)}; "
-          f"plain arm alone varied by {plain_spread * 100:.0f} % of its median across rounds (noise floor)")
+    print(f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds, arms "
+          f"ledger / plain / plain-B rotated, SQLite synchronous={synchronous}, flush interval {flush_s} s, {dtype}")
+    print(f"{'per turn (ms)':34s}{'plain':>10s}{'ledger':>10s}{'added':>10s}{'target':>10s}")
+
+    def row(name: str, p: float, led_v: float, target: str) -> None:
+        print(f"{name:34s}{p:>10.3f}{led_v:>10.3f}{led_v - p:>+10.3f}{target:>10s}")
+
+    row("commit -> add_request p50", pct(pl.commit_to_add, .5), pct(led.commit_to_add, .5), "<= 1")
+    row("commit -> add_request p99", pct(pl.commit_to_add, .99), pct(led.commit_to_add, .99), "<= 5")
+    row("engine output -> client p50", pct(pl.out_to_client, .5), pct(led.out_to_client, .5), "<= 0.5")
+    row("engine output -> client p99", pct(pl.out_to_client, .99), pct(led.out_to_client, .99), "")
+    row("frontend CPU (loop + writer)", (pl.loop_cpu_s + pl.writer_cpu_s) / turns * 1000,
+        (led.loop_cpu_s + led.writer_cpu_s) / turns * 1000, "<= 2")
+    print(f"{'  of which ledger writer thread':34s}{'':>10s}{led.writer_cpu_s / turns * 1000:>10.2f}")
+    paired_p50 = [lp - pp for lp, pp in zip(led.turn_p50, pl.turn_p50)]
+    row("turn p50 (median of rounds)", statistics.median(pl.turn_p50), statistics.median(led.turn_p50), "")
+    print(f"{'turn p50, paired rounds (median)':34s}{'':>10s}{'':>10s}{statistics.median(paired_p50):>+10.2f}"
+          f"{'<= +5':>10s}")
+    print(f"{'  A/A: plain-B minus plain':34s}{'':>10s}{'':>10s}"
+          f"{statistics.median(b - a for a, b in zip(pl.turn_p50, aa.turn_p50)):>+10.2f}")
+    steps = {name: [sum(r) for r in a.steps] for name, a in arms.items()}
+    ratio = statistics.median(steps["ledger"]) / statistics.median(steps["plain"])
+    print(f"engine steps per round (thinker + talker, median): plain {statistics.median(steps['plain'])}, ledger "
+          f"{statistics.median(steps['ledger'])} ({(ratio - 1) * 100:+.1f} %, target within ±2 %), plain-B "
+          f"{statistics.median(steps['plain-B'])}")
+    wall = statistics.median(l / p for l, p in zip(led.walls, pl.walls))
+    noise = statistics.median(b / p for b, p in zip(aa.walls, pl.walls))
+    print(f"wall ratio ledger/plain (median of paired rounds): {wall:.3f}; A/A noise floor plain-B/plain: {noise:.3f} "
+          f"(per round: {', '.join(f'{b / p:.2f}' for b, p in zip(aa.walls, pl.walls))}) — shown, not judged")
     print(f"durable emits (write-ahead intents): {durable_n / turns:.1f} per turn, callers waited "
           f"{durable_wait_s / max(durable_n, 1) * 1000:.1f} ms each, {durable_wait_s / turns * 1000:.1f} ms per turn")
-    print(f"CPU of this process during the timed runs (vLLM frontend + ledger): plain {cpu['plain'] / turns * 1000:.1f} ms/turn, "
-          f"ledger {cpu['ledger'] / turns * 1000:.1f} ms/turn")
-    print("engine iterations per round (median; the same tokens in fewer steps = better batched): "
-          + "; ".join(f"{name} {' + '.join(str(statistics.median(r[i] for r in steps[arm])) for i in range(len(ports)))}"
-                      for arm, name in (("plain", "straight"), ("ledger", "ledger"))) + " (thinker + talker)")
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
 
 
@@ -174,7 +223,7 @@ if __name__ == "__main__":
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--rounds", type=int, default=6, help="alternating a/b rounds (the VM is noisy: more is steadier)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of the three rotated arms (the VM is noisy: more is steadier)")
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="NORMAL")
     parser.add_argument("--flush-interval", type=float, default=0.1, help="EngineConfig.flush_interval_s (s)")
     parser.add_argument("--dtype", default="float32", help="float32 is faster than float16 on CPUs without fp16")

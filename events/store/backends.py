@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
@@ -45,6 +44,7 @@ from events.store import schema
 from events.store.errors import ReadOnlyStore
 from events.store.probe import readonly_async_engine
 from events.store.url import backend_of, redact, sqlite_path
+from events.store.writer_thread import WriterThread
 
 Synchronous = Literal["FULL", "NORMAL"]
 T = TypeVar("T")
@@ -155,7 +155,7 @@ class SqliteBackend(Backend):
             path.parent.mkdir(parents=True, exist_ok=True)
         super().__init__(url, read_only=read_only)
         self._install_hooks(self.reader.sync_engine, begin=None, wal=False)  # autocommit reads
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="duplex-ledger-sqlite-writer")
+        self._thread = WriterThread("duplex-ledger-sqlite-writer")
         self._write_engine: Engine | None = None
         self._write_conn: Connection | None = None
 
@@ -211,7 +211,7 @@ class SqliteBackend(Backend):
 
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
         self._refuse_if_read_only()
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._write_in_thread, fn, args)
+        return await self._thread.call(self._write_in_thread, fn, args)
 
     # The append transaction's statements go straight to the sqlite3 cursor of the
     # transaction's connection: SQLAlchemy's per-statement execution context cost ~60 µs
@@ -252,8 +252,8 @@ class SqliteBackend(Backend):
             self._write_engine = None
 
     async def dispose(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._dispose_in_thread)
-        self._thread.shutdown(wait=True)
+        await self._thread.call(self._dispose_in_thread)
+        await self._thread.stop()
         await super().dispose()
 
 

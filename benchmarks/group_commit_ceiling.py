@@ -1,0 +1,83 @@
+"""The bare group commit: the durability ceiling of workload W (issue 15).
+
+32 asyncio producers each await their own commit; one writer thread with a plain ``sqlite3``
+connection takes whatever is queued, runs ``BEGIN IMMEDIATE`` + one ``executemany`` +
+``COMMIT`` and resolves the producers' futures on the loop. No planning, no version checks, no
+hash chain, no SQLAlchemy: what any durable group commit on this file costs at least. Rows are
+prepared before timing (payload JSON included), positions are a counter in the writer thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+INSERT = ("INSERT INTO events (position, stream_id, version, event_id, type, schema_version, ts_us,"
+          " recorded_at_us, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+Row = tuple[str, int, str, str, int, int, str]  # stream_id, version, event_id, type, schema_version, ts_us, data
+
+
+def _writer(path: Path, sync: str, inbox: "queue.SimpleQueue[Any]", loop: asyncio.AbstractEventLoop) -> None:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={sync}")
+    position = 0
+    while True:
+        item = inbox.get()
+        if item is None:
+            break
+        batch = [item]
+        while True:
+            try:
+                nxt = inbox.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                inbox.put(None)
+                break
+            batch.append(nxt)
+        now_us = time.time_ns() // 1000
+        params = []
+        for rows, _ in batch:
+            for r in rows:
+                position += 1
+                params.append((position, r[0], r[1], r[2], r[3], r[4], r[5], now_us, r[6]))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(INSERT, params)
+        conn.execute("COMMIT")
+        loop.call_soon_threadsafe(_resolve, [f for _, f in batch])
+    conn.close()
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> None:
+    for f in futures:
+        if not f.done():
+            f.set_result(None)
+
+
+async def run(path: Path, sync: str, streams: dict[str, list[Row]], per_call: int) -> float:
+    """Events per second for ``streams`` appended ``per_call`` rows at a time by one producer
+    per stream, each awaiting its commit; ``path`` holds an empty ``events`` table."""
+    loop = asyncio.get_running_loop()
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    thread = threading.Thread(target=_writer, args=(path, sync, inbox, loop), daemon=True)
+    thread.start()
+
+    async def producer(rows: Sequence[Row]) -> None:
+        for k in range(0, len(rows), per_call):
+            future: asyncio.Future[None] = loop.create_future()
+            inbox.put((rows[k : k + per_call], future))
+            await future
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(producer(rows) for rows in streams.values()))
+    elapsed = time.perf_counter() - t0
+    inbox.put(None)
+    await asyncio.to_thread(thread.join)
+    return sum(len(r) for r in streams.values()) / elapsed
