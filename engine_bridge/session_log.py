@@ -28,10 +28,13 @@ import time
 from collections.abc import Callable
 
 from events.records import StoredEvent
+from events.store.errors import ConcurrencyError
 from events.store.store import EventStore
 from events.types import EventBase
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
+
+from engine_bridge.messages import SessionError
 
 
 class SessionLogBroken(RuntimeError):
@@ -80,6 +83,7 @@ class SessionLog:
         self.projector = projector or Projector(live=True)  # log_stats off: no turn state at all (M14)
         self.ticker = ticker or FlushTicker(flush_interval_s)
         self.on_turn = on_turn
+        self.on_fenced: Callable[[ConcurrencyError], None] | None = None  # another writer moved the stream
         self.events_written = 0
         self.durable_emits = 0
         self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
@@ -90,7 +94,9 @@ class SessionLog:
 
     async def emit(self, *events: EventBase) -> None:
         """Apply ``events`` and append them after everything buffered, durably. Raises what the
-        store raises (then SessionLogBroken on later calls)."""
+        store raises (then SessionLogBroken on later calls); a stream another writer moved on
+        (ConcurrencyError: the session was taken over) raises SessionError
+        ``session_taken_over`` after calling ``on_fenced``."""
         self._apply(events)
         start = time.perf_counter()
         try:
@@ -130,6 +136,12 @@ class SessionLog:
             return
         try:
             await self.store.append(self.session_id, batch, expected_version=self.version)
+        except ConcurrencyError as exc:  # fenced: another replica took the session over (issue 14)
+            self._broken = exc
+            if self.on_fenced is not None:
+                self.on_fenced(exc)
+            raise SessionError("session_taken_over", f"another writer appended to the stream: {exc}",
+                               session_id=self.session_id) from exc
         except BaseException as exc:
             self._broken = exc
             raise
