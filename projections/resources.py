@@ -178,6 +178,7 @@ class ResourcesFold:
             "InputAppended": self._appended,
             "StageMetricsReported": self._metrics,
             "ResponseListened": self._listened,
+            "SessionTakenOver": self._taken_over,
         }
 
     # ------------------------------------------------------------------ apply
@@ -452,6 +453,15 @@ class ResourcesFold:
     @staticmethod
     def _all_finished(s: SessionResources, life: IdLife) -> bool:
         return 0 in life.finished_stages
+
+    def _taken_over(self, s: SessionResources, st: StoredEvent) -> Verdict:
+        """Issue 14: the owner died and another replica closed the session; reported (a
+        warning naming both replicas), its ids are settled by the events that follow."""
+        e = st.event
+        previous = "no replica" if e.previous_replica_id is None else f"{e.previous_replica_id}#{e.previous_incarnation}"
+        self._point(s, "session_taken_over", None, None, st, [], f"owner {previous} dead ({e.detected}); "
+                    f"taken over by {e.replica_id}#{e.replica_incarnation}")
+        return ACCEPTED
 
     def _restored(self, s: SessionResources, st: StoredEvent) -> Verdict:
         e = st.event
