@@ -11,7 +11,9 @@ owner it was judged by, and then, written ahead of any engine call:
 2. every id it still holds: aborted on every pool when it runs on one of this replica's
    engines or the dead owner's engines are shared with this replica (``shared``); else
    ``StageRequestLost`` (a submitted id: its engines died with its replica) or
-   ``StageRequestReleased`` (a reserved id) with cause ``recovered_after_crash``.
+   ``StageRequestReleased`` (a reserved id) with cause ``recovered_after_crash``;
+3. an abort the dead owner logged but never saw answered is answered the same way: sent again
+   and ``AbortResult`` per pending pool, or ``StageRequestLost`` per pending pool.
 
 A session that is already closed but still holds ids (a failed close cleanup) gets step 2 only.
 """
@@ -24,12 +26,12 @@ from dataclasses import dataclass, field
 
 from events.store.owners import Owner, lifecycle_of
 from events.store.store import EventStore
-from events.types import SessionClosed, SessionTakenOver, StageRequestLost, StageRequestReleased
+from events.types import AbortResult, SessionClosed, SessionTakenOver, StageRequestLost, StageRequestReleased
 from projections.projector import Projector
 
 from engine_bridge.cleanup import CleanupFailed, cleanup_id
 from engine_bridge.messages import SessionError
-from engine_bridge.ports import StagePort
+from engine_bridge.ports import AbortFailed, StagePort
 from engine_bridge.session_log import FlushTicker, SessionLog
 
 TAKEN_OVER = "session_taken_over"  # SessionError code of a refused append (the stream moved on)
@@ -93,7 +95,7 @@ async def take_over_session(store: EventStore, ports: Sequence[StagePort], sessi
 
 async def _clean(log: SessionLog, ports: Sequence[StagePort], shared: bool, report: RecoveryReport) -> None:
     sid = log.session_id
-    live = set().union(*(port.live_request_ids() for port in ports)) if ports else set()
+    live: set[str] = set().union(*(port.live_request_ids() for port in ports)) if ports else set()
     held = dict(log.projector.resources.sessions[sid].bindings)  # snapshot: cleanup changes the fold's
     for request_id in sorted({k[1] for k in held}):
         if request_id in live or (shared and any(b.submitted for k, b in held.items() if k[1] == request_id)):
@@ -110,3 +112,36 @@ async def _clean(log: SessionLog, ports: Sequence[StagePort], shared: bool, repo
                                      cause="recovered_after_crash"))
             if binding.submitted:
                 report.lost.append((sid, stage_id, request_id))
+    await _settle_interrupted_aborts(log, ports, shared, live, report)
+
+
+async def _settle_interrupted_aborts(log: SessionLog, ports: Sequence[StagePort], shared: bool, live: set[str],
+                                     report: RecoveryReport) -> None:
+    """An id whose keys the dead owner dropped and whose abort it logged but never saw
+    answered (it died between ``AbortRequested`` and ``AbortResult``): on engines this replica
+    reaches, the abort is sent again and answered per pool; on the dead owner's own engines
+    the id is recorded lost on each pool still pending."""
+    sid = log.session_id
+    state = log.projector.resources.sessions[sid]
+    for request_id, life in sorted(state.lives.items()):
+        pending = sorted(set(life.abort_pending) | set(life.abort_failed))
+        if life.cleanup_ok or not pending or state.keys_of(request_id):
+            continue
+        if request_id in live or shared:
+            for port in ports:
+                if port.stage_id not in pending:
+                    continue
+                try:
+                    await port.abort([request_id])
+                    outcome, error = "ok", None
+                    report.aborted.append((sid, request_id))
+                except AbortFailed as exc:
+                    outcome, error = "failed", str(exc)
+                    report.failed.append(str(exc))
+                log.emit_later(AbortResult(session_id=sid, ts=time.time(), request_ids=[request_id],
+                                           stage_id=port.stage_id, outcome=outcome, error=error))
+            continue
+        for stage_id in pending:
+            log.emit_later(StageRequestLost(session_id=sid, ts=time.time(), stage_id=stage_id, request_id=request_id,
+                                            cause="recovered_after_crash"))
+            report.lost.append((sid, stage_id, request_id))

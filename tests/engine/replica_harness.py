@@ -64,7 +64,7 @@ def spawn(url: str, replica_id: str, sessions: list[str], ids_file: Path, *, lea
 async def wait_ready(worker: Worker, timeout_s: float = 60.0) -> None:
     line = await asyncio.wait_for(asyncio.to_thread(worker.proc.stdout.readline), timeout_s)  # type: ignore[union-attr]
     if line.strip() != "READY":
-        raise AssertionError(f"{worker.replica_id} did not start: {line!r} {worker.proc.stderr.read()[-3000:]}")  # type: ignore[union-attr]
+        raise AssertionError(f"{worker.replica_id} did not start: {line!r} {worker.proc.stderr.read()[-600:]}")  # type: ignore[union-attr]
 
 
 async def stop(worker: Worker, timeout_s: float = 60.0) -> dict:  # type: ignore[type-arg]
@@ -186,7 +186,8 @@ async def check_log(url: str, workers: list[Worker], victim: Worker, live: list[
         state = projector.resources.sessions.get(sid)
         assert state is None or not state.bindings, f"{sid} still holds {list(state.bindings)}"
     findings = projector.findings()
-    assert [f for f in findings if f.severity == "leak"] == []
+    leaks = [f for f in findings if f.severity == "leak"]
+    assert leaks == [], [(f.kind, f.session_id, f.request_id, f.detail) for f in leaks[:5]]
     taken_over = sorted(f.session_id for f in findings if f.kind == "session_taken_over")
     assert taken_over == sorted(victim.sessions), taken_over
     return count
