@@ -191,7 +191,7 @@ class Replica:
             self.lease = await self.table.acquire(self.config.replica_id, lease_s=self.config.lease_s,
                                                   engine_pool=self.config.engine_pool, host=self.host,
                                                   pid=os.getpid())
-            self._last_ok = sent
+            self._last_ok = self._last_full = sent  # start-up recovery is the first full scan
 
     def start_background(self) -> None:
         """Start the renewal and takeover-scan tasks (idempotent)."""
@@ -209,6 +209,7 @@ class Replica:
         """Before opening a session: hold a lease that is surely live (renewing first when in
         doubt). Raises SessionError ``replica_superseded`` when another process took this id."""
         await self.start()
+        self.start_background()  # an engine built without SessionEngine.open renews too
         if not self.valid() or time.monotonic() - self._last_ok > self.config.renew_s:
             await self.renew()
         if self.superseded or self.lease is None:
