@@ -19,24 +19,26 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from events.store.backends import Synchronous
+from events.store.owners import lifecycle_of
 from events.store.store import EventStore
-from events.types import SessionClosed, SessionOpened, StageRequestLost, StageRequestReleased
-from projections.projector import Projector
+from events.types import SessionOpened
 from projections.runner import project_as_of
 from projections.turn_tables import TurnTables
 from reports.prometheus import LedgerMetrics
 from reports.render_text import turn_log_messages
 
-from engine_bridge.cleanup import CleanupFailed, cleanup_id
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import ModelPlugin, TextPlugin
 from engine_bridge.ports import StagePort
+from engine_bridge.replicas import Replica, ReplicaConfig, SessionOwnedElsewhere
 from engine_bridge.session import Session
 from engine_bridge.session_log import FlushTicker, SessionLog
+from engine_bridge.takeover import TAKEN_OVER, RecoveryReport
+
+__all__ = ["RecoveryReport", "SessionEngine"]
 
 
 def default_model_name(ports: Sequence[StagePort]) -> str | None:
@@ -48,22 +50,16 @@ def default_model_name(ports: Sequence[StagePort]) -> str | None:
     return Path(model_dir).name if model_dir else ports[0].name
 
 
-@dataclass
-class RecoveryReport:
-    """What :meth:`SessionEngine.recover` found and did."""
-
-    closed_sessions: list[str] = field(default_factory=list)
-    aborted: list[tuple[str, str]] = field(default_factory=list)  # (session, request_id)
-    lost: list[tuple[str, int, str]] = field(default_factory=list)  # (session, stage, request_id)
-    failed: list[str] = field(default_factory=list)
-
-
 class SessionEngine:
     """Drives sessions; see the module docstring. Not thread-safe (one event loop)."""
 
     def __init__(self, store: EventStore, ports: Sequence[StagePort], *, plugin: ModelPlugin | None = None,
                  config: EngineConfig | None = None, on_turn: Callable[[Session, TurnTables], None] | None = None,
-                 owns_store: bool = False, model_name: str | None = None) -> None:
+                 owns_store: bool = False, model_name: str | None = None,
+                 replica: ReplicaConfig | None = None) -> None:
+        """``replica``: this engine's identity and lease timing on a shared ledger (issue 14;
+        default :class:`ReplicaConfig`: ``<hostname>-<pid>``, 10 s lease). ``model_name``: the
+        Prometheus ``model_name`` label (default: the Stage0 model directory's name)."""
         self.store = store
         self.ports = list(ports)
         self.plugin = plugin or TextPlugin()
@@ -77,11 +73,13 @@ class SessionEngine:
         # Prometheus families (issue 16): one fold fed every event the sessions emit.
         self.model_name = model_name or default_model_name(self.ports)
         self.metrics = LedgerMetrics(self.ports, now=time.time)
+        self.replica = Replica(self, replica or ReplicaConfig())
 
     @classmethod
     async def open(cls, url: str | None, ports: Sequence[StagePort], *, recover: bool = True,
                    synchronous: Synchronous = "NORMAL", **kwargs) -> "SessionEngine":  # type: ignore[no-untyped-def]
-        """Open (creating or upgrading) the ledger at ``url`` and, by default, recover.
+        """Open (creating or upgrading) the ledger at ``url``, take this replica's lease, by
+        default recover, and start the lease renewal and takeover scans (engine_bridge.replicas).
 
         ``synchronous`` (SQLite): NORMAL (the engine's default; WAL) makes every durable intent
         survive a crash or SIGKILL of the process — what crash recovery needs — and costs far
@@ -89,8 +87,10 @@ class SessionEngine:
         survives power loss of the host."""
         store = await EventStore.open(url, create=True, synchronous=synchronous)
         engine = cls(store, ports, owns_store=True, **kwargs)
+        await engine.replica.start()
         if recover:
             await engine.recover()
+        engine.replica.start_background()
         return engine
 
     async def __aenter__(self) -> "SessionEngine":
@@ -100,11 +100,12 @@ class SessionEngine:
         await self.aclose()
 
     async def aclose(self, reason: str = "server_shutdown") -> None:
-        """Close every open session (reason ``server_shutdown``), then the store if owned; stop
-        the ``/metrics`` server if one was started."""
+        """Close every open session (reason ``server_shutdown``), release the replica's lease,
+        stop the ``/metrics`` server if one was started, then close the store if owned."""
         for session in list(self.sessions.values()):
             if not session.closed:
                 await session.close(reason)
+        await self.replica.stop()
         await self._ticker.aclose()
         self.metrics.close()
         if self._owns_store:
@@ -115,28 +116,40 @@ class SessionEngine:
                            plugin: ModelPlugin | None = None) -> Session:
         """Open a session (DOMAIN §2.2 open): admission, capabilities from the plugin, the
         incarnation (+1 over a closed predecessor), then the Stage0 id for fence turn 0 is
-        reserved. Raises SessionError ``session_exists`` / ``max_sessions_reached`` and
-        RequestIdError for an empty session id."""
+        reserved. The session is owned by this replica (``SessionOpened.replica_id``); one left
+        open by a dead replica is taken over first. Raises SessionError ``session_exists`` /
+        ``max_sessions_reached`` / ``replica_superseded``, SessionOwnedElsewhere (code
+        ``session_owned_elsewhere``, naming the live owner: issue 14) and RequestIdError for an
+        empty session id."""
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
         if sum(not s.closed for s in self.sessions.values()) >= self.config.max_sessions:
             raise SessionError("max_sessions_reached", f"{self.config.max_sessions} sessions open",
                                session_id=session_id)
         plugin = plugin or self.plugin
-        history = await self.store.read_stream(session_id)
+        await self.replica.ensure_writable(session_id)
+        history = await self._claimable_history(session_id)
         opened = [e.event for e in history if e.event.type == "SessionOpened"]
-        closed = any(e.event.type == "SessionClosed" for e in history)
-        if opened and not closed and history[-1].event.type != "SessionClosed":
-            raise SessionError("session_exists", "session is open in the log (recover first)", session_id=session_id)
         incarnation = (max(e.incarnation for e in opened) + 1) if opened else 0
         log = SessionLog(self.store, session_id, len(history), ticker=self._ticker, on_applied=self.metrics.apply)
         session = Session(session_id, incarnation=incarnation, log=log, ports=self.ports, plugin=plugin,
                           config=self.config, auto_response=auto_response, log_stats=log_stats,
                           on_closed=lambda sid: None)
         log.on_turn = lambda turn: self._print_turn(session, turn)
-        await log.emit(SessionOpened(session_id=session_id, ts=time.time(), incarnation=incarnation,
-                                     capabilities=session.capabilities, auto_response=auto_response,
-                                     num_stages=len(self.ports), log_stats=log_stats, model=self.model_name))
+        log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
+        me = self.replica.me
+        try:
+            await log.emit(SessionOpened(session_id=session_id, ts=time.time(), incarnation=incarnation,
+                                         capabilities=session.capabilities, auto_response=auto_response,
+                                         num_stages=len(self.ports), log_stats=log_stats, model=self.model_name,
+                                         replica_id=me.replica_id, replica_incarnation=me.incarnation))
+        except SessionError as exc:  # another replica opened it between our read and our append
+            if exc.code != TAKEN_OVER:
+                raise
+            life = lifecycle_of(session_id, (e.event for e in await self.store.read_stream(session_id)))
+            if life is None:
+                raise
+            raise SessionOwnedElsewhere(session_id, life.owner) from None
         self.sessions[session_id] = session
         await session.start()
         return session
@@ -160,43 +173,38 @@ class SessionEngine:
         if self._on_turn is not None:
             self._on_turn(session, turn)
 
+    async def _claimable_history(self, session_id: str) -> list:  # type: ignore[type-arg]
+        """The stream, once it is closed: an open session of a dead owner is taken over first;
+        one of a live owner raises SessionOwnedElsewhere (this replica: ``session_exists``)."""
+        history = await self.store.read_stream(session_id)
+        life = lifecycle_of(session_id, (e.event for e in history))
+        if life is None or not life.open:
+            return history
+        if life.owner == self.replica.me:
+            raise SessionError("session_exists", "session is open in the log (recover first)", session_id=session_id)
+        judge = await self.replica.judge()
+        if judge.dead_reason(life.owner) is None:
+            raise SessionOwnedElsewhere(session_id, life.owner)
+        await self.replica.take_over(session_id, judge, RecoveryReport())
+        return await self._claimable_history(session_id)
+
     # ------------------------------------------------------------------ crash recovery
     async def recover(self) -> RecoveryReport:
-        """Reconcile the log with the live engines after a crash: sessions left open are closed
-        with reason ``recovered_after_crash``; their ids still live on an engine are aborted on
-        every pool; ids the log holds as running that no engine has are recorded as lost
-        (``StageRequestLost``); reserved keys are released."""
+        """Reconcile the log with the live engines after a crash (issue 14: only what is dead).
+        Every session left open or holding ids whose owner is dead (lease expired, released or
+        superseded, process gone, or no owner recorded) is taken over
+        (:mod:`engine_bridge.takeover`): ``SessionTakenOver`` and ``SessionClosed`` with reason
+        ``recovered_after_crash``; its ids still live on an engine (or on engines shared with
+        the owner) are aborted on every pool; ids no engine has are recorded as lost
+        (``StageRequestLost``); reserved keys are released. Sessions of live replicas are
+        listed in ``skipped`` and not touched."""
         report = RecoveryReport()
         projector = await project_as_of(self.store)
-        live = set().union(*(port.live_request_ids() for port in self.ports)) if self.ports else set()
+        judge = await self.replica.judge()
         for sid, state in sorted(projector.resources.sessions.items()):
             if sid in self.sessions:
                 continue
             if state.closed_at is not None and not state.bindings:
                 continue
-            history = await self.store.read_stream(sid)
-            log = SessionLog(self.store, sid, len(history), projector=Projector(live=True).apply_all(history),
-                             ticker=self._ticker, on_applied=self.metrics.apply)
-            if state.closed_at is None:
-                await log.emit(SessionClosed(session_id=sid, ts=time.time(), reason="recovered_after_crash"))
-                report.closed_sessions.append(sid)
-            held = log.projector.resources.sessions[sid].bindings
-            for request_id in sorted({k[1] for k in held}):
-                keys = sorted(k for k in held if k[1] == request_id)
-                if request_id in live:
-                    try:
-                        await cleanup_id(log, self.ports, request_id, cause="recovered_after_crash", force_abort=True)
-                        report.aborted.append((sid, request_id))
-                    except CleanupFailed as exc:
-                        report.failed.append(str(exc))
-                    continue
-                for stage_id, _ in keys:
-                    binding = held[(stage_id, request_id)]
-                    event_cls = StageRequestLost if binding.submitted else StageRequestReleased
-                    await log.emit(event_cls(session_id=sid, ts=time.time(), stage_id=stage_id,
-                                             request_id=request_id, cause="recovered_after_crash"))
-                    if binding.submitted:
-                        report.lost.append((sid, stage_id, request_id))
-            await log.close()
+            await self.replica.take_over(sid, judge, report)
         return report
-

@@ -117,6 +117,7 @@ class Session:
         self.auto_response = auto_response
         self.log_stats = log_stats
         self.closed = False
+        self.taken_over = False  # fenced: another replica owns the session now (issue 14)
         self.active: TurnRun | None = None
         self._on_closed = on_closed
         self._client: asyncio.Queue[ClientEvent | None] = asyncio.Queue()
@@ -163,6 +164,9 @@ class Session:
         return SessionError(code, message, session_id=self.session_id, request_id=request_id)
 
     def _check_open(self, command: str) -> None:
+        if self.taken_over:
+            raise SessionError("session_taken_over", f"{command}: the session was taken over by another replica",
+                               session_id=self.session_id)
         if self.closed:
             raise SessionError("session_closed", f"{command} on a closed session", session_id=self.session_id)
 
@@ -698,6 +702,24 @@ class Session:
     async def clear_output_audio(self) -> bool:
         """output_audio_buffer.clear (log reason ``cancel``)."""
         return await self._cancel("output_audio_buffer.clear", "output_audio_buffer_clear")
+
+    def fence_out(self, message: str) -> None:
+        """Drop the session without writing (issue 14 fencing): another replica took it over,
+        or this replica lost its lease. Its running work is cancelled (engine requests end with
+        their consumers), the client gets ``error`` (code ``session_taken_over``) and
+        ``session.closed``, and every later command raises SessionError
+        ``session_taken_over``. Idempotent; never writes to the log."""
+        if self.taken_over:
+            return
+        self.taken_over = self.closed = True
+        current = asyncio.current_task()
+        for task in (self.active.task if self.active else None, self._stream_task):
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+        self._idle.set()
+        self._send("error", code="session_taken_over", message=message)
+        self._send("session.closed", reason="session_taken_over")
+        self._client.put_nowait(None)
 
     # ------------------------------------------------------------------ close (R7)
     async def close(self, reason: str = "session_close") -> None:

@@ -29,10 +29,13 @@ import time
 from collections.abc import Callable
 
 from events.records import StoredEvent
+from events.store.errors import ConcurrencyError
 from events.store.store import EventStore
 from events.types import EventBase
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
+
+from engine_bridge.messages import SessionError
 
 
 logger = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class SessionLog:
         self.ticker = ticker or FlushTicker(flush_interval_s)
         self.on_turn = on_turn
         self.on_applied = on_applied
+        self.on_fenced: Callable[[ConcurrencyError], None] | None = None  # another writer moved the stream
         self.events_written = 0
         self.durable_emits = 0
         self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
@@ -96,7 +100,9 @@ class SessionLog:
 
     async def emit(self, *events: EventBase) -> None:
         """Apply ``events`` and append them after everything buffered, durably. Raises what the
-        store raises (then SessionLogBroken on later calls)."""
+        store raises (then SessionLogBroken on later calls); a stream another writer moved on
+        (ConcurrencyError: the session was taken over) raises SessionError
+        ``session_taken_over`` after calling ``on_fenced``."""
         self._apply(events)
         start = time.perf_counter()
         try:
@@ -143,6 +149,12 @@ class SessionLog:
             return
         try:
             await self.store.append(self.session_id, batch, expected_version=self.version)
+        except ConcurrencyError as exc:  # fenced: another replica took the session over (issue 14)
+            self._broken = exc
+            if self.on_fenced is not None:
+                self.on_fenced(exc)
+            raise SessionError("session_taken_over", f"another writer appended to the stream: {exc}",
+                               session_id=self.session_id) from exc
         except BaseException as exc:
             self._broken = exc
             raise

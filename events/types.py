@@ -179,6 +179,34 @@ class SessionOpened(EventBase):
     num_stages: int = Field(2, ge=1)
     log_stats: bool = True
     model: str | None = None
+    # Owner (issue 14): the replica that opened the session and its lease incarnation; None
+    # in logs written before replicas existed (such a session has no live owner).
+    replica_id: str | None = None
+    replica_incarnation: int | None = Field(None, ge=0)
+
+    def payload(self) -> dict[str, Any]:
+        """As EventBase's, without the owner fields while they are unset (logs written
+        before replicas stay byte-identical on export)."""
+        out = super().payload()
+        if self.replica_id is None and self.replica_incarnation is None:
+            del out["replica_id"], out["replica_incarnation"]
+        return out
+
+
+class SessionTakenOver(EventBase):
+    """A replica took over a session whose owner's lease had expired (issue 14). Written
+    durably before anything else of the takeover, so the old owner's next append (at an older
+    stream version) is refused. ``replica_id``/``replica_incarnation``: the new owner;
+    ``previous_*``: the dead owner (None: a session written before replicas existed);
+    ``detected``: lease_expired, lease_released, superseded (its replica restarted),
+    process_gone (same host, its process no longer exists) or unowned."""
+
+    type: Literal["SessionTakenOver"] = "SessionTakenOver"
+    replica_id: str = Field(min_length=1)
+    replica_incarnation: int = Field(ge=0)
+    previous_replica_id: str | None = None
+    previous_incarnation: int | None = Field(None, ge=0)
+    detected: str = "lease_expired"
 
 
 class SessionClosed(EventBase):
@@ -475,6 +503,7 @@ EVENT_TYPES: tuple[type[EventBase], ...] = (
     TurnFinalized,
     CommandRejected,
     SessionClosed,
+    SessionTakenOver,
 )
 EVENT_CLASSES: dict[str, type[EventBase]] = {cls.model_fields["type"].default: cls for cls in EVENT_TYPES}
 

@@ -35,6 +35,7 @@ from events.types import (
     ResponseListened,
     SessionClosed,
     SessionOpened,
+    SessionTakenOver,
     StageMetricsReported,
     StageOutput,
     StageRequestFinished,
@@ -205,6 +206,7 @@ class ResourcesFold:
             InputAppended: self._appended,
             StageMetricsReported: self._metrics,
             ResponseListened: self._listened,
+            SessionTakenOver: self._taken_over,
         })
 
     # ------------------------------------------------------------------ apply
@@ -485,6 +487,14 @@ class ResourcesFold:
     @staticmethod
     def _all_finished(s: SessionResources, life: IdLife) -> bool:
         return 0 in life.finished_stages
+
+    def _taken_over(self, s: SessionResources, st: StoredEvent, e: SessionTakenOver) -> Verdict:
+        """Issue 14: the owner died and another replica closed the session; reported (a
+        warning naming both replicas), its ids are settled by the events that follow."""
+        previous = "no replica" if e.previous_replica_id is None else f"{e.previous_replica_id}#{e.previous_incarnation}"
+        self._point(s, "session_taken_over", None, None, st, [], f"owner {previous} dead ({e.detected}); "
+                    f"taken over by {e.replica_id}#{e.replica_incarnation}")
+        return ACCEPTED
 
     def _restored(self, s: SessionResources, st: StoredEvent, e: StageRequestRestored) -> Verdict:
         life = self._life(s, e.request_id, st)

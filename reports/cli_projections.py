@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from events.store.owners import session_lifecycles
 from events.store.store import EventStore
 from events.store.url import redact
 from projections.findings import Finding
@@ -80,13 +81,23 @@ def short_detail(detail: str, limit: int = DETAIL_MAX) -> str:
     return f"{detail[:limit]}… ({len(detail) - limit} more characters; --format json shows all)"
 
 
-def _findings_table(title: str, findings: list[Finding]) -> Table:
+async def _replicas_of(url: str, sessions: set[str], until_position: Optional[int]) -> dict[str, str]:
+    """Session -> the replica that served it (issue 14), for sessions whose log names one."""
+    async with await EventStore.open(url, read_only=True) as store:
+        lives = await session_lifecycles(store, stream_ids=sessions, until_position=until_position)
+    return {sid: life.served_by.replica_id for sid, life in lives.items() if life.served_by.replica_id}
+
+
+def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str]) -> Table:
     """A rich table of findings; every cell is user data, so it is escaped (not markup)."""
     table = Table(title=title, title_justify="left", show_lines=False)
-    for col in ("kind", "session", "stage", "request_id", "first pos", "first ts", "last pos", "evidence", "detail"):
+    columns = ("kind", "session", *(("replica",) if replicas else ()), "stage", "request_id", "first pos",
+               "first ts", "last pos", "evidence", "detail")
+    for col in columns:
         table.add_column(col, overflow="fold", no_wrap=col in ("kind", "stage", "first pos", "last pos"))
     for f in findings:
-        cells = (f.kind, f.session_id, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
+        replica = (replicas.get(f.session_id, ""),) if replicas else ()
+        cells = (f.kind, f.session_id, *replica, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
                  str(f.first_position), f"{f.first_ts:.6f}", str(f.last_position),
                  ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""), f.detail)
         table.add_row(*(escape(short_detail(c)) for c in cells))
@@ -115,17 +126,22 @@ def audit(
     warnings = [f for f in findings if f.severity == "warning"]
     running = projector.resources.running(session)
     held = projector.resources.held(session)
+    replicas = (run(lambda: _replicas_of(url, {f.session_id for f in findings}, until_position), url)
+                if findings else {})
     if fmt is AuditFormat.json:
+        def doc(f: Finding) -> dict[str, object]:
+            return {**f.to_dict(), "replica_id": replicas.get(f.session_id)}
+
         typer.echo(json.dumps({"position": position, "max_idle_s": max_idle, "session_id": session,
                                "running": running, "held": held, "clean": not leaks,
-                               "leaks": [f.to_dict() for f in leaks],
-                               "warnings": [f.to_dict() for f in warnings]}, indent=2))
+                               "leaks": [doc(f) for f in leaks],
+                               "warnings": [doc(f) for f in warnings]}, indent=2))
     else:
         console = Console(width=None if Console().is_terminal else 240)
         if leaks:
-            console.print(_findings_table(f"Leaks ({len(leaks)})", leaks))
+            console.print(_findings_table(f"Leaks ({len(leaks)})", leaks, replicas))
         if warnings:
-            console.print(_findings_table(f"Warnings ({len(warnings)})", warnings))
+            console.print(_findings_table(f"Warnings ({len(warnings)})", warnings, replicas))
         verdict = "clean" if not leaks else "LEAKS FOUND"
         console.print(f"audit at position {position}: {verdict} — {len(leaks)} leak(s), {len(warnings)} warning(s); "
                       f"running={running} held={held}", highlight=False, markup=False)

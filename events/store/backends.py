@@ -28,7 +28,7 @@ PostgreSQL (``postgresql+asyncpg``)
 
 from __future__ import annotations
 
-import asyncio
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -51,6 +51,7 @@ T = TypeVar("T")
 WriteFn = Callable[..., T]
 # Arbitrary constant key of the advisory lock serialising position allocation ("dlgr").
 APPEND_LOCK_KEY = 0x646C6772
+IDLE_TX_TIMEOUT_MS = 5000  # PostgreSQL idle_in_transaction_session_timeout of the store's sessions
 _SQLITE_INSERT = str(schema.events.insert().compile(dialect=sqlite_dialect(paramstyle="qmark")))
 _events = schema.events
 HEAD = sa.select(sa.func.coalesce(sa.func.max(_events.c.position), 0))
@@ -261,7 +262,12 @@ class PostgresBackend(Backend):
     name = "postgresql"
 
     def _reader_kwargs(self) -> dict[str, Any]:
-        return {"pool_size": 5, "max_overflow": 10}
+        # A client paused inside a transaction (SIGSTOP, a long GC pause) would hold the append
+        # lock and stall every replica; the server ends such a session after this long
+        # (issue 14). Milliseconds; $DUPLEX_LEDGER_PG_IDLE_TX_TIMEOUT_MS, 0 = never.
+        idle_ms = os.environ.get("DUPLEX_LEDGER_PG_IDLE_TX_TIMEOUT_MS", str(IDLE_TX_TIMEOUT_MS))
+        return {"pool_size": 5, "max_overflow": 10,
+                "connect_args": {"server_settings": {"idle_in_transaction_session_timeout": idle_ms}}}
 
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
         self._refuse_if_read_only()

@@ -56,7 +56,9 @@ def every_other_kind() -> list[StoredEvent]:
     b.add("StageMetricsReported", "k", 1.9, stage_id=0, request_id=x, stats={"num_tokens_out": 2},
           engine_submit_ts={"clock": "engine_monotonic", "s": 5.0},
           engine_first_token_ts={"clock": "wall", "s": 1.9})  # mixed clocks: flagged, ignored
-    b.add("SessionClosed", "k", 2.0)
+    b.add("SessionTakenOver", "k", 1.95, replica_id="B", replica_incarnation=1, previous_replica_id="A",
+          previous_incarnation=0)
+    b.add("SessionClosed", "k", 2.0, reason="recovered_after_crash")
     return b.stored
 
 

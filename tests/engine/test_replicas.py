@@ -1,0 +1,206 @@
+"""Issue 14 rules, in one process on a scripted FAKE engine: two SessionEngines with distinct
+replica ids on one ledger. A replica "dies" by having its lease tasks cancelled without a
+release (it stops renewing and writes nothing more): its lease expires like a killed
+process's. Lease-table behaviour runs on SQLite and PostgreSQL (``db_url``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from engine_bridge.engine import SessionEngine
+from engine_bridge.fake_port import FakeStagePort
+from engine_bridge.messages import EngineConfig, SessionError
+from engine_bridge.replicas import ReplicaConfig, SessionOwnedElsewhere
+from events.store.leases import LeaseTable
+from events.store.migrate import upgrade
+from events.store.owners import session_lifecycles
+from events.store.store import EventStore
+from projections.runner import project_as_of
+from reports.cli import app
+
+CONFIG = EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005)
+LEASE = 0.6
+
+
+def ports(delay: float = 0.005):
+    return [FakeStagePort(0, "thinker", token_delay_s=delay), FakeStagePort(1, "talker", token_delay_s=delay)]
+
+
+async def replica(url, name, stage_ports=None, pool=None, lease=LEASE):
+    cfg = ReplicaConfig(replica_id=name, lease_s=lease, scan_every_s=0.1, renew_every_s=0.1, engine_pool=pool,
+                        probe_local_processes=False)
+    return await SessionEngine.open(url, stage_ports or ports(), config=CONFIG, replica=cfg)
+
+
+async def die(engine: SessionEngine) -> None:
+    """The replica stops renewing and writing, like a killed process (nothing is released)."""
+    for task in engine.replica._tasks:
+        task.cancel()
+    await asyncio.gather(*engine.replica._tasks, return_exceptions=True)
+    engine.replica._tasks = []
+
+
+async def mid_response(engine: SessionEngine, sid: str):
+    """Open ``sid`` and leave a response running, its events durable."""
+    s = await engine.open_session(sid)
+    await s.append_text("Talk for a while")
+    await s.commit()
+    await asyncio.sleep(0.05)
+    await s.log.flush()
+    return s
+
+
+async def until_closed(store, sid, timeout=5.0):
+    async def poll():
+        while (await session_lifecycles(store, stream_ids=[sid]))[sid].open:
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(poll(), timeout)
+
+
+@pytest.fixture
+def url(tmp_path):
+    return f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
+
+
+async def test_a_second_replica_leaves_a_live_replicas_session_alone(url):
+    a = await replica(url, "A")
+    s = await a.open_session("s1")
+    await s.append_text("Hello")
+    await s.commit()
+    b = await replica(url, "B")  # start-up recovery with A alive
+    await asyncio.sleep(3 * LEASE)  # several scans and A's lease periods
+    assert (await session_lifecycles(b.store, stream_ids=["s1"]))["s1"].open
+    with pytest.raises(SessionOwnedElsewhere) as refused:
+        await b.open_session("s1")
+    assert refused.value.code == "session_owned_elsewhere" and refused.value.owner.replica_id == "A"
+    assert "A#0" in str(refused.value)
+    await s.barge_in()  # A's commands keep working: nobody else wrote to its stream
+    await s.close()
+    history = await a.store.read_stream("s1")
+    assert "SessionTakenOver" not in [e.event.type for e in history]
+    await b.aclose()
+    await a.aclose()
+
+
+async def test_a_dead_replicas_session_is_taken_over_and_the_zombie_is_fenced(url):
+    a = await replica(url, "A")
+    s = await mid_response(a, "s1")
+    await die(a)
+    b = await replica(url, "B")
+    await until_closed(b.store, "s1")
+    history = await b.store.read_stream("s1")
+    kinds = [e.event.type for e in history]
+    taken = history[kinds.index("SessionTakenOver")].event
+    assert (taken.previous_replica_id, taken.replica_id, taken.detected) == ("A", "B", "lease_expired")
+    assert kinds[kinds.index("SessionTakenOver") + 1] == "SessionClosed"
+    assert "StageRequestLost" in kinds  # A's own engines: its running id is recorded lost
+    head = len(history)
+    # A comes back (a GC pause): its buffered outputs and its next command are refused.
+    with pytest.raises(SessionError) as refused:
+        await s.barge_in()
+    assert refused.value.code == "session_taken_over"
+    assert s.taken_over and s.closed
+    assert ("error", "session_taken_over") in [(e.type, e.data.get("code")) for e in s.drain_events()]
+    assert await b.store.stream_version("s1") == head  # 0 events from A after the takeover
+    p = await project_as_of(b.store)
+    assert p.leaks() == []
+    assert [f.session_id for f in p.findings() if f.kind == "session_taken_over"] == ["s1"]
+    await b.aclose()
+    await a.aclose()
+
+
+async def test_shared_engines_abort_the_dead_replicas_ids(url):
+    shared = ports(delay=0.01)
+    a = await replica(url, "A", shared, pool="pool-1")
+    s = await mid_response(a, "s1")
+    running = s.active.request_id
+    assert running in shared[0].live_request_ids()
+    await die(a)
+    b = await replica(url, "B", shared, pool="pool-1")
+    await until_closed(b.store, "s1")
+    await asyncio.sleep(0.1)
+    kinds = [e.event.type for e in await b.store.read_stream("s1")]
+    assert "AbortRequested" in kinds and "StageRequestLost" not in kinds
+    assert running not in shared[0].live_request_ids()  # aborted on the shared engine
+    assert (await project_as_of(b.store)).leaks() == []
+    await b.aclose()
+
+
+async def test_opening_a_dead_replicas_session_takes_it_over(url):
+    a = await replica(url, "A")
+    await a.open_session("s1")
+    await die(a)
+    b = await replica(url, "B", lease=5.0)
+    b.replica.config = ReplicaConfig(replica_id="B", lease_s=5.0, scan_every_s=60, probe_local_processes=False)
+    await asyncio.sleep(LEASE + 0.1)
+    s = await b.open_session("s1")
+    assert s.incarnation == 1
+    lives = await session_lifecycles(b.store, stream_ids=["s1"])
+    assert lives["s1"].owner.replica_id == "B" and lives["s1"].served_by.replica_id == "B"
+    await s.close()
+    await b.aclose()
+
+
+async def test_a_released_lease_is_dead_at_once_and_a_restart_supersedes(url):
+    a = await replica(url, "A", lease=30.0)
+    await a.open_session("s1")
+    again = await replica(url, "A", lease=30.0)  # the same id started again: incarnation 1
+    assert again.replica.me.incarnation == 1
+    kinds = [e.event.type for e in await again.store.read_stream("s1")]
+    assert "SessionTakenOver" in kinds  # the old incarnation is superseded
+    detected = [e.event.detected for e in await again.store.read_stream("s1") if e.event.type == "SessionTakenOver"]
+    assert detected == ["superseded"]
+    await a.replica.renew()  # the old incarnation learns it lost the id and stops serving
+    assert a.replica.superseded
+    with pytest.raises(SessionError, match="replica_superseded"):
+        await a.open_session("s2")
+    await again.aclose()
+    await a.aclose()
+
+
+def test_audit_names_the_replica(url, tmp_path):
+    async def scenario():
+        a = await replica(url, "A")
+        await mid_response(a, "s1")
+        await die(a)
+        b = await replica(url, "B")
+        await until_closed(b.store, "s1")
+        await b.aclose()
+        await a.store.close()
+
+    asyncio.run(scenario())
+    result = CliRunner().invoke(app, ["audit", "--db", url, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["clean"] and doc["leaks"] == []
+    assert [(w["kind"], w["session_id"], w["replica_id"]) for w in doc["warnings"]] == [
+        ("session_taken_over", "s1", "A")]
+    text = CliRunner().invoke(app, ["audit", "--db", url])
+    assert "replica" in text.output and "session_taken_over" in text.output
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "pg"], indirect=True)
+async def test_lease_table_expiry_is_one_way(db_url):
+    await upgrade(db_url)
+    async with await EventStore.open(db_url) as store:
+        table = LeaseTable(store)
+        first = await table.acquire("R", lease_s=0.3, engine_pool=None, host="h", pid=1)
+        assert first.incarnation == 0 and first.expires_at_us - first.renewed_at_us == 300_000
+        renewed = await table.renew("R", 0)
+        assert renewed is not None and renewed.expires_at_us >= first.expires_at_us
+        await asyncio.sleep(0.4)
+        assert await table.renew("R", 0) is None  # expired: never alive again
+        now, rows = await table.snapshot()
+        assert not rows["R"].live_at(now)
+        assert await table.mark_reaped("R", 0, by="X")
+        second = await table.acquire("R", lease_s=5, engine_pool="p", host="h", pid=2)
+        assert second.incarnation == 1 and second.reaped_at_us is None
+        assert not await table.mark_reaped("R", 1, by="X")  # a live lease is never reaped
+        assert await table.renew("R", 0) is None  # superseded
+        assert await table.release("R", 1)
+        now, rows = await table.snapshot()
+        assert rows["R"].released_at_us is not None and not rows["R"].live_at(now)
