@@ -1,7 +1,9 @@
 """Audit findings: leaks (fail the audit) and warnings (reported, not leaks).
 
 A finding names the session, stage and request id, its kind, the first and last log
-position and ts where it holds, and the positions of the events that prove it.
+position and ts where it holds, and the positions of the events that prove it. A finding about
+a response rather than an engine request (``stale_finalize``) carries the response id in the
+id field.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ class TurnsFold:
                 return
             self._finalize(s, st, "abort", end_segment=turn.request_id != request_id)  # superseded (M21)
         if response_id in s.terminals:
-            self._warn(s, "stale_finalize", None, request_id, st, f"begin of response {response_id!r}, already "
+            self._warn(s, "stale_finalize", None, response_id, st, f"begin of response {response_id!r}, already "
                                                                   "finalized; ignored")
             return
         caller_ts = commit_ts if commit_ts is not None else s.pending_commit_ts
@@ -513,7 +513,7 @@ class TurnsFold:
             detail = f"{kind} ({reason}) of response {response_id!r}, already finalized ({done.reason})"
         else:
             detail = f"{kind} ({reason}) of response {response_id!r}, which the session does not hold"
-        self._warn(s, "stale_finalize", None, None, st, detail)
+        self._warn(s, "stale_finalize", None, response_id, st, detail)  # the id field names the response
 
     def _finalize(self, s: SessionTurns, st: StoredEvent, reason: str, end_segment: bool = True) -> None:
         turn = s.open

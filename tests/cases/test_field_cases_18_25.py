@@ -121,6 +121,7 @@ def test_case_24_cancel_recorded_before_completion_wins(tmp_path):
     assert r.tables_text.count("[RequestE2EStats") == 1
     assert r.audit["clean"] and resources_after("CASE-24", 14, "S1") == {}
     assert kinds_at(r.audit["warnings"], 9) == {"stale_finalize"}
+    assert [w["request_id"] for w in r.audit["warnings"] if w["kind"] == "stale_finalize"] == ["resp-1"]
     assert not kinds_at(r.audit["warnings"], 10)  # #10 completes #9's terminal: one warning for the pair
 
 
