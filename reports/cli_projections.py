@@ -88,7 +88,7 @@ async def _replicas_of(url: str, sessions: set[str], until_position: Optional[in
     return {sid: life.served_by.replica_id for sid, life in lives.items() if life.served_by.replica_id}
 
 
-def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str]) -> Table:
+def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str] | None = None) -> Table:
     """A rich table of findings; every cell is user data, so it is escaped (not markup)."""
     table = Table(title=title, title_justify="left", show_lines=False)
     columns = ("kind", "session", *(("replica",) if replicas else ()), "stage", "request_id", "first pos",

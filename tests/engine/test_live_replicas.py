@@ -65,7 +65,10 @@ async def test_live_pair_takes_over_only_the_dead_replicas_session(tmp_path, liv
             await asyncio.sleep(0.05)
         assert running not in live_ports.thinker.live_request_ids()
         with pytest.raises(SessionError, match="session_taken_over"):
-            await s.barge_in()
+            # A learns of the takeover at its next write: the engine's abort of the running request
+            # (a durable-later StageRequestFinished) or, at the latest, this commit's submit intent.
+            await s.append_text("Still there?")
+            await s.commit()
         assert len(await b.store.read_stream("pair-a")) == len(history)  # nothing from A after it
         await mine.close()
         p = await project_as_of(b.store)
