@@ -27,8 +27,7 @@ from events.store.store import EventStore
 from events.types import SessionOpened
 from projections.runner import project_as_of
 from projections.turn_tables import TurnTables
-from reports.prometheus import LedgerMetrics
-from reports.render_text import turn_log_messages
+from engine_bridge.prometheus import LedgerMetrics
 
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import ModelPlugin, TextPlugin
@@ -56,10 +55,16 @@ class SessionEngine:
     def __init__(self, store: EventStore, ports: Sequence[StagePort], *, plugin: ModelPlugin | None = None,
                  config: EngineConfig | None = None, on_turn: Callable[[Session, TurnTables], None] | None = None,
                  owns_store: bool = False, model_name: str | None = None,
-                 replica: ReplicaConfig | None = None) -> None:
+                 replica: ReplicaConfig | None = None,
+                 stats_renderer: Callable[[TurnTables], list[str]] | None = None) -> None:
         """``replica``: this engine's identity and lease timing on a shared ledger (issue 14;
         default :class:`ReplicaConfig`: ``<hostname>-<pid>``, 10 s lease). ``model_name``: the
-        Prometheus ``model_name`` label (default: the Stage0 model directory's name)."""
+        Prometheus ``model_name`` label (default: the Stage0 model directory's name).
+        ``stats_renderer``: the live ``--log-stats`` layout, a turn's tables -> log messages for
+        the ``config.stats_logger_name`` logger (``reports.render_text.turn_log_messages`` gives
+        vLLM-Omni's; the CLI passes it). None: finalized tables are kept in :attr:`printed` and
+        handed to ``on_turn``, and nothing is logged. The engine imports no renderer (layers:
+        events < projections < engine_bridge < reports)."""
         self.store = store
         self.ports = list(ports)
         self.plugin = plugin or TextPlugin()
@@ -67,6 +72,7 @@ class SessionEngine:
         self.sessions: dict[str, Session] = {}
         self.printed: deque[TurnTables] = deque(maxlen=self.config.printed_turns_kept)  # the last ones only
         self._on_turn = on_turn
+        self._stats_renderer = stats_renderer
         self._owns_store = owns_store
         self._logger = logging.getLogger(self.config.stats_logger_name)
         self._ticker = FlushTicker(self.config.flush_interval_s)
@@ -167,8 +173,8 @@ class SessionEngine:
         if not session.log_stats:
             return
         self.printed.append(turn)
-        if self._logger.isEnabledFor(logging.INFO):  # render only when someone will see it
-            for message in turn_log_messages(turn):
+        if self._stats_renderer is not None and self._logger.isEnabledFor(logging.INFO):  # only when someone reads
+            for message in self._stats_renderer(turn):
                 self._logger.info(message)
         if self._on_turn is not None:
             self._on_turn(session, turn)

@@ -15,6 +15,7 @@ from engine_bridge.messages import EngineConfig
 from engine_bridge.models import resolve_model
 from engine_bridge.vllm_port import VllmStagePort
 from projections.runner import project_as_of
+from reports.render_text import turn_log_messages
 
 
 async def main(model: str, db: str) -> int:
@@ -22,7 +23,8 @@ async def main(model: str, db: str) -> int:
     talker = await VllmStagePort.start(resolve_model("tiny"), stage_id=1, name="talker")
     try:
         config = EngineConfig(max_tokens=24, ignore_eos=model == "tiny")
-        async with await SessionEngine.open(db, [thinker, talker], config=config) as engine:
+        async with await SessionEngine.open(db, [thinker, talker], config=config,
+                                            stats_renderer=turn_log_messages) as engine:  # --log-stats layout
             session = await engine.open_session("embed-demo")
             for question in ("What is the capital of France?", "And what is it famous for?"):
                 await session.append_text(question)

@@ -5,7 +5,7 @@
 :class:`~projections.projector.Projector` (so turn tables, reasons and findings are the audit's
 own, DOMAIN §5.5/§5.7) and turns what the projector finalizes, plus a few raw facts, into
 updates of the families in :data:`FAMILIES`, handed to a :class:`MetricsSink`
-(``reports.prometheus.PrometheusSink`` for Prometheus, :class:`TallySink` for tests). The live
+(``engine_bridge.prometheus.PrometheusSink`` for Prometheus, :class:`TallySink` for tests). The live
 engine feeds it every event it emits; the offline command feeds it the stored log: the same
 updates, so the same samples. Positions play no part (live folds see provisional ones).
 
@@ -39,7 +39,7 @@ any more; ``reason`` from ``SessionClosed``); ``session_duration_s`` (histogram,
 ts) and ``session_turns`` (histogram, turn tables of the session) observed at ``SessionClosed``;
 ``abort_failures_total{stage}`` (+1 per ``AbortResult`` with outcome ``failed``, i.e. per pool
 call). ``request_ids_leaked`` is read from the audit when exposed (:meth:`MetricsFold.
-leaked_request_ids`); ``running_counter_drift`` needs a live engine (``reports.prometheus``).
+leaked_request_ids`); ``running_counter_drift`` needs a live engine (``engine_bridge.prometheus``).
 
 At ``SessionClosed`` the fold also keeps a :class:`SessionRollup` (the
 ``[DuplexSessionSummary]`` table).

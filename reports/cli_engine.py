@@ -40,6 +40,7 @@ from reports import cli_projections
 from reports.cli_errors import checked_url, fail, report
 from reports.cli_errors import run as run_body  # `run` is this module's command
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
+from reports.render_text import turn_log_messages
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 MODEL_HELP = "Stage0 (thinker) model: smollm2, tiny, or a model directory holding config.json."
@@ -175,7 +176,8 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
         err.print(f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
                   f"{len(trace.lines)} trace lines", highlight=False)
         live = _Live(err, trace)
-        engine = await SessionEngine.open(url, ports, config=config, on_turn=live.on_turn)
+        engine = await SessionEngine.open(url, ports, config=config, on_turn=live.on_turn,
+                                          stats_renderer=turn_log_messages)
         async with engine:
             if metrics_port is not None:  # issue 16: Prometheus families while the trace runs
                 served = engine.metrics.serve(metrics_port)

@@ -1,6 +1,6 @@
 """CLI command ``metrics``: the Prometheus exposition re-projected from the log (issue 16).
 
-The same fold the live engine feeds (``projections.metrics`` through ``reports.prometheus``)
+The same fold the live engine feeds (``projections.metrics`` through ``engine_bridge.prometheus``)
 runs over the stored events, so a log gives the samples the live ``/metrics`` showed for it
 (``running_counter_drift`` needs live engines and is left out). Needs neither vllm nor torch.
 Exit 0, or 2 for a missing ledger or a data error.
@@ -16,7 +16,7 @@ from events.store.store import EventStore
 from projections.metrics import SessionRollup
 from reports.cli_errors import checked_url, run
 from reports.cli_projections import DB_HELP
-from reports.prometheus import LedgerMetrics
+from engine_bridge.prometheus import LedgerMetrics
 
 
 async def project_metrics(db: Optional[str], until_position: Optional[int] = None,

@@ -293,8 +293,13 @@ async def test_crash_recovery_closes_and_reconciles(tmp_path):
         await port.shutdown()
 
 
-async def test_tables_printed_to_the_stats_logger_at_finalize(engine, caplog):
+async def test_tables_printed_to_the_stats_logger_at_finalize(tmp_path, caplog):
+    from reports.render_text import turn_log_messages
+
     caplog.set_level("INFO", logger="duplex_ledger.stats")
+    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/stats.db",
+                                      [FakeStagePort(0, "thinker"), FakeStagePort(1, "talker")], config=CONFIG,
+                                      stats_renderer=turn_log_messages)  # the CLI's subscription
     s = await engine.open_session("otto")
     await turn(s, "Hello")
     quiet = await engine.open_session("quiet", log_stats=False)
@@ -305,6 +310,7 @@ async def test_tables_printed_to_the_stats_logger_at_finalize(engine, caplog):
     assert all("quiet" not in m and ids.encode_session("quiet") not in m for m in messages)
     await s.close()
     await quiet.close()
+    await engine.aclose()
 
 
 async def test_stale_fence_is_refused_and_nothing_else_changes(long_engine):

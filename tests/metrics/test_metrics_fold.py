@@ -4,7 +4,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from projections.metrics import FAMILIES, MetricsFold, TallySink
-from reports.prometheus import LedgerMetrics
+from engine_bridge.prometheus import LedgerMetrics
 from tests.logbuilder import LogBuilder, eph
 
 S = "s1"

@@ -1,0 +1,44 @@
+"""The package layers (issue 13): ``events`` < ``projections`` < ``engine_bridge`` < ``reports``.
+A module imports only its own layer and those below; vllm, torch and transformers are imported
+only by the stage port and model preparation (``engine_bridge/vllm_port.py``,
+``engine_bridge/models.py``), so the offline tools run without them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("events", "projections", "engine_bridge", "reports")
+HEAVY = ("vllm", "torch", "transformers")
+HEAVY_ALLOWED = {"engine_bridge/vllm_port.py", "engine_bridge/models.py"}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level module) of every import in the file, function-level ones included."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module.split(".")[0]))
+    return out
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_upward_import(package):
+    allowed = set(LAYERS[: LAYERS.index(package) + 1])
+    upward = [f"{p.relative_to(ROOT)}:{line} imports {mod}"
+              for p in sorted((ROOT / package).rglob("*.py"))
+              for line, mod in imported_modules(p) if mod in LAYERS and mod not in allowed]
+    assert upward == []
+
+
+def test_heavy_imports_only_in_the_port_and_model_modules():
+    found = [f"{p.relative_to(ROOT)}:{line} imports {mod}"
+             for package in LAYERS for p in sorted((ROOT / package).rglob("*.py"))
+             for line, mod in imported_modules(p)
+             if mod in HEAVY and str(p.relative_to(ROOT)) not in HEAVY_ALLOWED]
+    assert found == []
