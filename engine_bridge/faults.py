@@ -40,10 +40,6 @@ class FlakyAbortPort:
             raise ValueError("n must be >= 0")
         self._fail_left, self._error = n, error
 
-    @property
-    def pending_failures(self) -> int:
-        return self._fail_left
-
     async def abort(self, request_ids: Sequence[str]) -> None:
         if self._fail_left > 0:
             self._fail_left -= 1

@@ -25,7 +25,7 @@ import base64
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,8 +103,7 @@ class Session:
     :class:`SessionError` (the refusal is also logged as ``CommandRejected``)."""
 
     def __init__(self, session_id: str, *, incarnation: int, log: SessionLog, ports: list[StagePort],
-                 plugin: ModelPlugin, config: EngineConfig, auto_response: bool, log_stats: bool,
-                 on_closed: Callable[[str], None]) -> None:
+                 plugin: ModelPlugin, config: EngineConfig, auto_response: bool, log_stats: bool) -> None:
         self.session_id = session_id
         self.incarnation = incarnation
         self.epoch = 0
@@ -119,7 +118,6 @@ class Session:
         self.closed = False
         self.taken_over = False  # fenced: another replica owns the session now (issue 14)
         self.active: TurnRun | None = None
-        self._on_closed = on_closed
         self._client: asyncio.Queue[ClientEvent | None] = asyncio.Queue()
         self._input: list[str] = []
         self._input_chunks = 0
@@ -759,4 +757,3 @@ class Session:
                 self._send("error", code="cleanup_failed", message=failure)
             self._send("session.closed", reason=reason)
             self._client.put_nowait(None)
-            self._on_closed(self.session_id)

@@ -310,12 +310,6 @@ async def import_rows(store: EventStore, rows: list[ImportRow]) -> ImportResult:
         raise JsonlError([LineError(line, field, str(exc)) for line, field in sorted(faults)]) from exc
 
 
-async def import_lines(store: EventStore, lines: Iterable[str | bytes]) -> ImportResult:
-    """Validate all ``lines`` then append them in one transaction (see :func:`import_rows`).
-    Raises JsonlError (nothing appended)."""
-    return await import_rows(store, parse_lines(lines))
-
-
 async def export_lines(
     store: EventStore, *, stream_id: str | None = None, from_position: int = 0
 ) -> AsyncIterator[str]:

@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from events.types import ts_to_us, us_to_ts
+from events.types import ts_to_us
 from events.records import StoredEvent
 from events.store.schema import events as events_table
 from projections import checkpoint
@@ -152,12 +152,6 @@ def finding_rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
              "first_ts_us": ts_to_us(f.first_ts), "last_position": f.last_position, "last_ts_us": ts_to_us(f.last_ts),
              "evidence_positions": json.dumps(list(f.evidence)), "detail": f.detail}
             for i, f in enumerate(findings, 1)]
-
-
-def finding_from_row(row: Any) -> Finding:
-    return Finding(row.session_id, row.stage_id, row.request_id, row.kind, row.first_position,
-                   us_to_ts(row.first_ts_us), row.last_position, us_to_ts(row.last_ts_us),
-                   tuple(json.loads(row.evidence_positions)), row.detail, row.severity)
 
 
 # ---------------------------------------------------------------- batch write

@@ -30,7 +30,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from events.records import StoredEvent
 from events.store.store import EventStore
@@ -42,13 +41,6 @@ from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
 FOLD_VERSION = 2  # bump when the fold state's meaning changes: old checkpoints then rebuild
-
-
-@dataclass
-class BatchReport:
-    position: int
-    events: int
-    turns: int
 
 
 def note_to_stderr(message: str) -> None:
@@ -233,7 +225,7 @@ class ProjectionRunner:
         projector.forget_closed()
         return resources, findings, checkpoint.encode_state(projector)
 
-    async def _commit(self, batch: list[StoredEvent]) -> BatchReport:
+    async def _commit(self, batch: list[StoredEvent]) -> None:
         projector = self.projector
         assert projector is not None
         turn_rows, touched = readmodels.fold_batch(projector, batch, after_position=self.position)
@@ -248,7 +240,6 @@ class ProjectionRunner:
             self.projector = None  # in-memory state is ahead of the database: reload on next use
             raise
         self.position = position
-        return BatchReport(position, len(batch), len(turn_rows))
 
     async def follow(self, stop: asyncio.Event, *, idle_flush_s: float = 0.2) -> int:
         """Catch up, then fold live events until ``stop`` is set; commits a batch when it is

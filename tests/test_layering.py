@@ -42,3 +42,20 @@ def test_heavy_imports_only_in_the_port_and_model_modules():
              for line, mod in imported_modules(p)
              if mod in HEAVY and str(p.relative_to(ROOT)) not in HEAVY_ALLOWED]
     assert found == []
+
+
+def test_a_foreign_events_package_is_named_not_mistaken(tmp_path):
+    """PyPI has an unrelated ``events`` package: when it shadows ours, importing the ledger says
+    so (the decision is recorded in docs/design.md)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "events.py").write_text("class Events: pass\n")
+    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", "import engine_bridge"], capture_output=True, text=True, env=env,
+                            cwd=tmp_path)
+    assert result.returncode != 0
+    assert "is not duplex-ledger's" in result.stderr and str(tmp_path / "events.py") in result.stderr
+    ok = subprocess.run([sys.executable, "-c", "import reports.cli"], capture_output=True, text=True,
+                        env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
