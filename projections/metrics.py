@@ -54,9 +54,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from events.records import StoredEvent
-from events.types import FINISHED_REASONS
-from projections.projector import Projector
+from events.structs import twin_of
+from events.types import (
+    FINISHED_REASONS,
+    AbortResult,
+    ResponseBegun,
+    ResponseListened,
+    SessionClosed,
+    SessionOpened,
+    StageOutput,
+    StageRequestForwarded,
+    StageRequestSubmitted,
+    TurnCommitted,
+    TurnCompleted,
+)
+from projections.dispatch import dispatch_table
 from projections.intervals import span_ms
+from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
 FamilyKind = Literal["counter", "gauge", "histogram"]
@@ -247,18 +261,18 @@ class MetricsFold:
         self.admitted = 0
         self.cleanup_pending = 0
         self._models: set[str] = set()
-        self._handlers = {
-            "SessionOpened": self._opened,
-            "SessionClosed": self._closed,
-            "ResponseListened": self._listened,
-            "ResponseBegun": self._begun,
-            "TurnCommitted": self._committed,
-            "TurnCompleted": self._turn_completed,
-            "StageRequestSubmitted": self._segment,
-            "StageRequestForwarded": self._segment,
-            "StageOutput": self._output,
-            "AbortResult": self._abort_result,
-        }
+        self._handlers = dispatch_table({
+            SessionOpened: self._opened,
+            SessionClosed: self._closed,
+            ResponseListened: self._listened,
+            ResponseBegun: self._begun,
+            TurnCommitted: self._committed,
+            TurnCompleted: self._turn_completed,
+            StageRequestSubmitted: self._segment,
+            StageRequestForwarded: self._segment,
+            StageOutput: self._output,
+            AbortResult: self._abort_result,
+        })
         sink.set("duplex_ledger:sessions_admitted", (), 0)
         sink.set("duplex_ledger:sessions_cleanup_pending", (), 0)
 
@@ -268,16 +282,16 @@ class MetricsFold:
         s = self.sessions.get(event.session_id)
         if s is None:
             s = self.sessions[event.session_id] = _Session()
-        handler = self._handlers.get(event.type)  # type: ignore[attr-defined]
+        handler = self._handlers.get(type(event))
         if handler is not None:
-            handler(s, stored)
+            handler(s, stored, event)
             s = self.sessions[event.session_id]  # a SessionOpened starts a fresh incarnation
         self.projector.apply(stored)
         turns = self.projector.turns.take_finalized() if self.projector.turns.finalized else []
         for turn in turns:
             self._turn(s, turn)
-        if event.type == "SessionClosed":  # type: ignore[attr-defined]
-            self._rollup(event.session_id, s, stored)  # after the turn its close finalized
+        if isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed):
+            self._rollup(event.session_id, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
         if s.close_reason is not None:
             self._settle(event.session_id, s)
         return turns
@@ -288,8 +302,7 @@ class MetricsFold:
         return self
 
     # ------------------------------------------------------------------ raw facts
-    def _opened(self, s: _Session, st: StoredEvent) -> None:
-        e = st.event
+    def _opened(self, s: _Session, st: StoredEvent, e: SessionOpened) -> None:
         model = e.model or UNKNOWN_MODEL
         fresh = _Session(model_name=model, opened_ts=e.ts, admitted=True)
         fresh.close_reason = s.close_reason  # a previous incarnation's slot may still be pending
@@ -305,7 +318,7 @@ class MetricsFold:
             for name in ("vllm_omni:prompt_tokens_total", "vllm_omni:generation_tokens_total"):
                 self.sink.inc(name, (model,), 0)
 
-    def _closed(self, s: _Session, st: StoredEvent) -> None:
+    def _closed(self, s: _Session, st: StoredEvent, e: SessionClosed) -> None:
         if s.admitted:
             s.admitted = False
             self.admitted -= 1
@@ -313,24 +326,23 @@ class MetricsFold:
         if s.close_reason is None:
             self.cleanup_pending += 1
             self.sink.set("duplex_ledger:sessions_cleanup_pending", (), self.cleanup_pending)
-        s.close_reason = st.event.reason
+        s.close_reason = e.reason
         self._end_listen_turns(s, None)
 
-    def _listened(self, s: _Session, st: StoredEvent) -> None:
+    def _listened(self, s: _Session, st: StoredEvent, e: ResponseListened) -> None:
         s.listen_units += 1
-        s.listened_turns.add(st.event.turn_id)
+        s.listened_turns.add(e.turn_id)
         self.sink.inc("duplex_ledger:listen_units_total", (), 1)
 
-    def _begun(self, s: _Session, st: StoredEvent) -> None:
-        s.answered_turns.add(st.event.turn_id)
+    def _begun(self, s: _Session, st: StoredEvent, e: ResponseBegun) -> None:
+        s.answered_turns.add(e.turn_id)
 
-    def _committed(self, s: _Session, st: StoredEvent) -> None:
-        e = st.event
+    def _committed(self, s: _Session, st: StoredEvent, e: TurnCommitted) -> None:
         if e.response_id is not None and e.create_response:
             s.answered_turns.add(e.turn_id)
 
-    def _turn_completed(self, s: _Session, st: StoredEvent) -> None:
-        self._end_listen_turns(s, st.event.completed_turn_id)
+    def _turn_completed(self, s: _Session, st: StoredEvent, e: TurnCompleted) -> None:
+        self._end_listen_turns(s, e.completed_turn_id)
 
     def _end_listen_turns(self, s: _Session, turn_id: int | None) -> None:
         ended = s.listened_turns if turn_id is None else s.listened_turns & {turn_id}
@@ -339,19 +351,16 @@ class MetricsFold:
                 self.sink.inc("duplex_ledger:listen_only_turns_total", (), 1)
         s.listened_turns -= set(ended)
 
-    def _segment(self, s: _Session, st: StoredEvent) -> None:
-        e = st.event
+    def _segment(self, s: _Session, st: StoredEvent, e: StageRequestSubmitted | StageRequestForwarded) -> None:
         s.audio_open.add((e.request_id, e.stage_id))
 
-    def _output(self, s: _Session, st: StoredEvent) -> None:
-        e = st.event
+    def _output(self, s: _Session, st: StoredEvent, e: StageOutput) -> None:
         key = (e.request_id, e.stage_id)
         if key in s.audio_open and is_audio_output(e.stage_id, e.num_new_tokens, e.audio_frames):
             s.audio_open.discard(key)
             s.audio_first.setdefault(e.request_id, []).append((e.ts, e.stage_id))
 
-    def _abort_result(self, s: _Session, st: StoredEvent) -> None:
-        e = st.event
+    def _abort_result(self, s: _Session, st: StoredEvent, e: AbortResult) -> None:
         if e.outcome == "failed":
             self.sink.inc("duplex_ledger:abort_failures_total", (str(e.stage_id),), 1)
 
@@ -384,6 +393,8 @@ class MetricsFold:
     def _first_audio(s: _Session, t: TurnTables) -> tuple[float, int] | None:
         """The turn's first audio output inside [arrival, finalize]; outputs up to the finalize
         are then forgotten (a resident id serves later turns)."""
+        if t.request_id is None:  # ended before any engine request (D8): no audio
+            return None
         outputs = s.audio_first.get(t.request_id)
         if not outputs:
             return None
@@ -396,8 +407,7 @@ class MetricsFold:
         return min(inside) if inside else None
 
     # ------------------------------------------------------------------ close
-    def _rollup(self, session_id: str, s: _Session, st: StoredEvent) -> None:
-        e = st.event
+    def _rollup(self, session_id: str, s: _Session, st: StoredEvent, e: SessionClosed) -> None:
         wall_ms = span_ms(s.opened_ts, e.ts) if s.opened_ts is not None else None
         self.rollups.append(SessionRollup(
             session_id=session_id, model_name=s.model_name, close_reason=e.reason, opened_ts=s.opened_ts,
