@@ -24,10 +24,14 @@ All timestamps are whole milliseconds (exact in microseconds) and increase with 
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from events.records import StoredEvent
+from events.structs import decode_payload
+from events.types import ts_to_us
 from tests.logbuilder import LogBuilder, eph, resident
 
 
@@ -405,3 +409,15 @@ class _Gen:
 def generate(rnd: random.Random, sessions: int = 2) -> History:
     """One history of ``sessions`` interleaved sessions (see the module doc)."""
     return _Gen(rnd, sessions).run()
+
+
+def as_twins(stored: list[StoredEvent]) -> list[StoredEvent]:
+    """The same log as the read path decodes it: every event as its msgspec twin."""
+    out = []
+    for st in stored:
+        e = st.event
+        twin = decode_payload(e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts),
+                              json.dumps(e.payload()))
+        assert twin is not None, e
+        out.append(StoredEvent(st.position, st.stream_id, st.version, st.recorded_at, twin))
+    return out

@@ -22,9 +22,14 @@ runner = CliRunner()
 
 def stored_events(name: str) -> list[StoredEvent]:
     """The case log as StoredEvents (positions 1.., versions per stream)."""
+    return read_jsonl(FIELD_DIR / f"{name}.jsonl")
+
+
+def read_jsonl(path: Path) -> list[StoredEvent]:
+    """A JSONL log (the project's line format) as StoredEvents, positions by line."""
     out: list[StoredEvent] = []
     versions: dict[str, int] = {}
-    for lineno, line in enumerate((FIELD_DIR / f"{name}.jsonl").read_text().splitlines(), start=1):
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
         obj = json.loads(line)
         event = parse_event({"type": obj["type"], "session_id": obj["stream"], "ts": obj["ts"],
                              "event_id": obj["event_id"], **obj["data"]})

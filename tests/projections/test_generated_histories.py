@@ -21,25 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from events.records import StoredEvent
-from events.structs import decode_payload
-from events.types import ts_to_us
 from projections.projector import Projector
 from reports.cli import app
-from tests.histories import History, generate
+from tests.histories import History, as_twins, generate
 
 EXAMPLES = 500
-
-
-def twins_of(history: History) -> list[StoredEvent]:
-    out = []
-    for st_ in history.log.stored:
-        e = st_.event
-        twin = decode_payload(e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts),
-                              json.dumps(e.payload()))
-        assert twin is not None, e
-        out.append(StoredEvent(st_.position, st_.stream_id, st_.version, st_.recorded_at, twin))
-    return out
 
 
 def check(history: History, p: Projector) -> None:
@@ -70,7 +56,7 @@ def test_generated_histories_attribute_every_fact(rnd: random.Random, sessions: 
     history = generate(rnd, sessions)
     models = Projector().apply_all(history.log.stored)
     check(history, models)
-    twins = Projector().apply_all(twins_of(history))
+    twins = Projector().apply_all(as_twins(history.log.stored))
     assert [t.to_dict() for t in twins.turn_tables] == [t.to_dict() for t in models.turn_tables]
     assert twins.findings() == models.findings()
 

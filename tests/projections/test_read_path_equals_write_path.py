@@ -4,40 +4,17 @@ crashed ``tables`` on the twins only)."""
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from events.records import StoredEvent
-from events.structs import decode_payload
-from events.types import EVENT_CLASSES, parse_event, ts_to_us
+from events.types import EVENT_CLASSES
 from projections.projector import Projector
-from tests.histories import generate
+from tests.cases.field_support import read_jsonl
+from tests.histories import as_twins, generate
 from tests.logbuilder import LogBuilder, eph
 
 LOG_DIRS = [Path(__file__).parents[1] / "cases" / "logs", Path(__file__).parents[1] / "cases" / "field"]
-
-
-def as_twins(stored: list[StoredEvent]) -> list[StoredEvent]:
-    out = []
-    for st in stored:
-        e = st.event
-        twin = decode_payload(e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts),
-                              json.dumps(e.payload()))
-        assert twin is not None, e
-        out.append(StoredEvent(st.position, st.stream_id, st.version, st.recorded_at, twin))
-    return out
-
-
-def from_jsonl(path: Path) -> list[StoredEvent]:
-    out, versions = [], {}
-    for position, line in enumerate(path.read_text().splitlines(), start=1):
-        obj = json.loads(line)
-        event = parse_event({"type": obj["type"], "session_id": obj["stream"], "ts": obj["ts"],
-                             "event_id": obj["event_id"], **obj["data"]})
-        versions[obj["stream"]] = versions.get(obj["stream"], 0) + 1
-        out.append(StoredEvent(position, obj["stream"], versions[obj["stream"]], event.ts, event))
-    return out
 
 
 def every_other_kind() -> list[StoredEvent]:
@@ -68,7 +45,7 @@ def state_of(p: Projector) -> tuple:
 
 
 def test_every_log_folds_the_same_on_both_paths():
-    logs = [from_jsonl(path) for d in LOG_DIRS for path in sorted(d.glob("*.jsonl"))]
+    logs = [read_jsonl(path) for d in LOG_DIRS for path in sorted(d.glob("*.jsonl"))]
     logs += [generate(random.Random(seed), 2).log.stored for seed in range(40)]
     logs.append(every_other_kind())
     kinds = set()
