@@ -27,7 +27,7 @@ CONTENT = "stream_id, version, event_id, type, schema_version, ts_us, recorded_a
 async def ledger(db_url: str):
     store = await EventStore.open(db_url, create=True)
     try:
-        await jsonl.import_lines(store, LOG.read_text(encoding="utf-8").splitlines())
+        await jsonl.import_rows(store, jsonl.parse_lines(LOG.read_text(encoding="utf-8").splitlines()))
         await ProjectionRunner(store, note=lambda _m: None).catch_up()
         yield store
     finally:
