@@ -310,7 +310,9 @@ class ResourcesFold:
         session does not hold — aborted, released, or of an older epoch/incarnation — changes
         nothing and is one warning. Ids the log never bound (logs that record no submits) pass:
         the turns fold attributes them by the turn's own id."""
-        if request_id is None or not rid.is_duplex(request_id) or s.keys_of(request_id):
+        if request_id is None or (stage_id, request_id) in s.bindings:
+            return ACCEPTED  # the hot path: a fact of a held key (one dict look-up per output event)
+        if not rid.is_duplex(request_id) or s.keys_of(request_id):
             return ACCEPTED
         life = s.lives.get(request_id)
         stale = self._stale_fence(s, request_id, None)

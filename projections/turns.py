@@ -559,7 +559,9 @@ def remember(kept: dict[Any, Any], key: Any, pinned: dict[Any, Any]) -> None:
     if key is not None:
         kept.pop(key, None)
         kept[key] = None
-    for old in list(kept)[: max(len(kept) - KEPT_PER_SESSION, 0)]:
+    if len(kept) <= KEPT_PER_SESSION:
+        return  # the usual case: nothing to forget, no copy of the keys
+    for old in list(kept)[: len(kept) - KEPT_PER_SESSION]:
         if old not in pinned:
             del kept[old]
 
