@@ -155,6 +155,17 @@ def finding_rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- batch write
+def _insert_keeping_first(conn: Connection, table: sa.Table) -> Any:
+    """An INSERT that keeps the row already stored under the same key. The fold emits one table
+    per (session, response) and warns on a reused response id (``stale_finalize``); a log crafted
+    to reuse one beyond what the fold remembers must not make the read models unbuildable."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+
+        return insert(table).on_conflict_do_nothing()
+    return table.insert().prefix_with("OR IGNORE")
+
+
 def write_batch(conn: Connection, *, name: str, position: int, fold_version: int, state: bytes,
                 turns: Iterable[dict[str, Any]], touched: Sequence[str], resources: Sequence[dict[str, Any]],
                 findings: Sequence[dict[str, Any]], before_checkpoint: Any = None) -> None:
@@ -166,14 +177,15 @@ def write_batch(conn: Connection, *, name: str, position: int, fold_version: int
     it is inserted in chunks. ``before_checkpoint`` (tests) is called between the rows and the
     checkpoint write; if it raises, the whole transaction rolls back: rows and checkpoint never
     disagree (CASE-16)."""
+    insert_turns = _insert_keeping_first(conn, turn_tables)
     chunk: list[dict[str, Any]] = []
     for row in turns:
         chunk.append(row)
         if len(chunk) >= 5000:
-            conn.execute(turn_tables.insert(), chunk)
+            conn.execute(insert_turns, chunk)
             chunk = []
     if chunk:
-        conn.execute(turn_tables.insert(), chunk)
+        conn.execute(insert_turns, chunk)
     for chunk_start in range(0, len(touched), 500):
         chunk = list(touched[chunk_start:chunk_start + 500])
         conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(chunk)))

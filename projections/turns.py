@@ -137,10 +137,14 @@ class OpenTurn:
 
 @dataclass(slots=True)
 class Terminal:
-    """How a finalized response ended: its reason and the event kinds of that terminal."""
+    """How a finalized response ended: its reason and the event kinds of that terminal, and the
+    last stale terminal seen after it (its reason and kinds: the second half of an engine pair
+    such as ResponseEnded + TurnFinalized joins it without a second warning)."""
 
     reason: str
     kinds: set[str] = field(default_factory=set)
+    stale_reason: str | None = None
+    stale_kinds: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -252,8 +256,8 @@ class TurnsFold:
 
     # ------------------------------------------------------------------ lifecycle
     def _opened(self, s: SessionTurns, st: StoredEvent, e: SessionOpened) -> None:
-        if s.closed:
-            s = self.sessions[s.session_id] = SessionTurns(s.session_id)
+        if s.closed:  # a new incarnation: fresh state, but its responses stay known (no id reused)
+            s = self.sessions[s.session_id] = SessionTurns(s.session_id, terminals=s.terminals)
         s.num_stages = e.num_stages
 
     def _closed(self, s: SessionTurns, st: StoredEvent, e: SessionClosed) -> None:
@@ -304,6 +308,10 @@ class TurnsFold:
 
     def _begin(self, s: SessionTurns, st: StoredEvent, response_id: str, request_id: str | None,
                turn_id: int, commit_ts: float | None) -> None:
+        if s.closed:  # the session is closed: no turn opens until it is opened again (D9)
+            self._warn(s, "after_close", None, response_id, st, f"begin of response {response_id!r} after the "
+                                                                "session closed; ignored")
+            return
         turn = s.open
         if turn is not None:
             if turn.response_id == response_id:  # the begin of a turn pre-created at commit (D7)
@@ -508,8 +516,11 @@ class TurnsFold:
         if done is not None and done.reason == reason and kind not in done.kinds:
             done.kinds.add(kind)  # the rest of the same terminal (e.g. ResponseEnded + TurnFinalized)
             return
+        if done is not None and done.stale_reason == reason and kind not in done.stale_kinds:
+            done.stale_kinds.add(kind)  # the rest of the stale terminal already reported
+            return
         if done is not None:
-            s.terminals[response_id] = Terminal(reason, {kind})
+            done.stale_reason, done.stale_kinds = reason, {kind}  # the finalized reason stays
             detail = f"{kind} ({reason}) of response {response_id!r}, already finalized ({done.reason})"
         else:
             detail = f"{kind} ({reason}) of response {response_id!r}, which the session does not hold"

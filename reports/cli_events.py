@@ -123,7 +123,7 @@ def events_import(
     file that does not exist yet is created as a new ledger (once every line passed)."""
     from events import jsonl
     from events.store import EventStore
-    from events.store.url import missing_sqlite_file
+    from events.store.url import missing_ancestor, missing_sqlite_file, remove_sqlite_file
 
     from reports.progress import shows_progress, stderr_console, track_lines
 
@@ -132,12 +132,19 @@ def events_import(
     async def body() -> Any:
         with file.open("rb") as fh:  # a byte bar while lines are checked (terminal only)
             rows = jsonl.parse_lines(track_lines(fh, file.stat().st_size, f"checking {file.name}"))
-        store = await EventStore.open(url, create=missing_sqlite_file(url) is not None)
+        new_file = missing_sqlite_file(url)
+        created = missing_ancestor(new_file) if new_file is not None else None
+        store = await EventStore.open(url, create=new_file is not None)
         try:
             if not shows_progress():
                 return await jsonl.import_rows(store, rows)
             with stderr_console().status(f"importing {len(rows)} event(s) in one transaction…"):
                 return await jsonl.import_rows(store, rows)
+        except BaseException:
+            await store.close()
+            if created is not None:  # nothing was imported: leave no new ledger file behind either
+                remove_sqlite_file(created)
+            raise
         finally:
             await store.close()
 

@@ -105,13 +105,18 @@ def scrub(text: str, url: str | None) -> str:
     if not url:
         return text
     try:
-        password = make_url(url).password
+        parsed = make_url(url)
+        password, others = parsed.password, {parsed.username, parsed.host, parsed.database}
     except (ArgumentError, ValueError):
-        password = None
+        password, others = None, set()
     text = text.replace(url, redact(url))
-    if password:  # as a whole token only: a short password must not garble the message
+    text = _USERINFO.sub(r"\1***@", text)  # user:password@ wherever a URL is quoted
+    # A password quoted on its own is masked as a whole token, unless it is also the user, host or
+    # database name: masking those would garble the message and give the password away by
+    # elimination ("***:***@host/***_test", "run duplex-*** db upgrade").
+    if password and len(str(password)) >= 6 and str(password) not in others:
         text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(str(password))}(?![A-Za-z0-9])", "***", text)
-    return _USERINFO.sub(r"\1***@", text)
+    return text
 
 
 def missing_ancestor(path: Path) -> Path | None:

@@ -273,3 +273,57 @@ def test_twins_and_models_fold_the_same(tmp_path):
         twins.append(StoredEvent(st.position, st.stream_id, st.version, st.recorded_at, twin))
     a, c = project(b), Projector().apply_all(twins)
     assert [t.to_dict() for t in a.turn_tables] == [t.to_dict() for t in c.turn_tables]
+
+
+def reopened_with_the_same_response_id() -> LogBuilder:
+    """A session closed and reopened (incarnation 1) that names a response of its first
+    incarnation again: a crafted or buggy log (live ids carry a random suffix)."""
+    b = LogBuilder()
+    for incarnation, t0 in ((0, 1.0), (1, 10.0)):
+        x = eph("s1", 0, incarnation=incarnation)
+        b.add("SessionOpened", "s1", t0, incarnation=incarnation)
+        b.add("TurnCommitted", "s1", t0 + 1, turn_id=0, response_id="resp-1", create_response=True)
+        b.add("StageRequestSubmitted", "s1", t0 + 1.1, stage_id=0, request_id=x, fence={"incarnation": incarnation})
+        b.add("ResponseBegun", "s1", t0 + 1.2, response_id="resp-1", request_id=x)
+        b.add("ResponseEnded", "s1", t0 + 2, response_id="resp-1", cause="model")
+        b.add("StageRequestReleased", "s1", t0 + 2.1, stage_id=0, request_id=x)
+        b.add("SessionClosed", "s1", t0 + 3)
+    return b
+
+
+def test_a_reused_response_id_is_one_table_and_warnings_and_the_ledger_stays_buildable(tmp_path):
+    b = reopened_with_the_same_response_id()
+    p = project(b)
+    assert [t.response_id for t in p.turn_tables] == ["resp-1"]
+    assert warnings(p) == [("stale_finalize", 9), ("stale_finalize", 11), ("stale_finalize", 12)]
+    path = tmp_path / "log.jsonl"
+    path.write_text(b.jsonl())
+    url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["events", "import", str(path), "--db", url]).exit_code == 0
+    for command in (["audit"], ["tables"], ["rebuild"], ["tables"]):
+        result = runner.invoke(app, [*command, "--db", url])
+        assert result.exit_code == 0, result.output
+
+
+def test_a_stale_terminal_never_changes_the_finalized_reason():
+    b = LogBuilder()
+    b.add("ResponseBegun", "s1", 1.0, response_id="r", request_id=X0)
+    b.add("TurnFinalized", "s1", 2.0, response_id="r", finished_reason="barge_in")
+    b.add("TurnFinalized", "s1", 2.1, response_id="r", finished_reason="cancel")
+    b.add("ResponseEnded", "s1", 2.2, response_id="r", cause="model")
+    p = project(b)
+    assert [t.finished_reason for t in p.turn_tables] == ["barge_in"]
+    details = [f.detail for f in p.findings() if f.kind == "stale_finalize"]
+    assert len(details) == 2 and all("already finalized (barge_in)" in d for d in details)
+
+
+def test_a_response_begun_after_close_is_a_warning_not_a_table():
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0)
+    b.add("SessionClosed", "s1", 2.0)
+    b.add("ResponseBegun", "s1", 3.0, response_id="late", request_id=X0)
+    b.add("ResponseEnded", "s1", 3.5, response_id="late", cause="model")
+    p = project(b)
+    assert p.turn_tables == []
+    assert warnings(p) == [("after_close", 3), ("stale_finalize", 4)]

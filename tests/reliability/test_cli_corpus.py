@@ -176,3 +176,28 @@ def test_fingerprint_helper_sees_changes(tmp_path) -> None:
     before = fingerprint(path)
     path.write_bytes(b"b")
     assert fingerprint(path) != before
+
+
+def test_a_password_that_is_also_the_user_name_garbles_nothing():
+    from events.store.url import scrub
+
+    url = "postgresql+asyncpg://ledger:ledger@127.0.0.1:5432/ledger_test"
+    message = f"{url} has no duplex-ledger schema; run `duplex-ledger db upgrade --db {url}`"
+    assert scrub(message, url) == ("postgresql+asyncpg://ledger:***@127.0.0.1:5432/ledger_test has no duplex-ledger "
+                                   "schema; run `duplex-ledger db upgrade --db "
+                                   "postgresql+asyncpg://ledger:***@127.0.0.1:5432/ledger_test`")
+    secret = "postgresql+asyncpg://u:S3cr3tPW@h/db"
+    assert "S3cr3tPW" not in scrub("connect failed: password S3cr3tPW rejected", secret)
+
+
+def test_a_refused_import_leaves_no_new_ledger_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from reports.cli import app
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"stream":"S1","version":2,"type":"SessionOpened","ts":1.0,"data":{}}\n')
+    target = tmp_path / "new" / "fresh.db"
+    result = CliRunner().invoke(app, ["events", "import", str(log), "--db", f"sqlite+aiosqlite:///{target}"])
+    assert result.exit_code == 2
+    assert not target.parent.exists()
