@@ -183,7 +183,7 @@ def _parse_line(text: str | bytes, lineno: int) -> tuple[ImportRow, ChainClaim |
     cls = None
     if "type" in obj and not isinstance(type_name, str):
         errors.append(LineError(lineno, "type", f"must be a string{_got(type_name)}"))
-    elif "type" in obj:
+    elif isinstance(type_name, str):
         try:
             cls = event_class(type_name)
         except UnknownEventType as exc:

@@ -62,8 +62,8 @@ def check_value(value: Any, where: str = "", depth: int = 0) -> Any:
     return value
 
 
-def short_number(value: int) -> str:
-    """An integer for a message: whole when short, else its first digits and its length."""
+def short_number(value: int | float) -> str:
+    """A number for a message: whole when short, else its first digits and its length."""
     digits = str(value)
     return digits if len(digits) <= 24 else f"{digits[:12]}… ({len(digits.lstrip('-'))} digits)"
 

@@ -25,7 +25,7 @@ checkpoints hold some of them).
 from __future__ import annotations
 
 import types
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Union, cast, get_args, get_origin
 
 import annotated_types as at
 import msgspec
@@ -92,7 +92,7 @@ def twin_of(model: type[BaseModel]) -> type[msgspec.Struct]:
     twin = _TWINS.get(model)
     if twin is not None:
         return twin
-    fields = []
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
     for name, info in model.model_fields.items():
         tp = _twin_type(info.annotation)
         meta = _meta(info.metadata)
@@ -101,7 +101,7 @@ def twin_of(model: type[BaseModel]) -> type[msgspec.Struct]:
         if issubclass(model, EventBase) and name in _ENVELOPE:
             fields.append((name, _ENVELOPE[name], msgspec.UNSET))  # from the row's columns (decode_payload)
         elif info.default_factory is not None:
-            factory = info.default_factory
+            factory = cast(Callable[[], Any], info.default_factory)  # no validated-data factories here
             if isinstance(factory, type) and issubclass(factory, BaseModel):
                 factory = twin_of(factory)
             fields.append((name, tp, msgspec.field(default_factory=factory)))

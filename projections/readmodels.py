@@ -187,8 +187,8 @@ def write_batch(conn: Connection, *, name: str, position: int, fold_version: int
     if chunk:
         conn.execute(insert_turns, chunk)
     for chunk_start in range(0, len(touched), 500):
-        chunk = list(touched[chunk_start:chunk_start + 500])
-        conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(chunk)))
+        ids = list(touched[chunk_start:chunk_start + 500])
+        conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(ids)))
     if resources:
         conn.execute(request_resources.insert(), list(resources))
     conn.execute(audit_findings.delete())

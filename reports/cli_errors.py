@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
-from typing import NoReturn, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -115,7 +115,7 @@ def checked_url(db: str | None) -> str:
     return url
 
 
-def run(coro_fn: Callable[[], Awaitable[T]], url: str | None = None) -> T:
+def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -> T:
     """Run an async command body; any error becomes :func:`report` (no traceback unless
     ``$DUPLEX_LEDGER_DEBUG`` is set). ``url``: the database URL, whose password is masked in
     every message."""

@@ -19,13 +19,19 @@ it opens from a copied file. Needs neither vllm nor torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 from html import escape
 from pathlib import Path
 import plotly.graph_objects as go
 
 from events.records import StoredEvent
+from events.structs import twin_of
+from events.types import (AbortRequested, AbortResult, EpochAdvanced, EventBase, InputAppended, ReleaseResult,
+                          ResponseListened, SessionClosed, SessionOpened, StageOutput, StageRequestLost,
+                          StageRequestRestored, TurnCommitted)
+from projections.dispatch import dispatch_table
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
@@ -76,32 +82,47 @@ def event_hover(st: StoredEvent) -> str:
     return "<br>".join(lines)
 
 
+def _input_mark(e: InputAppended, x: float, hover: str) -> Mark:
+    speech = e.input_kind == "text" or bool(e.is_speech)
+    return Mark("user", x, "circle" if speech else "circle-open", "#1565c0" if speech else "#90a4ae",
+                hover, "input" if speech else "silence")
+
+
+def _abort_result_mark(e: AbortResult, x: float, hover: str) -> Mark:
+    ok = e.outcome != "failed"
+    return Mark("cleanup", x, "triangle-up" if ok else "triangle-down", "#2e7d32" if ok else "#b71c1c",
+                hover, "abort ok" if ok else "abort failed")
+
+
+def _fixed(lane: str, symbol: str, colour: str, group: str) -> Callable[[EventBase, float, str], Mark]:
+    return lambda e, x, hover: Mark(lane, x, symbol, colour, hover, group)
+
+
+_STAGE_OUTPUTS: frozenset[type] = frozenset({StageOutput, twin_of(StageOutput)})
+_RELEASE_MARK = _fixed("cleanup", "square-open", "#6d4c41", "release / restore / lost")
+_SESSION_MARK = _fixed("session", "line-ns-open", "#212121", "open / close")
+_MARKS: dict[type, Callable[..., Mark]] = dispatch_table({
+    InputAppended: _input_mark,
+    TurnCommitted: _fixed("user", "diamond", "#0d47a1", "commit"),
+    ResponseListened: _fixed("listen", "star", "#00838f", "listen unit"),
+    AbortRequested: _fixed("cleanup", "x", "#c62828", "abort requested"),
+    AbortResult: _abort_result_mark,
+    ReleaseResult: _RELEASE_MARK,
+    StageRequestLost: _RELEASE_MARK,
+    StageRequestRestored: _RELEASE_MARK,
+    EpochAdvanced: _fixed("session", "hexagon", "#4527a0", "epoch"),
+    SessionOpened: _SESSION_MARK,
+    SessionClosed: _SESSION_MARK,
+})
+"""The mark each event class draws, chosen by class (model or read-side twin), as the folds do."""
+
+
 def _event_marks(events: Sequence[StoredEvent], t0: float) -> list[Mark]:
     marks: list[Mark] = []
     for st in events:
-        e, x = st.event, st.event.ts - t0
-        hover = event_hover(st)
-        kind = e.type
-        if kind == "InputAppended":
-            speech = e.input_kind == "text" or e.is_speech
-            marks.append(Mark("user", x, "circle" if speech else "circle-open", "#1565c0" if speech else "#90a4ae",
-                              hover, "input" if speech else "silence"))
-        elif kind == "TurnCommitted":
-            marks.append(Mark("user", x, "diamond", "#0d47a1", hover, "commit"))
-        elif kind == "ResponseListened":
-            marks.append(Mark("listen", x, "star", "#00838f", hover, "listen unit"))
-        elif kind == "AbortRequested":
-            marks.append(Mark("cleanup", x, "x", "#c62828", hover, "abort requested"))
-        elif kind == "AbortResult":
-            ok = e.outcome != "failed"
-            marks.append(Mark("cleanup", x, "triangle-up" if ok else "triangle-down", "#2e7d32" if ok else "#b71c1c",
-                              hover, "abort ok" if ok else "abort failed"))
-        elif kind in ("ReleaseResult", "StageRequestLost", "StageRequestRestored"):
-            marks.append(Mark("cleanup", x, "square-open", "#6d4c41", hover, "release / restore / lost"))
-        elif kind == "EpochAdvanced":
-            marks.append(Mark("session", x, "hexagon", "#4527a0", hover, "epoch"))
-        elif kind in ("SessionOpened", "SessionClosed"):
-            marks.append(Mark("session", x, "line-ns-open", "#212121", hover, "open / close"))
+        make = _MARKS.get(type(st.event))
+        if make is not None:
+            marks.append(make(st.event, st.event.ts - t0, event_hover(st)))
     return marks
 
 
@@ -121,14 +142,16 @@ def _stage_spans(turn: TurnTables, events: Sequence[StoredEvent], t0: float) -> 
     """First → last token-carrying output of the turn's engine id on each stage."""
     tokens: dict[int, list[StoredEvent]] = {}
     for st in events:
-        e = st.event
-        if (e.type == "StageOutput" and e.request_id == turn.request_id and e.num_new_tokens > 0
+        if type(st.event) not in _STAGE_OUTPUTS:
+            continue
+        e = cast(StageOutput, st.event)  # the model or its twin: read by attribute only
+        if (e.request_id == turn.request_id and e.num_new_tokens > 0
                 and turn.arrival_ts <= e.ts <= turn.finalize_ts):
             tokens.setdefault(e.stage_id, []).append(st)
     spans = []
     for stage_id, outs in sorted(tokens.items()):
         first, last = outs[0], outs[-1]
-        n = sum(o.event.num_new_tokens for o in outs)
+        n = sum(cast(StageOutput, o.event).num_new_tokens for o in outs)
         hover = "<br>".join([f"<b>stage {stage_id}</b> response {escape(turn.response_id)}",
                              f"first token @ position {first.position} ts {first.event.ts:.6f}",
                              f"last token @ position {last.position} ts {last.event.ts:.6f}",
