@@ -25,6 +25,7 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 MIN_TS_US = 0  # 1970-01-01T00:00:00Z
 MAX_TS_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+MAX_POSITION = 2**63 - 1  # a log position (and a stream version) is a signed 64-bit integer on both backends
 MAX_DEPTH = 32  # lists/dicts inside a free-form field: deeper cannot be read back on every path
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Coroutine
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -30,8 +30,13 @@ from rich.console import Console
 
 from events.store.errors import ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError
 from events.store.url import redact, scrub
+from reports.printable import printable
+
+if TYPE_CHECKING:
+    from events.store.store import EventStore
 
 T = TypeVar("T")
+MAX_IDLE_S = 366 * 86400.0  # --max-idle: a year; more is a typo, not a policy
 REJECTED = 2
 OPERATIONAL = 1
 DEBUG_ENV = "DUPLEX_LEDGER_DEBUG"
@@ -40,7 +45,14 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class UnknownSession(LookupError):
-    """``--session`` names a session the log has no event of."""
+    """``--session`` (or ``--stream``) names a session the log has no event of."""
+
+
+async def check_session(store: EventStore, session: str | None) -> None:
+    """Raise UnknownSession when ``session`` is given and the log has no event of it (a typo
+    must not read as a clean audit, an empty table or an empty export)."""
+    if session is not None and await store.stream_version(session) == 0:
+        raise UnknownSession(f"no session {session!r} in the log {redact(store.url)}")
 
 
 def rejected_types() -> tuple[type[BaseException], ...]:
@@ -85,7 +97,7 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
 
 def say(line: str, url: str | None = None) -> None:
     """Print one line on stderr: password masked, no markup, un-encodable characters escaped."""
-    safe = scrub(line, url).encode("utf-8", "backslashreplace").decode("utf-8")
+    safe = printable(scrub(line, url)).encode("utf-8", "backslashreplace").decode("utf-8")
     err.print(safe, markup=False, highlight=False)
 
 
@@ -127,3 +139,4 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -
         if os.environ.get(DEBUG_ENV):
             raise
         report(exc, url)
+

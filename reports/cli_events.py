@@ -17,7 +17,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from events.store.url import DEFAULT_URL, ENV_VAR, redact
-from reports.cli_errors import checked_url, run, say
+from events.limits import MAX_POSITION
+from reports.cli_errors import check_session, checked_url, run, say
 
 DbOption = Annotated[
     Optional[str],
@@ -156,7 +157,7 @@ def events_import(
 def events_export(
     db: DbOption = None,
     stream: Annotated[Optional[str], typer.Option("--stream", "-s", help="Only this stream (session id).")] = None,
-    from_position: Annotated[int, typer.Option("--from-position", min=0, help="First position (inclusive).")] = 0,
+    from_position: Annotated[int, typer.Option("--from-position", min=0, max=MAX_POSITION, help="First position (inclusive).")] = 0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", dir_okay=False, help="Write here instead of stdout.")] = None,
 ) -> None:
     """Export events as JSONL in log order (format: see README). Exporting a whole log and
@@ -170,6 +171,7 @@ def events_export(
     async def body() -> int:
         store = await _open(url)
         try:
+            await check_session(store, stream)
             if output is None:
                 return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
             total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
@@ -193,7 +195,7 @@ def events_export(
 def events_tail(
     db: DbOption = None,
     from_position: Annotated[
-        Optional[int], typer.Option("--from-position", min=0, help="Start here (inclusive); default: only new events.")
+        Optional[int], typer.Option("--from-position", min=0, max=MAX_POSITION, help="Start here (inclusive); default: only new events.")
     ] = None,
     poll_interval: Annotated[float, typer.Option(help="Seconds between checks for other writers' commits.")] = 0.25,
 ) -> None:

@@ -14,7 +14,8 @@ import typer
 
 from events.store.store import EventStore
 from projections.metrics import SessionRollup
-from reports.cli_errors import checked_url, run
+from events.limits import MAX_POSITION
+from reports.cli_errors import MAX_IDLE_S, checked_url, run
 from reports.cli_projections import DB_HELP
 from engine_bridge.prometheus import LedgerMetrics
 
@@ -31,9 +32,9 @@ async def project_metrics(db: Optional[str], until_position: Optional[int] = Non
 
 def metrics(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    until_position: Optional[int] = typer.Option(None, "--until-position", min=0,
+    until_position: Optional[int] = typer.Option(None, "--until-position", min=0, max=MAX_POSITION,
                                                  help="Re-project as of this position (time travel)."),
-    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0,
+    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0, max=MAX_IDLE_S,
                                    help="As audit --max-idle, for duplex_ledger:request_ids_leaked."),
 ) -> None:
     """Print the Prometheus exposition (vllm_omni:* and duplex_ledger:* families) re-projected

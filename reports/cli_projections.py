@@ -24,12 +24,13 @@ from rich.table import Table
 
 from events.store.owners import session_lifecycles
 from events.store.store import EventStore
-from events.store.url import redact
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.runner import ProjectionRunner, project_as_of
 from projections.turn_tables import TurnTables
-from reports.cli_errors import UnknownSession, checked_url, run
+from events.limits import MAX_POSITION
+from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, run
+from reports.printable import printable
 from reports.render_formats import render_csv, render_json, render_markdown
 from reports.render_text import render_tables_text
 
@@ -52,19 +53,12 @@ class TablesFormat(str, Enum):
     markdown = "markdown"
 
 
-async def _check_session(store: EventStore, session: Optional[str]) -> None:
-    """Raise UnknownSession when ``session`` is given and the log has no event of it (a typo
-    must not read as a clean audit or an empty table)."""
-    if session is not None and await store.stream_version(session) == 0:
-        raise UnknownSession(f"no session {session!r} in the log {redact(store.url)}")
-
-
 async def _projected(db: Optional[str], until_position: Optional[int],
                      session: Optional[str] = None) -> tuple[Projector, int]:
     """The projector at ``until_position`` (in memory), or caught up and persisted. Raises
     UnknownSession for a ``session`` the log does not hold."""
     async with await EventStore.open(db) as store:
-        await _check_session(store, session)
+        await check_session(store, session)
         if until_position is not None:
             return await project_as_of(store, until_position=until_position), until_position
         runner = ProjectionRunner(store)
@@ -100,16 +94,16 @@ def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str
         cells = (f.kind, f.session_id, *replica, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
                  str(f.first_position), f"{f.first_ts:.6f}", str(f.last_position),
                  ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""), f.detail)
-        table.add_row(*(escape(short_detail(c)) for c in cells))
+        table.add_row(*(escape(printable(short_detail(c))) for c in cells))
     return table
 
 
 def audit(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     session: Optional[str] = typer.Option(None, "--session", help="Only this session id."),
-    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0,
+    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0, max=MAX_IDLE_S,
                                    help="Seconds a submitted id may sit idle before it is an orphan."),
-    until_position: Optional[int] = typer.Option(None, "--until-position", min=0,
+    until_position: Optional[int] = typer.Option(None, "--until-position", min=0, max=MAX_POSITION,
                                                  help="Audit the log as of this position (time travel)."),
     fmt: AuditFormat = typer.Option(AuditFormat.text, "--format", help="text or json."),
 ) -> None:
@@ -151,7 +145,7 @@ def audit(
 async def _turns(db: Optional[str], session: Optional[str], response: Optional[str],
                  until_position: Optional[int]) -> list[TurnTables]:
     async with await EventStore.open(db) as store:
-        await _check_session(store, session)
+        await check_session(store, session)
         if until_position is not None:
             projector = await project_as_of(store, until_position=until_position)
             turns = projector.turn_tables
@@ -175,7 +169,7 @@ def tables(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     session: Optional[str] = typer.Option(None, "--session", help="Only this session id."),
     response: Optional[str] = typer.Option(None, "--response", help="Only this response_id."),
-    until_position: Optional[int] = typer.Option(None, "--until-position", min=0,
+    until_position: Optional[int] = typer.Option(None, "--until-position", min=0, max=MAX_POSITION,
                                                  help="Re-project as of this position (time travel)."),
     fmt: TablesFormat = typer.Option(TablesFormat.text, "--format", help="text, json, csv or markdown."),
     summary: Annotated[bool, typer.Option(
@@ -230,7 +224,7 @@ def rebuild(
                                    help="Projection to rebuild: all, request_resources, audit or turn_tables. "
                                         "They share one checkpoint, so each rebuilds all three."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, max=64,
                                           help="Worker processes for a SQLite log (default: the CPUs available, "
                                                "at most 8, for logs of 200,000 events or more; 1 = sequential)."),
 ) -> None:

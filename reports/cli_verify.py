@@ -26,6 +26,7 @@ from events.store.store import EventStore
 from projections import consistency
 from projections.runner import FOLD_VERSION
 from reports.cli_projections import DB_HELP
+from reports.cli_errors import describe, say
 
 BATCH = 10_000
 out = Console(highlight=False, soft_wrap=True)
@@ -102,8 +103,9 @@ def _run_on(db: Optional[str], body):  # type: ignore[no-untyped-def]
 
     try:
         return asyncio.run(run())
-    except Exception as exc:  # noqa: BLE001 - the CLI boundary: name the error, exit 2
-        err.print(f"error: {type(exc).__name__}: {exc}", markup=False)
+    except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line per problem, exit 2
+        for line in describe(exc, db):  # (exit 1 means tampered here, so every error is 2)
+            say(line, db)
         raise typer.Exit(2) from None
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from projections.turn_tables import JSON_RENAMES, TurnTables
 from reports.render_text import Table, has_text_tables, turn_sections
+from reports.printable import printable
 
 JSON_FORMAT = "duplex-ledger.turn-tables"
 JSON_VERSION = 1
@@ -92,12 +93,12 @@ def render_csv(turns: Iterable[TurnTables]) -> str:
         doc = t.to_dict()
         ident = (t.session_id, t.response_id, t.request_id or "", str(t.turn_id), t.finished_reason)
         for table, column, name, value in _cells(doc):
-            writer.writerow((*ident, table, column, name, _csv_value(value)))
+            writer.writerow(tuple(map(printable, (*ident, table, column, name, _csv_value(value)))))
     return out.getvalue()
 
 
 def _md_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|")
+    return printable(text.replace("\\", "\\\\").replace("|", "\\|"))
 
 
 def _md_table(table: Table) -> str:
@@ -120,7 +121,7 @@ def render_markdown(turns: Iterable[TurnTables]) -> str:
     blocks: list[str] = []
     for t in turns:
         blocks.append(f"## {_md_escape(t.session_id)} · turn {t.turn_id} — {_md_escape(t.response_id)} "
-                      f"({t.finished_reason})")
+                      f"({_md_escape(t.finished_reason)})")
         if not has_text_tables(t):
             blocks.append("_Ended before any engine request: no `--log-stats` tables (DOMAIN §5.7 D8)._")
             continue

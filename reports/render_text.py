@@ -28,6 +28,7 @@ from typing import Any, get_args, get_origin
 from events.ids import is_duplex
 from events.stats import STAT_FIELDS, StageRequestStats
 from projections.turn_tables import PREPROCESS_TIMING_KEY, TurnTables
+from reports.printable import printable
 
 NEVER_PRINTED_STAGE_FIELDS: frozenset[str] = frozenset(
     {
@@ -105,7 +106,7 @@ def make_table(title: str, columns: Sequence[str], rows: Iterable[tuple[str, Seq
 def grid(table: Table) -> str:
     """PrettyTable default style grid (no title line, no trailing newline)."""
     header = ("Field", *table.columns)
-    lines = [(name, *cells) for name, cells in table.rows]
+    lines = [tuple(map(printable, (name, *cells))) for name, cells in table.rows]
     widths = [max(len(str(r[i])) for r in (header, *lines)) for i in range(len(header))]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
@@ -221,7 +222,7 @@ def turn_sections(t: TurnTables) -> list[Table | str]:
 
 def render_table(table: Table) -> str:
     """``[title]`` line + grid, no trailing newline."""
-    return f"[{table.title}]\n{grid(table)}"
+    return f"[{printable(table.title)}]\n{grid(table)}"
 
 
 def has_text_tables(t: TurnTables) -> bool:
@@ -236,7 +237,7 @@ def turn_log_messages(t: TurnTables) -> list[str]:
     for a turn without text tables (D8)."""
     if not has_text_tables(t):
         return []
-    return [s if isinstance(s, str) else "\n" + render_table(s) for s in turn_sections(t)]
+    return [printable(s) if isinstance(s, str) else "\n" + render_table(s) for s in turn_sections(t)]
 
 
 def render_turn_text(t: TurnTables) -> str:

@@ -54,13 +54,39 @@ def backend_of(url: str) -> Backend:
     if u.drivername == "sqlite+aiosqlite":
         if not u.database or u.database == ":memory:":
             raise ValueError(f"{url!r}: the ledger needs a SQLite file, e.g. sqlite+aiosqlite:///./duplex-ledger.db")
+        if u.query:
+            raise ValueError(f"{redact(url)!r}: a SQLite ledger URL takes no query parameters "
+                             f"(got {', '.join(sorted(u.query))}); the ledger sets its own pragmas")
         return "sqlite"
     if u.drivername == "postgresql+asyncpg":
+        _check_postgresql(u)
         return "postgresql"
     raise ValueError(
         f"unsupported database URL {u.render_as_string(hide_password=True)!r}: "
         "use sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PASS@HOST/DB"
     )
+
+
+ASYNCPG_QUERY = frozenset({"ssl", "timeout", "command_timeout", "statement_cache_size",
+                           "prepared_statement_cache_size", "target_session_attrs", "direct_tls"})
+"""The URL query parameters a PostgreSQL ledger URL may carry (SQLAlchemy hands them to
+``asyncpg.connect``)."""
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+def _check_postgresql(u: URL) -> None:
+    """Refuse, before any connection is tried, a port outside 1–65535 and a query parameter
+    asyncpg would refuse at connect time (as a TypeError): each names the field and value."""
+    where = repr(u.render_as_string(hide_password=True))
+    if u.port is not None and not 1 <= u.port <= 65535:
+        raise ValueError(f"{where}: port {u.port} is outside 1-65535")
+    for key, value in u.query.items():
+        if key == "sslmode":
+            raise ValueError(f"{where}: asyncpg takes ssl=<mode>, not sslmode= (modes: {', '.join(SSL_MODES)})")
+        if key not in ASYNCPG_QUERY:
+            raise ValueError(f"{where}: unknown query parameter {key!r} (accepted: {', '.join(sorted(ASYNCPG_QUERY))})")
+        if key == "ssl" and value not in SSL_MODES:
+            raise ValueError(f"{where}: ssl={value!r} is not one of {', '.join(SSL_MODES)}")
 
 
 def sqlite_path(url: str) -> Path:
