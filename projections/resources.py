@@ -53,6 +53,12 @@ _segment_of = lru_cache(maxsize=4096)(rid.encode_session)
 
 RESERVED, SUBMITTED, FINISHED = "reserved", "submitted", "finished"
 RETIRED_IDS_KEPT = 256
+STAGE_CLOSED_WHY: dict[str, str] = {
+    "output_after_release": "its key there was released",
+    "output_after_abort": "it was aborted there",
+    "output_of_stale_id": "its forward there was refused",
+}
+"""Why a stage of a still-held id no longer holds it, by the warning kind (IdLife.closed_stages)."""
 """Cleaned-up ids whose life a session remembers (to name a late fact of one ``output_after_*``);
 older ones are forgotten, so a session of a million turns folds in flat memory."""
 
@@ -95,6 +101,9 @@ class IdLife:
     abort_snapshot: dict[int, int | None] = field(default_factory=dict)
     abort_ok: dict[int, tuple[int, float]] = field(default_factory=dict)
     abort_failed: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # stage -> the warning kind for a fact of that stage: its key of this id ended (released,
+    # lost, aborted) or its forward was refused while another stage still holds the id (D1/D9).
+    closed_stages: dict[int, str] = field(default_factory=dict)
     evidence: list[int] = field(default_factory=list)
 
     def touch(self, position: int, ts: float) -> None:
@@ -174,6 +183,13 @@ def stale_before_submit(s: SessionResources, new_id: str) -> list[StaleId]:
             continue  # still draining under concurrent turn requests (R4 exception)
         out.append(StaleId(request_id, keys, all(x.finished for x in bindings if x.submitted)))
     return out
+
+
+def _accept_fence(s: SessionResources, fence: Fence | None) -> None:
+    """An accepted submit or forward under ``fence`` makes every older fence stale (DOMAIN §3.1,
+    §5.7 D9): a later submit or forward under one is refused and never binds."""
+    if fence is not None:
+        s.accepted_fence = max(s.accepted_fence, (fence.epoch, fence.turn_id))
 
 
 class ResourcesFold:
@@ -312,9 +328,17 @@ class ResourcesFold:
         the turns fold attributes them by the turn's own id."""
         if request_id is None or (stage_id, request_id) in s.bindings:
             return ACCEPTED  # the hot path: a fact of a held key (one dict look-up per output event)
-        if not rid.is_duplex(request_id) or s.keys_of(request_id):
+        if not rid.is_duplex(request_id):
             return ACCEPTED
         life = s.lives.get(request_id)
+        if s.keys_of(request_id):  # held on another stage: this stage's key may have ended
+            closed = life.closed_stages.get(stage_id) if life is not None and stage_id is not None else None
+            if closed is None:
+                return ACCEPTED  # a stage the log never bound (no forwards recorded): attributed by id
+            self._point(s, closed, stage_id, request_id, st, [life.last_position] if life else [],
+                        f"{what} of an id the session does not hold on stage {stage_id} "
+                        f"({STAGE_CLOSED_WHY[closed]}); ignored")
+            return REFUSED
         stale = self._stale_fence(s, request_id, None)
         if life is None and stale is None:
             return ACCEPTED
@@ -350,11 +374,11 @@ class ResourcesFold:
         life.submitted = True
         life.cleanup_ok = False
         life.keys_dropped_at = None
+        life.closed_stages.pop(stage_id, None)
         existing = s.bindings.get(key)
         fence_key = fence.key() if fence is not None else (existing.fence if existing else None)
         s.bindings[key] = Binding(stage_id, request_id, fence_key, True, False, st.position, st.event.ts)
-        if fence is not None:
-            s.accepted_fence = max(s.accepted_fence, (fence.epoch, fence.turn_id))
+        _accept_fence(s, fence)
         return life
 
     def _submitted(self, s: SessionResources, st: StoredEvent, e: StageRequestSubmitted) -> Verdict:
@@ -377,6 +401,7 @@ class ResourcesFold:
                 return REFUSED
             self._life(s, e.request_id, st)
             existing.finished = False
+            _accept_fence(s, e.fence)  # the update opens the turn's segment: older fences are stale now
             return ACCEPTED
         if existing is not None and existing.submitted:
             state = existing.state
@@ -419,6 +444,9 @@ class ResourcesFold:
         stale = self._stale_fence(s, e.request_id, e.fence)
         if stale is not None:
             self._point(s, "forward_ignored", e.stage_id, e.request_id, st, [], f"forward ignored: {stale}")
+            life = s.lives.get(e.request_id)
+            if life is not None and (e.stage_id, e.request_id) not in s.bindings:
+                life.closed_stages[e.stage_id] = "output_of_stale_id"  # its facts there join nothing
             return REFUSED
         existing = s.bindings.get((e.stage_id, e.request_id))
         if existing is not None and existing.submitted and not existing.finished:
@@ -474,9 +502,15 @@ class ResourcesFold:
         return REFUSED
 
     # ------------------------------------------------------------------ removal
-    def _drop(self, s: SessionResources, key: tuple[int, str], st: StoredEvent) -> None:
-        if s.bindings.pop(key, None) is not None and not s.keys_of(key[1]):
-            s.lives[key[1]].keys_dropped_at = (st.position, st.event.ts)
+    def _drop(self, s: SessionResources, key: tuple[int, str], st: StoredEvent,
+              kind: str = "output_after_release") -> None:
+        """End the binding ``key``; a later fact of that stage of the id is one ``kind`` warning."""
+        if s.bindings.pop(key, None) is None:
+            return
+        life = s.lives[key[1]]
+        life.closed_stages[key[0]] = kind
+        if not s.keys_of(key[1]):
+            life.keys_dropped_at = (st.position, st.event.ts)
 
     def _released(self, s: SessionResources, st: StoredEvent, e: StageRequestReleased) -> Verdict:
         life = self._life(s, e.request_id, st)
@@ -504,6 +538,7 @@ class ResourcesFold:
         s.bindings[(e.stage_id, e.request_id)] = Binding(
             e.stage_id, e.request_id, fence, e.submitted, e.stage_id in life.finished_stages, st.position, e.ts)
         life.keys_dropped_at = None
+        life.closed_stages.pop(e.stage_id, None)
         return ACCEPTED
 
     def _lost(self, s: SessionResources, st: StoredEvent, e: StageRequestLost) -> Verdict:
@@ -554,7 +589,7 @@ class ResourcesFold:
             life.abort_ok[e.stage_id] = (st.position, e.ts)
             binding = s.bindings.get((e.stage_id, request_id))
             if binding is not None and binding.since_position == snapshot:
-                self._drop(s, (e.stage_id, request_id), st)  # only the binding its abort saw (D10)
+                self._drop(s, (e.stage_id, request_id), st, "output_after_abort")  # only the binding its abort saw (D10)
             if not s.keys_of(request_id) and not life.abort_failed:
                 life.cleanup_ok = True
                 self._retire(s, life)

@@ -166,6 +166,10 @@ class SessionTurns:
     tx_totals: dict[Edge, list[Any]] = field(default_factory=dict)
     terminals: dict[str, Terminal] = field(default_factory=dict)
     closed: bool = False
+    # Downstream stages (> 0) each live id was forwarded to in its current segment; once the log
+    # records forwards at all (forward_seen), a downstream fact joins only after its forward (D1).
+    forwarded: dict[str, set[int]] = field(default_factory=dict)
+    forward_seen: bool = False
 
     def clear_pending(self) -> None:
         self.pending_request_id = None
@@ -175,6 +179,7 @@ class SessionTurns:
         if request_id is None:
             return
         self.live.pop(request_id, None)
+        self.forwarded.pop(request_id, None)
         if self.pending_request_id == request_id:
             self.clear_pending()
 
@@ -312,6 +317,16 @@ class TurnsFold:
             self._warn(s, "after_close", None, response_id, st, f"begin of response {response_id!r} after the "
                                                                 "session closed; ignored")
             return
+        if request_id is not None and s.current_id is not None and request_id not in s.live:
+            # A log that records submits names an id with no live segment (never submitted,
+            # aborted, released): the response opens, but no engine request is its (D1, D9, D8).
+            self._warn(s, "begin_of_unheld_id", 0, request_id, st,
+                       f"begin of response {response_id!r} names an id the session does not hold; "
+                       "the response has no engine request")
+            request_id = None
+            unheld = True
+        else:
+            unheld = False
         turn = s.open
         if turn is not None:
             if turn.response_id == response_id:  # the begin of a turn pre-created at commit (D7)
@@ -336,7 +351,7 @@ class TurnsFold:
         turn = OpenTurn(response_id, None, _title_turn(request_id, turn_id), arrival, st.position)
         turn.tx_baseline = {edge: (v[0], v[1], v[2]) for edge, v in s.tx_totals.items()}
         s.open = turn
-        if request_id is None and st.event.type == "ResponseBegun":  # type: ignore[attr-defined]
+        if request_id is None and not unheld and st.event.type == "ResponseBegun":
             # A begin that names no id: the buffered id, else the current id in its segment.
             request_id = s.pending_request_id or (s.current_id if s.current_id in s.live else None)
         if request_id is not None:
@@ -374,6 +389,9 @@ class TurnsFold:
     def _target(self, s: SessionTurns, st: StoredEvent, stage_id: int, request_id: str, what: str,
                 model_turn_id: int | None = None, warn: bool = True) -> str:
         where = self._route(s, request_id, model_turn_id)
+        if where != NOWHERE and stage_id > 0 and what != "forward" and s.forward_seen \
+                and stage_id not in s.forwarded.get(request_id, ()):
+            where = NOWHERE  # a downstream fact before this segment's forward to that stage
         if where == PENDING and s.pending_request_id != request_id:
             s.clear_pending()
             s.pending_request_id = request_id
@@ -403,6 +421,7 @@ class TurnsFold:
         s.current_id = e.request_id
         remember(s.submitted, e.request_id, s.live)
         s.live[e.request_id] = st.position
+        s.forwarded[e.request_id] = set()  # a new segment: no downstream stage forwarded yet
         turn = s.open
         if turn is not None and turn.request_id is None:
             self._bind(s, turn, e.request_id)  # a turn pre-created at commit takes the first id submitted after
@@ -419,6 +438,8 @@ class TurnsFold:
             return
         where = self._target(s, st, e.stage_id, e.request_id, "forward")
         if where != NOWHERE:
+            s.forward_seen = True
+            s.forwarded.setdefault(e.request_id, set()).add(e.stage_id)
             d = self._derived(s, where, e.stage_id, e.request_id)
             if d.submit_ts is None:
                 d.submit_ts = e.ts

@@ -7,8 +7,8 @@ snapshots per stage, forward, finish, end of turn / cancel / engine abort / clos
 abort with per-pool acks, listen-only units, epoch changes, reopen under a new incarnation —
 and, at random points, injects the races of the field cases: late outputs, snapshots and
 finishes after an abort or release, duplicate and out-of-order acks, stale finalizes, resident
-tails before the next update, stale-fence submits, forwards of a dead id, appends to a released
-id, facts of an older incarnation.
+tails before the next update, stale-fence submits, forwards of a dead id, a stale-fence forward
+of a live id and that stage's output, appends to a released id, facts of an older incarnation.
 
 Alongside the log it records the truth:
 
@@ -268,6 +268,11 @@ class _Gen:
             self.add(s, "StageRequestFinished", stage_id=0, request_id=request_id, finish_reason="stop")
             s.held[(0, request_id)] = True
         if two:
+            if s.turn > 0 and self.chance(0.2):  # a forward under an older turn's fence, then its output
+                self.inject(s, "forward under an older fence", "StageRequestForwarded", stage_id=1,
+                            request_id=request_id, fence=self.fence(s, s.turn - 1), from_stage=0)
+                self.inject(s, "stage-1 output after its forward was refused", "StageOutput", stage_id=1,
+                            request_id=request_id, num_new_tokens=4)
             _, fwd_ts = self.add(s, "StageRequestForwarded", stage_id=1, request_id=request_id,
                                  fence=self.fence(s), from_stage=0)
             s.held[(1, request_id)] = False

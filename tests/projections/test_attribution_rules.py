@@ -327,3 +327,87 @@ def test_a_response_begun_after_close_is_a_warning_not_a_table():
     p = project(b)
     assert p.turn_tables == []
     assert warnings(p) == [("after_close", 3), ("stale_finalize", 4)]
+
+
+@pytest.mark.parametrize("named", ["never-submitted", "aborted"])
+def test_a_begin_naming_an_unheld_id_opens_the_response_without_an_engine_request(named: str):
+    """D1/D9 with D8: in a log that records submits, a begin naming an id with no live segment
+    is one warning; the response still opens and ends (a JSON/CSV row, request_id null), and
+    the id's facts join nothing (each one warning)."""
+    ghost = X1 if named == "never-submitted" else X0
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0)
+    b.add("StageRequestSubmitted", "s1", 2.0, stage_id=0, request_id=X0, num_tokens_in=10, fence={"turn_id": 0})
+    if named == "aborted":
+        b.add("AbortRequested", "s1", 2.1, request_ids=[X0], reason="barge_in")
+        b.add("AbortResult", "s1", 2.2, request_ids=[X0], stage_id=0, outcome="ok")
+    b.add("TurnCommitted", "s1", 3.0, turn_id=1, response_id="resp-G", create_response=True)
+    b.add("ResponseBegun", "s1", 3.1, response_id="resp-G", turn_id=1, request_id=ghost)
+    begin_at = b.position
+    b.add("StageOutput", "s1", 3.2, stage_id=0, request_id=ghost, num_new_tokens=6)
+    b.add("ResponseEnded", "s1", 3.5, response_id="resp-G", cause="model")
+    p = project(b)
+    (t,) = p.turn_tables
+    assert (t.request_id, t.finished_reason) == (None, "stop") and t.stages == {}
+    assert render_turn_text(t) == ""
+    kinds = dict((pos, kind) for kind, pos in warnings(p))
+    assert kinds[begin_at] == "begin_of_unheld_id"
+    assert begin_at + 1 in kinds  # the ghost's output: one warning, joins nothing
+    assert len(warnings(p)) == len(kinds) == 2
+
+
+def test_a_begin_without_submits_in_the_log_still_titles_by_its_id():
+    """A metrics-only log (no submits at all) attributes by the begin's id, as before."""
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0)
+    b.add("TurnCommitted", "s1", 3.0, turn_id=0, response_id="resp-M", create_response=True)
+    b.add("ResponseBegun", "s1", 3.1, response_id="resp-M", turn_id=0, request_id=X0)
+    b.add("StageOutput", "s1", 3.2, stage_id=0, request_id=X0, num_new_tokens=6)
+    b.add("ResponseEnded", "s1", 3.5, response_id="resp-M", cause="model")
+    p = project(b)
+    (t,) = p.turn_tables
+    assert t.request_id == X0 and t.stages[0]["num_tokens_out"] == 6 and warnings(p) == []
+
+
+def test_a_downstream_output_before_its_forward_joins_nothing():
+    """D1 on stage 1: for a resident id whose (1, R) binding survives the turn, the next turn's
+    stage-1 facts join only after that turn's forward; one before it (here: after a forward
+    refused for its older fence) is one warning and adds no tokens."""
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0, capabilities={"supports_core_resumable_request": True})
+    for turn, t0 in ((0, 2.0), (1, 3.0)):
+        b.add("TurnCommitted", "s1", t0, turn_id=turn, response_id=f"resp-{turn}", create_response=True)
+        b.add("StageRequestSubmitted", "s1", t0 + 0.01, stage_id=0, request_id=R, num_tokens_in=5,
+              kind="update" if turn else "initial", fence={"turn_id": turn})
+        b.add("StageOutput", "s1", t0 + 0.1, stage_id=0, request_id=R, num_new_tokens=3, model_turn_id=turn)
+        if turn == 1:
+            b.add("StageRequestForwarded", "s1", t0 + 0.15, stage_id=1, request_id=R, fence={"turn_id": 0})
+            b.add("StageOutput", "s1", t0 + 0.16, stage_id=1, request_id=R, num_new_tokens=50)
+        b.add("StageRequestForwarded", "s1", t0 + 0.2, stage_id=1, request_id=R, fence={"turn_id": turn})
+        b.add("StageOutput", "s1", t0 + 0.3, stage_id=1, request_id=R, num_new_tokens=4, model_turn_id=turn)
+        b.add("ResponseEnded", "s1", t0 + 0.4, response_id=f"resp-{turn}", cause="model")
+        b.add("TurnCompleted", "s1", t0 + 0.4, completed_turn_id=turn, new_turn_id=turn + 1)
+    p = project(b)
+    assert [t.stages[1]["num_tokens_out"] for t in p.turn_tables] == [4, 4]
+    assert [kind for kind, _ in warnings(p)] == ["forward_ignored", "output_outside_segment"]
+
+
+def test_a_stage_whose_forward_was_refused_holds_nothing_even_while_stage0_holds_the_id():
+    """D9: the first turn's forward under another incarnation's fence never binds (1, X0); the
+    stage-1 output that follows is refused by the resources fold (one warning), while stage 0
+    of the same id goes on."""
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0)
+    b.add("TurnCommitted", "s1", 2.0, turn_id=0, response_id="resp-0", create_response=True)
+    b.add("StageRequestSubmitted", "s1", 2.01, stage_id=0, request_id=X0, num_tokens_in=5, fence={"turn_id": 0})
+    b.add("ResponseBegun", "s1", 2.02, response_id="resp-0", turn_id=0, request_id=X0)
+    b.add("StageOutput", "s1", 2.1, stage_id=0, request_id=X0, num_new_tokens=3)
+    b.add("StageRequestForwarded", "s1", 2.15, stage_id=1, request_id=X0, fence={"incarnation": 1, "turn_id": 0})
+    b.add("StageOutput", "s1", 2.16, stage_id=1, request_id=X0, num_new_tokens=50)
+    b.add("StageOutput", "s1", 2.2, stage_id=0, request_id=X0, num_new_tokens=2)
+    b.add("ResponseEnded", "s1", 2.4, response_id="resp-0", cause="model")
+    p = project(b)
+    (t,) = p.turn_tables
+    assert t.stages[0]["num_tokens_out"] == 5 and 1 not in t.stages
+    assert warnings(p) == [("forward_ignored", 6), ("output_of_stale_id", 7)]
+    assert (1, X0) not in p.resources.sessions["s1"].bindings
