@@ -111,6 +111,21 @@ class Session:
         return self.state.incarnation
 
     @property
+    def epoch(self) -> int:
+        """From the folded ``EpochAdvanced`` events (DOMAIN §2.1)."""
+        return self.state.epoch
+
+    @property
+    def turn_id(self) -> int:
+        """From the folded ``TurnCompleted`` events (DOMAIN §2.2)."""
+        return self.state.turn_id
+
+    @property
+    def active(self) -> TurnRun | None:
+        """The response work in progress."""
+        return self.runner.active
+
+    @property
     def closed(self) -> bool:
         return self.taken_over or self.state.closed
 
