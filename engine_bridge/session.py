@@ -188,10 +188,9 @@ class Session:
         """response.create: start a response from committed input. Returns the response_id.
         Raises SessionError ``conversation_already_has_active_response`` or
         ``input_audio_buffer_empty``."""
-        active = self.runner.active
         return await self._command("response.create", lambda: CreateResponse(
-            time.time(), active.request_id if active else None, bool(self.conversation.pending),
-            secrets.token_hex(4)))
+            time.time(), self.runner.active.request_id if self.runner.active else None,
+            bool(self.conversation.pending), secrets.token_hex(4)))
 
     async def barge_in(self) -> bool:
         """User speech over the response: cancel it with source ``barge_in``."""

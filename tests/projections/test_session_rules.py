@@ -8,14 +8,16 @@ On generated command sequences (hypothesis):
 * folding decide's events through ``evolve`` gives the state the offline projection gives for
   the same log, through the write path and through the read-path twins;
 * epoch and turn never move back, and only by their events (EpochAdvanced, TurnCompleted);
-* every submit carries the fence of the state it was decided on, and the audit of a log the
-  rules wrote finds no leak and no warning but the refusals the rules logged (R1–R8).
+* every submit carries the fence of the state it was decided on, no request id is opened
+  twice, and the audit of a log the rules wrote finds no leak and no warning but the refusals
+  the rules logged (R1–R8).
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,6 +277,14 @@ OPS = st.one_of(
 
 
 def play(driver: Driver, ops: list[tuple]) -> None:
+    """``ops`` then a close (every abort succeeds again)."""
+    play_ops(driver, ops)
+    for port in driver.ports:
+        port.fail = 0
+    driver.command(Close(driver.now(), "session_close", driver.running))
+
+
+def play_ops(driver: Driver, ops: list[tuple]) -> None:
     now = driver.now
     for op in ops:
         running = driver.running
@@ -299,9 +309,6 @@ def play(driver: Driver, ops: list[tuple]) -> None:
             stale = Fence(incarnation=driver.state.incarnation, epoch=max(0, driver.state.epoch - 1))
             assert driver.command(Append(now(), {"input_kind": "text", "text": "t"}, "t", True, stale)) == (
                 "stale_fence" if driver.state.epoch > 0 else None)
-    for port in driver.ports:
-        port.fail = 0
-    driver.command(Close(now(), "session_close", driver.running))
 
 
 def summary(s: SessionResources) -> tuple:
@@ -324,6 +331,9 @@ def test_evolve_of_decided_events_equals_the_offline_projection(resident, auto, 
     assert driver.state.closed
     findings = Projector().apply_all(driver.log).findings()
     assert [f for f in findings if f.kind != "command_rejected"] == [], findings
+    initial = Counter(s.event.request_id for s in driver.log
+                      if isinstance(s.event, StageRequestSubmitted) and s.event.kind == "initial")
+    assert [r for r, n in initial.items() if n > 1] == []  # an id is never reused (DOMAIN §1.1, R8)
     rejected = sum(s.event.type == "CommandRejected" for s in driver.log)
     assert sum(f.kind == "command_rejected" for f in findings) == rejected
 
@@ -367,3 +377,27 @@ def test_cancel_advances_the_epoch_by_its_event_and_a_failed_abort_refuses():
 def test_decide_refuses_what_is_no_command():
     with pytest.raises(TypeError):
         decide(Driver(False, False).state, object())
+
+
+def _shape(steps: list) -> list:
+    """Steps with each recorded event as its payload less its random event id."""
+    return [[e.model_dump(exclude={"event_id"}) for e in s.events] if isinstance(s, Record) else s for s in steps]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(resident=st.booleans(), auto=st.booleans(), ops=st.lists(OPS, max_size=20),
+       create=st.booleans(), overlap=st.sampled_from([0.0, 900.0]))
+def test_decide_is_pure(resident, auto, ops, create, overlap):
+    """decide reads the state and the command only: it changes nothing, and the same state
+    and command give the same steps."""
+    driver = Driver(resident, auto)
+    play_ops(driver, ops)
+    c = driver.conversation
+    for command in (Commit(2000.0, create, overlap, c.input_chunks, c.input_speech, driver.running is not None,
+                           "0123abcd"),
+                    CancelResponse(2000.0, "barge_in", "barge_in", driver.running), Close(2000.0, "x", driver.running),
+                    Reserve(2000.0)):
+        before = summary(driver.state.resources)
+        first = decide(driver.state, command)
+        assert summary(driver.state.resources) == before
+        assert _shape(decide(driver.state, command)) == _shape(first)
