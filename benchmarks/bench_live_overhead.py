@@ -143,7 +143,7 @@ async def run_plain(ports, config, arm: Arm) -> None:
 
 async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float) -> None:
     from engine_bridge.messages import EngineConfig
-    from engine_bridge.models import resolve_model
+    from reports.model_prep import resolve_model
     from engine_bridge.vllm_port import VllmStagePort
 
     count_writer_threads()

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_bridge.engine import SessionEngine  # noqa: E402
-from engine_bridge.fake_port import FakeStagePort  # noqa: E402
+from tests.fakes.fake_port import FakeStagePort  # noqa: E402
 from engine_bridge.messages import EngineConfig  # noqa: E402
 from engine_bridge.plugin import TextPlugin  # noqa: E402
 

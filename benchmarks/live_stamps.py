@@ -47,9 +47,9 @@ class StampedPort:
 
 
 def stamp_client_queue(session: Any, out_to_client: list[float]) -> None:
-    """Wrap ``session._client.put_nowait`` (the session's client queue) so every
+    """Wrap ``session.client.queue.put_nowait`` (the session's client queue) so every
     ``response.text.delta`` appends ``now - TURN['out']`` (s) to ``out_to_client``."""
-    queue = session._client
+    queue = session.client.queue
     put = queue.put_nowait
 
     def put_nowait(event: Any) -> None:

@@ -138,7 +138,7 @@ class SessionEngine:
         opened = [e.event for e in history if e.event.type == "SessionOpened"]
         incarnation = (max(e.incarnation for e in opened) + 1) if opened else 0
         log = SessionLog(self.store, session_id, len(history), ticker=self._ticker, on_applied=self.metrics.apply)
-        session = Session(session_id, incarnation=incarnation, log=log, ports=self.ports, plugin=plugin,
+        session = Session(session_id, log=log, ports=self.ports, plugin=plugin,
                           config=self.config, auto_response=auto_response, log_stats=log_stats)
         log.on_turn = lambda turn: self._print_turn(session, turn)
         log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")

@@ -3,7 +3,7 @@ messages, one clock per duration).
 
 A :class:`StagePort` wraps one engine (one pipeline stage). The session engine only ever
 talks to ports; ``engine_bridge.vllm_port`` is the only module that imports vllm, and
-``engine_bridge.fake_port`` is a scripted fake for fast rule tests (never a stand-in for a
+``tests.fakes.fake_port`` is a scripted fake for fast rule tests (never a stand-in for a
 test that claims vLLM behaviour).
 
 Clocks: ``StageChunk.received_ts`` is wall clock (``time.time()``) taken at receipt;

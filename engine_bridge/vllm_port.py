@@ -203,7 +203,7 @@ class VllmStagePort:
     async def start(cls, model_dir: str | Path, *, stage_id: int, name: str, max_model_len: int = 1024,
                     kv_cache_memory_bytes: int = 64 * 2**20, dtype: str = "float16",
                     load_progress: bool = True) -> VllmStagePort:
-        """Start an engine on ``model_dir`` (a prepared HF directory, see engine_bridge.models).
+        """Start an engine on ``model_dir`` (a prepared HF directory, see reports.model_prep).
 
         Blocks the event loop while vLLM starts (its constructor is synchronous; ~6-20 s on
         CPU). ``kv_cache_memory_bytes`` must be given on CPU; never ``bfloat16`` on CPU.

@@ -12,7 +12,7 @@ import os
 
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
-from engine_bridge.models import resolve_model
+from reports.model_prep import resolve_model
 from engine_bridge.vllm_port import VllmStagePort
 from projections.runner import project_as_of
 from reports.render_text import turn_log_messages

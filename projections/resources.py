@@ -45,6 +45,7 @@ from events.types import (
     StageRequestReserved,
     StageRequestRestored,
     StageRequestSubmitted,
+    TurnCompleted,
 )
 from projections.dispatch import dispatch_table
 from projections.findings import Finding, severity_of
@@ -118,6 +119,7 @@ class SessionResources:
     session_id: str
     incarnation: int = 0
     epoch: int = 0  # from EpochAdvanced (DOMAIN §2.1)
+    turn_id: int = 0  # from TurnCompleted.new_turn_id (DOMAIN §2.2): the fence's turn
     capabilities: Capabilities = field(default_factory=Capabilities)
     num_stages: int = 2
     closed_at: tuple[int, float] | None = None
@@ -219,6 +221,7 @@ class ResourcesFold:
             ActiveRequestBound: self._active_bound,
             CommandRejected: self._rejected,
             EpochAdvanced: self._epoch_advanced,
+            TurnCompleted: self._turn_completed,
             InputAppended: self._appended,
             StageMetricsReported: self._metrics,
             ResponseListened: self._listened,
@@ -281,7 +284,7 @@ class ResourcesFold:
             # A reopen (new incarnation) of a closed session that holds nothing starts fresh.
             s = self.sessions[e.session_id] = SessionResources(e.session_id)
         if e.incarnation != s.incarnation:
-            s.epoch, s.accepted_fence = 0, (-1, -1)  # a new incarnation starts its own fences
+            s.epoch, s.turn_id, s.accepted_fence = 0, 0, (-1, -1)  # a new incarnation starts its own fences
         s.incarnation = e.incarnation
         s.capabilities = e.capabilities
         s.num_stages = e.num_stages
@@ -299,6 +302,12 @@ class ResourcesFold:
         if new_epoch > s.epoch:
             s.epoch = new_epoch
             s.accepted_fence = max(s.accepted_fence, (new_epoch, 0))
+        return ACCEPTED
+
+    def _turn_completed(self, s: SessionResources, st: StoredEvent, e: TurnCompleted) -> Verdict:
+        """DOMAIN §2.2: the session's turn moves to ``new_turn_id`` (never back); the next
+        ephemeral Stage0 id is minted under it."""
+        s.turn_id = max(s.turn_id, e.new_turn_id)
         return ACCEPTED
 
     # ------------------------------------------------------------------ stale ids (D1, D9)

@@ -33,8 +33,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine_bridge.messages import ClientEvent, EngineConfig
-from engine_bridge.trace_runner import LineOutcome, RunProgress, TraceRunResult
-from engine_bridge.traces import Trace, TraceError, TraceLine, parse_traces
+from reports.trace_player import LineOutcome, RunProgress, TraceRunResult
+from reports.traces import Trace, TraceError, TraceLine, parse_traces
 from events.store.url import redact
 from reports import cli_projections
 from reports.cli_errors import checked_url, fail, report
@@ -74,7 +74,7 @@ def _is_tiny(model: str) -> bool:
 
 def _prepare(spec: str, err: Console) -> Path:
     """resolve_model with a spinner and its progress messages; exit 2 when it cannot."""
-    from engine_bridge.models import resolve_model
+    from reports.model_prep import resolve_model
 
     with err.status(escape(f"preparing model {spec!r}…")) as status:
         def progress(msg: str) -> None:
@@ -158,7 +158,7 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
                  log_stats: Optional[bool], dtype: str, err: Console,
                  metrics_port: Optional[int] = None) -> tuple[TraceRunResult, dict[str, float]]:
     from engine_bridge.engine import SessionEngine
-    from engine_bridge.trace_runner import run_trace
+    from reports.trace_player import run_trace
     from engine_bridge.vllm_port import VllmStagePort
 
     timings: dict[str, float] = {}

@@ -57,7 +57,7 @@ async def check_session(store: EventStore, session: str | None) -> None:
 
 def rejected_types() -> tuple[type[BaseException], ...]:
     """The exception classes that mean "rejected input" (exit 2)."""
-    from engine_bridge.traces import TraceError
+    from reports.traces import TraceError
     from events.jsonl import JsonlError
 
     return (JsonlError, TraceError, ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError,
@@ -73,7 +73,7 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
     """The lines that say what went wrong: a driver error as its own first line (not
     SQLAlchemy's SQL dump), every line of a JSONL or trace error. An operational error names
     the database (``url``, password masked) it happened on."""
-    from engine_bridge.traces import TraceError
+    from reports.traces import TraceError
     from events.jsonl import JsonlError
 
     if isinstance(exc, JsonlError):

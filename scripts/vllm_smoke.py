@@ -2,7 +2,7 @@
 """Smoke test and fact finder for vLLM (CPU build 0.32) ``AsyncLLM``.
 
 Starts real engines on the tiny random model and on SmolLM2-135M-Instruct
-(prepared by :mod:`engine_bridge.models`) and checks the behaviour that the
+(prepared by :mod:`reports.model_prep`) and checks the behaviour that the
 session ledger relies on; prints one ``FACT {json}`` line per observation and
 optionally writes them all to a JSON file. docs/vllm-notes.md is based on a run
 of this script.
@@ -498,7 +498,7 @@ async def smollm2_checks(model_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine_bridge.models import default_cache_dir, resolve_model
+    from reports.model_prep import default_cache_dir, resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache-dir", type=Path, default=None,

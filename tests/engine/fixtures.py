@@ -51,7 +51,7 @@ def vllm_available() -> bool:
 def tiny_model_dir() -> Path:
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
         pytest.skip("the tiny model needs torch and transformers")
-    from engine_bridge.models import resolve_model
+    from reports.model_prep import resolve_model
 
     return resolve_model("tiny")
 

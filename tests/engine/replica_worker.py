@@ -20,7 +20,7 @@ import random
 import sys
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.fake_port import FakeStagePort
+from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.replicas import ReplicaConfig
 

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.fake_port import FakeStagePort
+from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
 from engine_bridge.plugin import TextPlugin
 from projections.runner import project_as_of

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.faults import FlakyAbortPort
+from tests.fakes.faults import FlakyAbortPort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import TextPlugin
 from events import ids

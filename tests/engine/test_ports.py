@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from engine_bridge.fake_port import FakeStagePort
-from engine_bridge.faults import FlakyAbortPort
+from tests.fakes.fake_port import FakeStagePort
+from tests.fakes.faults import FlakyAbortPort
 from engine_bridge.metrics_map import itls_from_receipts, stage_stats_from_outputs
 from engine_bridge.ports import (
     AbortFailed,
@@ -359,7 +359,7 @@ def test_stage_stats_talker_audio_fields():
 
 
 def test_importing_engine_bridge_pulls_no_vllm_or_torch():
-    code = ("import sys, engine_bridge, engine_bridge.vllm_port, engine_bridge.fake_port, "
-            "engine_bridge.faults, engine_bridge.metrics_map; "
+    code = ("import sys, engine_bridge, engine_bridge.vllm_port, tests.fakes.fake_port, "
+            "tests.fakes.faults, engine_bridge.metrics_map; "
             "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.fake_port import FakeStagePort
+from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.replicas import ReplicaConfig, SessionOwnedElsewhere
 from events.store.leases import LeaseTable

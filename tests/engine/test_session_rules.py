@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.fake_port import FakeStagePort
-from engine_bridge.faults import FlakyAbortPort
+from tests.fakes.fake_port import FakeStagePort
+from tests.fakes.faults import FlakyAbortPort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import TextPlugin
 from events import ids

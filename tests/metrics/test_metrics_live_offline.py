@@ -9,10 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.fake_port import FakeStagePort
+from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
-from engine_bridge.trace_runner import run_trace
-from engine_bridge.traces import parse_traces
+from reports.trace_player import run_trace
+from reports.traces import parse_traces
 from reports import cli_engine
 from reports.cli import app
 from reports.cli_metrics import project_metrics

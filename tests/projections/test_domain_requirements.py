@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from engine_bridge.fake_port import FakeStagePort
+from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.ports import StagePortError, StreamSegment
 from engine_bridge.session_log import SessionLog

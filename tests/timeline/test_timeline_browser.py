@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.fake_port import FakeStagePort
+from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
-from engine_bridge.trace_runner import run_trace
-from engine_bridge.traces import parse_traces
+from reports.trace_player import run_trace
+from reports.traces import parse_traces
 from reports.cli_engine import EXAMPLES_DIR
 from reports.timeline import write_timeline
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.plugin import TextPlugin
-from engine_bridge.traces import AudioSpec, TraceError, parse_trace, parse_traces, synthetic_pcm16
+from reports.traces import AudioSpec, TraceError, parse_trace, parse_traces, synthetic_pcm16
 from reports import cli_engine
 from reports.cli import app
 

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from engine_bridge.fake_port import FakeStagePort
+from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
-from engine_bridge.trace_runner import run_trace
-from engine_bridge.traces import parse_trace, parse_traces
+from reports.trace_player import run_trace
+from reports.traces import parse_trace, parse_traces
 from projections.runner import project_as_of
 from reports import cli_engine
 

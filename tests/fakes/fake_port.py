@@ -12,7 +12,7 @@ vLLM behaviour. It follows the :class:`~engine_bridge.ports.StagePort` contract 
 * ``count_tokens`` = whitespace split; a prompt (or a resident request's growing context)
   over ``max_model_len`` raises PromptTooLong before any output of that request/segment.
 * ``abort``: running or parked ids get one last chunk ``finished=True, finish_reason="abort"``;
-  unknown ids: nothing. ``fail_aborts`` style faults live in :mod:`engine_bridge.faults`.
+  unknown ids: nothing. ``fail_aborts`` style faults live in :mod:`tests.fakes.faults`.
 * ``pop_finished_stats``: only for ordinary requests that finished by stop/length (none for
   aborted or streaming ones), like vLLM. Metrics use ``time.monotonic()`` as the "engine"
   clock and ``time.time()`` for ``arrival_time_wall_s``.

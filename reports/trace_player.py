@@ -1,4 +1,4 @@
-"""Drive a parsed :class:`~engine_bridge.traces.Trace` against a :class:`SessionEngine`.
+"""Drive a parsed :class:`~reports.traces.Trace` against a :class:`SessionEngine`.
 
 Sessions run concurrently (one task per session id); a session's lines run in order, each at
 ``start + t / speed`` (wall clock) or later: a line never starts before the previous line of
@@ -27,7 +27,7 @@ from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import ClientEvent, SessionError
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.session import Session
-from engine_bridge.traces import Trace, TraceLine, synthetic_pcm16
+from reports.traces import Trace, TraceLine, synthetic_pcm16
 
 __all__ = ["LineOutcome", "RunProgress", "TraceRunResult", "run_trace"]
 

@@ -1,0 +1,58 @@
+"""The resident Stage0 request of a session (capability ``supports_core_resumable_request``,
+DOMAIN §3.4): one open stream per epoch, whose chunks a pump routes to the turn that owns the
+current segment."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+
+from engine_bridge.client_feed import ClientFeed
+from engine_bridge.ports import StageChunk, StagePort, StagePortError
+
+
+class ResidentStream:
+    """``route(request_id)``: the chunk queue of the turn that owns ``request_id``'s current
+    segment, or None (the chunk is dropped: no turn reads it)."""
+
+    def __init__(self, port: StagePort, feed: ClientFeed,
+                 route: Callable[[str], "asyncio.Queue[StageChunk | None] | None"]) -> None:
+        self.port = port
+        self.feed = feed
+        self.route = route
+        self.request_id: str | None = None  # the resident request whose stream is open
+        self.task: asyncio.Task[None] | None = None
+
+    def open(self, request_id: str, stream: AsyncIterator[StageChunk]) -> None:
+        self.request_id = request_id
+        self.task = asyncio.get_running_loop().create_task(self._pump(request_id, stream))
+
+    def forget(self) -> None:
+        """The request is gone (cancel, engine abort): the next turn opens a new stream."""
+        self.request_id = None
+
+    async def close(self) -> None:
+        """Close the open stream on the engine and stop the pump."""
+        if self.request_id is not None:
+            await self.port.close_stream(self.request_id)
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _pump(self, request_id: str, stream: AsyncIterator[StageChunk]) -> None:
+        try:
+            async for chunk in stream:
+                queue = self.route(request_id)
+                if queue is not None:
+                    queue.put_nowait(chunk)
+        except StagePortError as exc:
+            queue = self.route(request_id)
+            if queue is not None:
+                queue.put_nowait(None)
+            self.feed.send("error", code="stage_error", message=str(exc))
+        finally:
+            if self.request_id == request_id:
+                self.request_id = None
+
+

@@ -1,0 +1,249 @@
+"""The response work of a session's committed turns: one task per turn that submits nothing
+itself (the session does, write-ahead) but pumps Stage0's stream, forwards its text to Stage1
+(the talker) and asks the session's rules what each outcome means (end of turn, listen unit,
+engine abort, port failure). What streams arrive is recorded as results (outputs, snapshots,
+transfers); what they mean is decided by :mod:`projections.session_rules`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from events.types import StageMetricsReported, StageRequestFinished, TransferTx
+from projections.session_rules import (
+    EndTurn,
+    EngineAborted,
+    FailTurn,
+    FirstOutput,
+    Forward,
+    Listen,
+    Stage0Done,
+    TurnRef,
+)
+
+from engine_bridge.client_feed import ClientFeed
+from engine_bridge.conversation import Conversation
+from engine_bridge.messages import EngineConfig
+from engine_bridge.outputs import OutputCoalescer
+from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment
+from engine_bridge.resident_stream import ResidentStream
+from engine_bridge.segments import SegmentRecorder
+from engine_bridge.session_log import SessionLog
+
+
+@dataclass
+class TurnRun:
+    """The response work of one committed turn (``ref``: its ids and fence)."""
+
+    ref: TurnRef
+    user_text: str
+    speak: bool
+    task: asyncio.Task[None] | None = None
+    cancelled: bool = False
+    chunks: asyncio.Queue[StageChunk | None] = field(default_factory=asyncio.Queue)
+    text: list[str] = field(default_factory=list)
+    outputs: OutputCoalescer | None = None  # the stage currently streaming
+
+    @property
+    def request_id(self) -> str:
+        return self.ref.request_id
+
+    def answer(self) -> str:
+        return "".join(self.text)
+
+
+def generation_params(config: EngineConfig, max_tokens: int, stage_id: int = 0) -> GenerationParams:
+    """Sampling of one stage request (Stage1 may override ``ignore_eos``)."""
+    ignore_eos = config.ignore_eos
+    if stage_id >= 1 and config.talker_ignore_eos is not None:
+        ignore_eos = config.talker_ignore_eos
+    return GenerationParams(max_tokens=max_tokens, temperature=config.temperature, ignore_eos=ignore_eos)
+
+
+class TurnRunner:
+    """``run(command, turn)``: decide a command of the turn and execute its steps (the
+    session's executor); ``on_done``: called when a turn ends uncancelled (deferred input)."""
+
+    def __init__(self, *, log: SessionLog, ports: list[StagePort], config: EngineConfig, feed: ClientFeed,
+                 conversation: Conversation, resident: bool, run: Callable[[Any, "TurnRun | None"], Awaitable[Any]],
+                 on_done: Callable[[], Awaitable[None]]) -> None:
+        self.log = log
+        self.ports = ports
+        self.config = config
+        self.feed = feed
+        self.conversation = conversation
+        self.resident = resident
+        self._run = run
+        self._on_done = on_done
+        self.active: TurnRun | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.stream = ResidentStream(ports[0], feed, self._route)
+
+    def _route(self, request_id: str) -> "asyncio.Queue[StageChunk | None] | None":
+        turn = self.active
+        return turn.chunks if turn is not None and turn.request_id == request_id else None
+
+    # ------------------------------------------------------------------ control
+    def start(self, ref: TurnRef, kind: str, *, text: str, speak: bool, prompt: str, num_tokens_in: int,
+              submit_ts: float) -> None:
+        """Run the submitted turn ``ref`` (``kind``: initial / update of the resident stream)."""
+        turn = TurnRun(ref, text, speak)
+        self.active = turn
+        self.idle.clear()
+        recorder = SegmentRecorder(stage_id=0, submit_ts=submit_ts, num_prompt_tokens=num_tokens_in,
+                                   resident=self.resident)
+        turn.task = asyncio.get_running_loop().create_task(self._turn(turn, prompt, kind, recorder))
+
+    @staticmethod
+    def halt(turn: TurnRun | None) -> None:
+        """The turn stops producing; what it received so far is in the log (its segment, D1)."""
+        if turn is None:
+            return
+        turn.cancelled = True
+        if turn.outputs is not None:
+            turn.outputs.flush()
+
+    async def stop(self, turn: TurnRun | None) -> None:
+        """End a halted turn's task; the session is idle."""
+        if turn is not None:
+            turn.chunks.put_nowait(None)
+            if turn.task is not None:
+                turn.task.cancel()
+                await asyncio.gather(turn.task, return_exceptions=True)
+        self.release(turn)
+
+    def release(self, turn: TurnRun | None) -> None:
+        """The turn is no longer the session's (its task may drain silently: a cancel whose
+        abort failed must not close vLLM's iterator behind the log's back, R3)."""
+        if self.active is turn:
+            self.active = None
+        self.idle.set()
+
+    def cancel_tasks(self) -> None:
+        """Fencing: stop every task of the session without writing (engine requests end with
+        their consumers)."""
+        current = asyncio.current_task()
+        for task in (self.active.task if self.active else None, self.stream.task):
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+        self.idle.set()
+
+    # ------------------------------------------------------------------ one turn
+    async def _turn(self, turn: TurnRun, prompt: str, kind: str, recorder: SegmentRecorder) -> None:
+        try:
+            finish_reason = await self._consume_stage0(turn, prompt, kind, recorder)
+            if turn.cancelled:
+                return
+            if finish_reason == "abort":
+                await self._run(EngineAborted(time.time(), turn.ref, turn.answer()), turn)
+                return
+            stats, stamps = recorder.stats(self.ports[0].pop_finished_stats(turn.request_id))
+            await self._run(Stage0Done(time.time(), turn.ref, stats, stamps, recorder.submit_ts, finish_reason), turn)
+            if not turn.speak:
+                await self._run(Listen(time.time(), turn.ref), turn)
+                return
+            await self._talk(turn)
+            self.conversation.remember(turn.user_text, turn.answer())
+            await self._run(EndTurn(time.time(), turn.ref, turn.answer(), finish_reason), turn)
+        except StagePortError as exc:
+            if not turn.cancelled:
+                await self._run(FailTurn(time.time(), turn.ref, type(exc).__name__, str(exc), turn.answer()), turn)
+        finally:
+            if self.active is turn:
+                self.active = None
+            if not turn.cancelled:
+                await self._on_done()
+            if self.active is None:
+                self.idle.set()
+
+    async def _stage0_chunks(self, turn: TurnRun, prompt: str, kind: str) -> AsyncIterator[StageChunk]:
+        port0 = self.ports[0]
+        budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
+        params = generation_params(self.config, budget)
+        if not self.resident:
+            async for chunk in port0.generate(turn.request_id, prompt, params):
+                yield chunk
+            return
+        segment = StreamSegment(prompt, params)
+        if kind == "initial":
+            self.stream.open(turn.request_id, port0.open_stream(turn.request_id, segment))
+        else:
+            await port0.update_stream(turn.request_id, segment)
+        while True:
+            routed = await turn.chunks.get()
+            if routed is None:
+                return
+            yield routed
+            if routed.segment_done or routed.finished:
+                return
+
+    async def _consume_stage0(self, turn: TurnRun, prompt: str, kind: str, recorder: SegmentRecorder) -> str | None:
+        finish_reason = None
+        turn.outputs = OutputCoalescer(self.log, 0, turn.request_id, window_s=self.config.flush_interval_s)
+        async for chunk in self._stage0_chunks(turn, prompt, kind):
+            if turn.cancelled:
+                continue
+            recorder.add(chunk)
+            turn.outputs.add(chunk)
+            if turn.speak and chunk.new_token_ids:
+                if turn.ref.response_id is None:  # auto_response: the response begins at first visible output
+                    response_id = await self._run(FirstOutput(chunk.received_ts, turn.ref, secrets.token_hex(4)), turn)
+                    turn.ref = dataclasses.replace(turn.ref, response_id=response_id)
+                turn.text.append(chunk.text_delta)
+                self.feed.send("response.text.delta", response_id=turn.ref.response_id, delta=chunk.text_delta)
+            finish_reason = chunk.finish_reason
+        turn.outputs.flush()
+        return finish_reason
+
+    async def _talk(self, turn: TurnRun) -> None:
+        """Forward Stage0's text to Stage1 under the same id (key (1, X)); its tokens stand for
+        audio codec frames. Without a Stage1 port the turn ends at Stage0."""
+        if len(self.ports) < 2:
+            return
+        port1, config, sid = self.ports[1], self.config, self.log.session_id
+        text = turn.answer()
+        payload_bytes = len(text.encode())
+        n_text_tokens = max(1, port1.count_tokens(text) if text else 1)
+        budget = max(1, min(config.talker_max_tokens, round(n_text_tokens * config.talker_tokens_per_text_token)))
+        if turn.cancelled:
+            raise asyncio.CancelledError  # a cancel won the race: nothing is forwarded for a cancelled turn
+        tx_start = time.perf_counter()
+        forwarded_ts = time.time()
+        await self._run(Forward(forwarded_ts, turn.ref), turn)
+        stream = port1.generate(turn.request_id, text or " ", generation_params(config, budget, stage_id=1))
+        tx_ms = (time.perf_counter() - tx_start) * 1000.0
+        self.log.emit_later(TransferTx(session_id=sid, ts=time.time(), from_stage=0, to_stage=1,
+                                       request_id=turn.request_id, size_bytes=payload_bytes, tx_time_ms=tx_ms))
+        recorder = SegmentRecorder(stage_id=1, submit_ts=forwarded_ts, num_prompt_tokens=n_text_tokens,
+                                   frames_per_token=config.frames_per_talker_token,
+                                   sample_rate_hz=config.audio_sample_rate_hz, rx_bytes=payload_bytes)
+        last: StageChunk | None = None
+        turn.outputs = OutputCoalescer(self.log, 1, turn.request_id, window_s=config.flush_interval_s,
+                                       frames_per_token=config.frames_per_talker_token)
+        async for chunk in stream:
+            if turn.cancelled:
+                continue
+            recorder.add(chunk)
+            turn.outputs.add(chunk)
+            frames = len(chunk.new_token_ids) * config.frames_per_talker_token
+            if frames:
+                self.feed.send("response.audio.delta", response_id=turn.ref.response_id, frames=frames,
+                               sample_rate_hz=config.audio_sample_rate_hz)
+            last = chunk
+        turn.outputs.flush()
+        if turn.cancelled or (last is not None and last.finish_reason == "abort"):
+            raise asyncio.CancelledError
+        stats, stamps = recorder.stats(port1.pop_finished_stats(turn.request_id))
+        now = time.time()
+        self.log.emit_later(
+            StageMetricsReported(session_id=sid, ts=now, stage_id=1, request_id=turn.request_id, stats=stats,
+                                 stage_submit_ts=forwarded_ts, **stamps),
+            StageRequestFinished(session_id=sid, ts=now, stage_id=1, request_id=turn.request_id,
+                                 finish_reason=last.finish_reason if last else None, model_turn_id=turn.ref.turn_id,
+                                 end_of_turn=True))

@@ -1,0 +1,20 @@
+"""The session's rules as a pure decider (issue 13): ``decide(state, command) -> steps`` and
+``evolve(state, stored) -> state``.
+
+* :mod:`.state` — :class:`SessionState`, a view of the resources fold's per-session state
+  (bindings, incarnation, epoch, turn, fence, closed) plus the session's settings, and
+  :func:`evolve`, which folds one event through the SAME resources fold the offline audit runs;
+* :mod:`.commands` — what the engine asks (commands, each carrying its ``ts``: no clock here)
+  and what it is told to do (steps: events to record, intents to execute on the stage ports,
+  client messages, refusals);
+* :mod:`.decide` — :func:`decide`, the rules of DOMAIN §2–§4 for each command.
+
+No I/O, no clock, no randomness (a response id's nonce comes in the command). The session
+engine (``engine_bridge``) executes the steps and records the results; it decides nothing.
+"""
+
+from projections.session_rules.commands import *  # noqa: F401,F403 - the package's vocabulary
+from projections.session_rules.decide import decide
+from projections.session_rules.state import SessionRules, SessionState, TurnRef, evolve
+
+__all__ = ["SessionRules", "SessionState", "TurnRef", "decide", "evolve"]

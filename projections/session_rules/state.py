@@ -1,0 +1,120 @@
+"""The session's state for its rules, and :func:`evolve` (DOMAIN §2.1, §2.2, §3).
+
+:class:`SessionState` keeps no field of its own that an event changes: incarnation, epoch,
+turn, fence, closed and the request bindings are read from the resources fold's per-session
+state (:class:`projections.resources.SessionResources`), which only folding events changes.
+:func:`evolve` is that fold — the live engine and the offline projections run the same code,
+so they cannot disagree on any of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from events import ids
+from events.records import StoredEvent
+from events.types import Fence
+from projections.resources import Binding, ResourcesFold, SessionResources, StaleId, stale_before_submit
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRules:
+    """The settings a session's rules read that no event carries: ``auto_response`` (as in
+    ``SessionOpened``) and ``overlap_short_ack_ms`` (DOMAIN §2.3: DEFER_ACTIVE_RESPONSE drops
+    overlapping speech up to this long, ms)."""
+
+    auto_response: bool = False
+    overlap_short_ack_ms: float = 700.0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRef:
+    """The identity of one committed turn's response work: its Stage0 id, the fence it was
+    submitted under (a forward carries it, never a newer one: DOMAIN §3.1) and its response."""
+
+    request_id: str
+    turn_id: int
+    epoch: int
+    incarnation: int
+    response_id: str | None = None
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(incarnation=self.incarnation, epoch=self.epoch, turn_id=self.turn_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """One session as its rules see it: ``fold`` holds the folded events (shared with the
+    session's projector), ``rules`` the settings. Queries only; see :func:`evolve`."""
+
+    session_id: str
+    fold: ResourcesFold
+    rules: SessionRules = SessionRules()
+
+    @property
+    def resources(self) -> SessionResources:
+        """The fold's per-session state (an empty one before ``SessionOpened`` is folded)."""
+        found = self.fold.sessions.get(self.session_id)
+        return found if found is not None else SessionResources(self.session_id)
+
+    @property
+    def incarnation(self) -> int:
+        return self.resources.incarnation
+
+    @property
+    def epoch(self) -> int:
+        """From ``EpochAdvanced`` (DOMAIN §2.1)."""
+        return self.resources.epoch
+
+    @property
+    def turn_id(self) -> int:
+        """From ``TurnCompleted.new_turn_id`` (DOMAIN §2.2)."""
+        return self.resources.turn_id
+
+    @property
+    def closed(self) -> bool:
+        return self.resources.closed_at is not None
+
+    @property
+    def resident(self) -> bool:
+        """Capability ``supports_core_resumable_request`` (DOMAIN §3.4), from ``SessionOpened``."""
+        return self.resources.capabilities.supports_core_resumable_request
+
+    @property
+    def fence(self) -> Fence:
+        r = self.resources
+        return Fence(incarnation=r.incarnation, epoch=r.epoch, turn_id=r.turn_id)
+
+    def stage0_id(self) -> str:
+        """The Stage0 id the current fence mints: the resident placeholder ``stage0`` or the
+        ephemeral ``stage0_t<N>`` (DOMAIN §1.1)."""
+        r = self.resources
+        if self.resident:
+            return ids.mint_resident(self.session_id, r.incarnation, r.epoch)
+        return ids.mint_ephemeral(self.session_id, r.incarnation, r.epoch, r.turn_id)
+
+    def binding(self, request_id: str, stage_id: int = 0) -> Binding | None:
+        return self.resources.bindings.get((stage_id, request_id))
+
+    def held_ids(self) -> list[str]:
+        """Distinct request ids with any binding, sorted."""
+        return sorted({key[1] for key in self.resources.bindings})
+
+    def stale_before_submit(self, new_id: str) -> list[StaleId]:
+        """DOMAIN §4.2 R4 (see :func:`projections.resources.stale_before_submit`)."""
+        return stale_before_submit(self.resources, new_id)
+
+    def turn(self, request_id: str, response_id: str | None) -> TurnRef:
+        """The turn a submit of ``request_id`` now opens (the current fence)."""
+        r = self.resources
+        return TurnRef(request_id, r.turn_id, r.epoch, r.incarnation, response_id)
+
+
+def evolve(state: SessionState, stored: StoredEvent) -> SessionState:
+    """Fold one stored event of the session (log order) and return the state. This is
+    :meth:`projections.resources.ResourcesFold.apply` — the offline projections' own rules,
+    not a copy. The fold is updated in place (a session's state is large; copying it per
+    output event would cost more than the event)."""
+    state.fold.apply(stored)
+    return state
