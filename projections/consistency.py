@@ -8,10 +8,9 @@ does (:func:`projections.readmodels.fold_batch`); :func:`compare` then checks, i
 ``max_idle_s``, the runner's default 30 s) and the checkpoint's fold state, and returns the
 first difference as a :class:`Mismatch` (None when everything is equal).
 
-Known limit: the runner drops closed sessions that hold nothing after each batch; an event
-arriving later for such a session rebuilds it from that event on, so a checkpoint can differ
-from a single fresh fold for a session whose log goes on after its close (no such session:
-no false report).
+The fold forgets closed sessions at fixed log positions (:mod:`projections.projector`), not
+at batch boundaries, so the runner's checkpoint equals one fresh fold exactly, including a
+session whose log goes on after it was forgotten.
 """
 
 from __future__ import annotations
@@ -124,7 +123,6 @@ def compare(found: StoredModels, fresh: FreshFold, *, fold_version: int, log_has
     if sealed.position != position or sealed.log_hash != log_hash:
         return Mismatch("checkpoint", "", f"bound to another log (position {sealed.position}, "
                                           f"hash {sealed.log_hash.hex()[:16]}…)")
-    projector.forget_closed()
     return _diff_state(sealed.state, projector)
 
 

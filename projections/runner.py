@@ -17,8 +17,9 @@ allow-listed classes only, and used only when its format and fold version are ou
 log's chain hash at its position is the one it was built at. Otherwise the read models are
 dropped and rebuilt from the log, with a note (``note``, default: stderr).
 
-Memory: after each batch, closed sessions that hold nothing leave memory (their rows are
-written), so a long log's working set is its open and leaking sessions.
+Memory: the fold forgets closed sessions that hold nothing at fixed log positions
+(:data:`projections.projector.SWEEP_EVERY`), so a long log's working set is its open and
+leaking sessions and those closed since the last sweep.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
-FOLD_VERSION = 2  # bump when the fold state's meaning changes: old checkpoints then rebuild
+FOLD_VERSION = 3  # bump when the fold state's meaning changes: old checkpoints then rebuild
 
 
 def note_to_stderr(message: str) -> None:
@@ -222,7 +223,6 @@ class ProjectionRunner:
         hold nothing are dropped from it first)."""
         resources = readmodels.resource_rows(projector.resources, sessions)
         findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
-        projector.forget_closed()
         return resources, findings, checkpoint.encode_state(projector)
 
     async def _commit(self, batch: list[StoredEvent]) -> None:
