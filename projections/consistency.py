@@ -64,10 +64,12 @@ class FreshFold:
     """A projector fed stored rows with position <= ``until`` (the checkpoint's position),
     collecting the turn rows as the runner writes them."""
 
-    def __init__(self, until: int) -> None:
+    def __init__(self, until: int, projector: Projector | None = None,
+                 turn_rows: list[dict[str, Any]] | None = None) -> None:
+        """A fold to be fed, or (``projector``, ``turn_rows``) already folded to ``until``."""
         self.until = until
-        self.projector = Projector()
-        self.turn_rows: list[dict[str, Any]] = []
+        self.projector = Projector() if projector is None else projector
+        self.turn_rows: list[dict[str, Any]] = [] if turn_rows is None else turn_rows
 
     def feed(self, rows: Sequence[StoredRow]) -> None:
         """Fold the rows of ``rows`` up to :attr:`until`. Raises what decoding raises."""
