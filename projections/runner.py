@@ -207,6 +207,12 @@ class ProjectionRunner:
         new position (the head)."""
         backend = self.store.recorder.backend
         found = await backend.run_read(consistency.load_models)
+        if found.checkpoint is not None and found.checkpoint[1] != FOLD_VERSION:
+            self.note(f"the read models were built by fold version {found.checkpoint[1]} (this code: "
+                      f"{FOLD_VERSION}); rebuilding them from the log")
+            await self._run_write(readmodels.clear_read_models)
+            self.projector, self.position = Projector(), 0
+            return await self.catch_up(progress)
         head = await self.store.head_position()
         at = min(found.checkpoint[0], head) if found.checkpoint is not None else 0
         fresh = await self.fresh_fold(at)
