@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import subprocess
 import sys
 import time
@@ -21,30 +22,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_rebuild import ceiling  # noqa: E402
 
 
-async def run(path: Path) -> tuple[int, float, float, str]:
+async def run(path: Path, rounds: int) -> tuple[int, list[float], list[float], list[float], str]:
+    """``rounds`` alternating repeats of the ceiling, ``verify`` and the chain walk alone
+    (``digest``); their times, and what verify said."""
     from events.store.store import EventStore
     from projections.runner import ProjectionRunner
     from reports.cli_verify import head_digest, verify_store
 
+    t_ceiling, t_verify, t_chain = [], [], []
     async with await EventStore.open(f"sqlite+aiosqlite:///{path}", synchronous="NORMAL") as store:
         runner = ProjectionRunner(store, batch_size=20_000)
         await runner.load()
         if runner.position != await store.head_position():
             await runner.rebuild()
-        start = time.perf_counter()
-        verdict = await verify_store(store)
-        t_verify = time.perf_counter() - start
-        start = time.perf_counter()
-        await head_digest(store)
-        t_chain = time.perf_counter() - start
+        for _ in range(rounds):
+            t_ceiling.append(ceiling(path)[1])
+            start = time.perf_counter()
+            verdict = await verify_store(store)
+            t_verify.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await head_digest(store)
+            t_chain.append(time.perf_counter() - start)
     state = "intact" if verdict.fault is None and verdict.mismatch is None else f"{verdict.fault or verdict.mismatch}"
-    return verdict.events, t_verify, t_chain, state
+    return verdict.events, t_ceiling, t_verify, t_chain, state
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=300)
     parser.add_argument("--turns", type=int, default=36)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating repeats; medians are printed")
     parser.add_argument("--db", type=Path, default=Path("/tmp/duplex-ledger-bench-verify.db"))
     args = parser.parse_args()
     marker = args.db.with_suffix(f".{args.sessions}x{args.turns}.ok")
@@ -53,14 +60,16 @@ def main() -> None:
                         "--sessions", str(args.sessions), "--turns", str(args.turns), "--db", str(args.db)],
                        check=True)
         marker.touch()
-    n_ceiling, t_ceiling = ceiling(args.db)
-    events, t_verify, t_chain, state = asyncio.run(run(args.db))
-    eps_ceiling, eps_verify, eps_chain = n_ceiling / t_ceiling, events / t_verify, events / t_chain
-    print(f"log: {events:,} events ({args.sessions} sessions x {args.turns} turns); verify says: {state}")
+    events, t_ceilings, t_verifies, t_chains, state = asyncio.run(run(args.db, args.rounds))
+    t_ceiling, t_verify, t_chain = (statistics.median(t) for t in (t_ceilings, t_verifies, t_chains))
+    eps_ceiling, eps_verify, eps_chain = events / t_ceiling, events / t_verify, events / t_chain
+    print(f"log: {events:,} events ({args.sessions} sessions x {args.turns} turns); verify says: {state}; "
+          f"medians of {args.rounds} alternating rounds")
     print(f"{'plain sqlite3 read + json.loads (ceiling)':45s} {eps_ceiling:>12,.0f} events/s  ({t_ceiling:.2f} s)")
     print(f"{'verify (chain + fresh fold + compare)':45s} {eps_verify:>12,.0f} events/s  ({t_verify:.2f} s)")
     print(f"{'chain walk alone (digest)':45s} {eps_chain:>12,.0f} events/s  ({t_chain:.2f} s)")
-    print(f"{'ratio verify / ceiling':45s} {eps_verify / eps_ceiling:>12.2f}")
+    print(f"{'ratio verify / ceiling':45s} {eps_verify / eps_ceiling:>12.2f}  "
+          f"(per round: {', '.join(f'{c / v:.2f}' for c, v in zip(t_ceilings, t_verifies))})")
     print(f"{'ratio chain walk / ceiling':45s} {eps_chain / eps_ceiling:>12.2f}")
 
 

@@ -27,6 +27,12 @@ Line format (keys in this order on export)::
   (``--from-position``, ``--stream``) has no predecessor in the file and is not checkable,
   and neither is a line after a gap (a dropped line looks like a ``--stream`` export); lines
   with hashes must come in increasing position order.
+  A file is *chained* when any line carries a hash; then every line must (an export writes
+  one on every line, so a line without one was edited): a chained file with a hashless line
+  is refused naming that line. Its hash is still recomputed from its ``position``,
+  ``version``, ``event_id``, ``recorded_at`` and ``data`` (when it has them) so that the next
+  line's link is checked — dropping the ``hash`` key of an edited line cannot hide the edit.
+  A file where no line carries a hash (hand-written input) is imported unverified.
   The store never takes a hash from input: it computes each row's link at its new position.
 
 Export → import into an empty database → export gives byte-identical output. Import checks
@@ -142,10 +148,11 @@ def _load(text: str | bytes, lineno: int) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class ChainClaim:
-    """What a line says about its place in the chain: its ``position`` and ``hash``."""
+    """What a line says about its place in the chain: its ``position`` and ``hash`` (None:
+    a line with every field the hash covers but no hash)."""
 
     position: int
-    hash: bytes
+    hash: bytes | None
 
 
 def parse_line(text: str | bytes, lineno: int) -> ImportRow:
@@ -228,7 +235,10 @@ def _chain_claim(obj: dict[str, Any], lineno: int, errors: list[LineError]) -> C
     for missing fields the hash covers."""
     value = obj.get("hash")
     if value is None:
-        return None
+        if any(obj.get(k) is None for k in CHAIN_FIELDS):
+            return None
+        position = _int_field(obj, "position", lineno, errors, 1)
+        return None if position is None else ChainClaim(position, None)
     if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
         errors.append(LineError(lineno, "hash", f"must be 64 lowercase hex digits{_got(value)}"))
         return None
@@ -240,21 +250,26 @@ def _chain_claim(obj: dict[str, Any], lineno: int, errors: list[LineError]) -> C
     return None if position is None else ChainClaim(position, bytes.fromhex(value))
 
 
-def _check_link(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, lineno: int) -> LineError | None:
-    """Recompute the line's hash from the previous line's (or GENESIS at position 1); None
-    when it matches or cannot be checked (no predecessor in the file)."""
-    if claim.position == 1:
+def _recomputed(row: ImportRow, position: int, previous: ChainClaim | None) -> bytes | None:
+    """The line's hash recomputed from the previous line's (or GENESIS at position 1); None
+    when it cannot be (no predecessor with a hash in the file)."""
+    if position == 1:
         before = GENESIS
-    elif previous is not None and previous.position == claim.position - 1:
+    elif previous is not None and previous.position == position - 1 and previous.hash is not None:
         before = previous.hash
     else:
         return None
     r = row.record
-    assert row.version is not None and row.recorded_at_us is not None  # required with a hash
+    assert row.version is not None and row.recorded_at_us is not None  # CHAIN_FIELDS are present
     data = row.data_json if row.data_json is not None else dump_data(r.data)
-    expected = row_hash(before, claim.position, r.stream_id, row.version, str(r.event_id), r.type,
-                        r.schema_version, r.ts_us, row.recorded_at_us, data)
-    if expected == claim.hash:
+    return row_hash(before, position, r.stream_id, row.version, str(r.event_id), r.type,
+                    r.schema_version, r.ts_us, row.recorded_at_us, data)
+
+
+def _check_link(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, lineno: int) -> LineError | None:
+    """None when the line's hash matches its recomputed value or cannot be checked."""
+    expected = _recomputed(row, claim.position, previous)
+    if expected is None or expected == claim.hash:
         return None
     return LineError(lineno, "hash", f"does not match the line and the chain before it (expected {expected.hex()}): "
                                      "the export was edited, or lines were inserted, dropped or reordered")
@@ -268,6 +283,8 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     errors: list[LineError] = []
     first_line: dict[UUID, int] = {}
     previous: ChainClaim | None = None
+    hashless: list[int] = []  # lines without a hash: refused when any other line has one
+    chained = False
     for lineno, text in enumerate(lines, start=1):
         if not text.strip():
             continue
@@ -277,10 +294,16 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
             errors += exc.errors
             previous = None
             continue
+        has_hash = claim is not None and claim.hash is not None
+        chained = chained or has_hash
+        if not has_hash:
+            hashless.append(lineno)
+            if claim is not None:  # recompute it, so that the next line's link is checked
+                claim = ChainClaim(claim.position, _recomputed(row, claim.position, previous))
         if claim is not None and previous is not None and claim.position <= previous.position:
             errors.append(LineError(lineno, "position", f"{claim.position} after {previous.position}: the lines of "
                                                         "an export are in position order (reordered?)"))
-        elif claim is not None and (bad := _check_link(row, claim, previous, lineno)) is not None:
+        elif has_hash and (bad := _check_link(row, claim, previous, lineno)) is not None:
             errors.append(bad)
         previous = claim
         eid = row.record.event_id
@@ -289,6 +312,10 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
             continue
         first_line[eid] = lineno
         rows.append(row)
+    if hashless and (chained or any(e.field == "hash" for e in errors)):
+        errors += [LineError(n, "hash", "missing, while other lines carry one (an export writes a hash on every "
+                                        "line): the line was edited") for n in hashless]
+        errors.sort(key=lambda e: e.line)
     if errors:
         raise JsonlError(errors)
     return rows

@@ -8,10 +8,9 @@ does (:func:`projections.readmodels.fold_batch`); :func:`compare` then checks, i
 ``max_idle_s``, the runner's default 30 s) and the checkpoint's fold state, and returns the
 first difference as a :class:`Mismatch` (None when everything is equal).
 
-Known limit: the runner drops closed sessions that hold nothing after each batch; an event
-arriving later for such a session rebuilds it from that event on, so a checkpoint can differ
-from a single fresh fold for a session whose log goes on after its close (no such session:
-no false report).
+The fold forgets closed sessions at fixed log positions (:mod:`projections.projector`), not
+at batch boundaries, so the runner's checkpoint equals one fresh fold exactly, including a
+session whose log goes on after it was forgotten.
 """
 
 from __future__ import annotations
@@ -65,10 +64,12 @@ class FreshFold:
     """A projector fed stored rows with position <= ``until`` (the checkpoint's position),
     collecting the turn rows as the runner writes them."""
 
-    def __init__(self, until: int) -> None:
+    def __init__(self, until: int, projector: Projector | None = None,
+                 turn_rows: list[dict[str, Any]] | None = None) -> None:
+        """A fold to be fed, or (``projector``, ``turn_rows``) already folded to ``until``."""
         self.until = until
-        self.projector = Projector()
-        self.turn_rows: list[dict[str, Any]] = []
+        self.projector = Projector() if projector is None else projector
+        self.turn_rows: list[dict[str, Any]] = [] if turn_rows is None else turn_rows
 
     def feed(self, rows: Sequence[StoredRow]) -> None:
         """Fold the rows of ``rows`` up to :attr:`until`. Raises what decoding raises."""
@@ -124,7 +125,6 @@ def compare(found: StoredModels, fresh: FreshFold, *, fold_version: int, log_has
     if sealed.position != position or sealed.log_hash != log_hash:
         return Mismatch("checkpoint", "", f"bound to another log (position {sealed.position}, "
                                           f"hash {sealed.log_hash.hex()[:16]}…)")
-    projector.forget_closed()
     return _diff_state(sealed.state, projector)
 
 

@@ -127,7 +127,6 @@ def fold_partition(db_path: str, part: int, sessions: Sequence[str], until_posit
             spool.executemany(insert, [tuple(row[c] for c in _TURN_COLUMNS) for row in turn_rows])
             events += len(rows)
             n_turns += len(turn_rows)
-            projector.forget_closed()
         spool.commit()
     finally:
         conn.close()

@@ -3,6 +3,13 @@
 ``Projector.apply(stored)`` runs the resources fold first; its verdict (refused duplicate
 submits, old-fence forwards…) gates the turn-tables fold, so each rule exists once and a
 refused event can never be double counted (CASE-02). No I/O, no clock.
+
+Bounded memory, deterministically: closed sessions that hold nothing are forgotten by the fold
+itself, at fixed log positions (before the first event at or past each multiple of
+``SWEEP_EVERY``), never at a reader's batch boundary. The state after a prefix of the log is
+therefore a function of the prefix alone: a fold resumed from a checkpoint taken at any cut,
+a fold of disjoint session partitions merged (:mod:`projections.parallel`) and one straight
+fold agree, even for a session that gets a late event after it was forgotten (issue 12).
 """
 
 from __future__ import annotations
@@ -17,6 +24,10 @@ from projections.turn_tables import TurnTables
 from projections.turns import TurnsFold
 
 
+SWEEP_EVERY = 4096
+"""Log positions between two sweeps of forgettable closed sessions (see the module doc)."""
+
+
 class Projector:
     """request_resources + stale-id audit + per-turn tables over one log."""
 
@@ -29,6 +40,8 @@ class Projector:
         self.turn_tables: list[TurnTables] = []
 
     def apply(self, stored: StoredEvent) -> None:
+        if stored.position // SWEEP_EVERY > self.position // SWEEP_EVERY:
+            self.forget_closed()  # a sweep point was crossed (module doc)
         verdict = self.resources.apply(stored)
         self.turns.apply(stored, verdict.accepted)
         self.position = stored.position
@@ -55,7 +68,10 @@ class Projector:
         applied the log's last event. Equal to folding the whole log in one projector."""
         parts = list(parts)
         out = cls()
+        end = max((p.position for p in parts), default=0)
         for part in parts:
+            if end // SWEEP_EVERY > part.position // SWEEP_EVERY:
+                part.forget_closed()  # the whole log crossed a sweep point after this part's last event
             out.resources.sessions.update(part.resources.sessions)
             out.turns.sessions.update(part.turns.sessions)
             out.resources.point_findings.extend(part.resources.point_findings)
@@ -71,6 +87,8 @@ class Projector:
         return out
 
     def forget_closed(self) -> None:
-        """Drop working state of closed sessions that hold nothing (bounded memory)."""
+        """Drop working state of closed sessions that hold nothing (bounded memory). Called by
+        :meth:`apply` at the sweep points only: calling it anywhere else makes the state depend
+        on where it was called (a late event of a forgotten session starts afresh)."""
         self.resources.forget_closed()
         self.turns.forget_closed()

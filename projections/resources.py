@@ -145,6 +145,14 @@ class SessionResources:
             return True
         return any(not life.cleanup_ok and (life.abort_pending or life.abort_failed) for life in self.lives.values())
 
+    def forgettable(self) -> bool:
+        """Closed, holding nothing, no retarget pending and no id whose keys were dropped
+        without a clean-up (that would still be a ``counter_not_decremented`` leak): forgetting
+        it changes no finding."""
+        return (self.closed_at is not None and self.pending_retarget is None and not self.holds_anything()
+                and not any(not life.cleanup_ok and life.submitted and life.keys_dropped_at is not None
+                            and 0 not in life.finished_stages for life in self.lives.values()))
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -721,8 +729,7 @@ class ResourcesFold:
 
     def forget_closed(self) -> list[str]:
         """Drop closed sessions that hold nothing (bounded memory); returns their ids."""
-        gone = [sid for sid, s in self.sessions.items() if s.closed_at is not None and not s.holds_anything()
-                and s.pending_retarget is None]
+        gone = [sid for sid, s in self.sessions.items() if s.forgettable()]
         for sid in gone:
             del self.sessions[sid]
         return gone

@@ -17,8 +17,9 @@ allow-listed classes only, and used only when its format and fold version are ou
 log's chain hash at its position is the one it was built at. Otherwise the read models are
 dropped and rebuilt from the log, with a note (``note``, default: stderr).
 
-Memory: after each batch, closed sessions that hold nothing leave memory (their rows are
-written), so a long log's working set is its open and leaking sessions.
+Memory: the fold forgets closed sessions that hold nothing at fixed log positions
+(:data:`projections.projector.SWEEP_EVERY`), so a long log's working set is its open and
+leaking sessions and those closed since the last sweep.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from events.records import StoredEvent
 from events.store.store import EventStore
 from events.types import ts_to_us
 from events.store.url import sqlite_path
-from projections import checkpoint, parallel, readmodels
+from projections import checkpoint, consistency, parallel, readmodels
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
@@ -196,6 +197,67 @@ class ProjectionRunner:
         with gc_paused():
             return await self._catch_up(head, progress)
 
+    async def checked_catch_up(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """:meth:`catch_up` for a reader of a ledger file, which trusts no derived state found in
+        it: the read models and the checkpoint found are compared with a fresh fold of the log
+        up to the checkpoint position (:func:`projections.consistency.compare`); the fresh fold,
+        never the stored state, is what the runner continues from. When they differ (an edited
+        or deleted read-model row, a forged checkpoint, one of another fold version…) ``note``
+        says what differs and the read models are rewritten from the fresh fold. Returns the
+        new position (the head)."""
+        backend = self.store.recorder.backend
+        found = await backend.run_read(consistency.load_models)
+        if found.checkpoint is not None and found.checkpoint[1] != FOLD_VERSION:
+            self.note(f"the read models were built by fold version {found.checkpoint[1]} (this code: "
+                      f"{FOLD_VERSION}); rebuilding them from the log")
+            await self._run_write(readmodels.clear_read_models)
+            self.projector, self.position = Projector(), 0
+            return await self.catch_up(progress)
+        head = await self.store.head_position()
+        at = min(found.checkpoint[0], head) if found.checkpoint is not None else 0
+        fresh = await self.fresh_fold(at)
+        log_hash = await backend.run_read(readmodels.log_hash_at, at) if at else b""
+        mismatch = consistency.compare(found, fresh, fold_version=FOLD_VERSION, log_hash=log_hash or b"",
+                                       max_idle_s=self.max_idle_s)
+        if mismatch is None and found.checkpoint is not None and found.checkpoint[0] > head:
+            mismatch = consistency.Mismatch("checkpoint", "", f"position {found.checkpoint[0]} is beyond the "
+                                                              f"log's head {head}")
+        self.projector, self.position = fresh.projector, at
+        if mismatch is not None:
+            self.note(f"derived state in the ledger differs from its log: {mismatch}; it is ignored, "
+                      f"and the read models are rewritten from the log")
+            await self._run_write(readmodels.clear_read_models)
+            if at > 0:
+                resources, findings, state = self._snapshot(fresh.projector,
+                                                            sorted(fresh.projector.resources.sessions))
+                await self._run_write(lambda conn: readmodels.write_batch(
+                    conn, name=CHECKPOINT_NAME, position=at, fold_version=FOLD_VERSION, state=state,
+                    turns=fresh.turn_rows, touched=[], resources=resources, findings=findings))
+        if at == 0:
+            return await self.catch_up(progress)  # nothing to keep: a full projection, parallel when large
+        with gc_paused():
+            return await self._catch_up(head, progress)
+
+    async def fresh_fold(self, until: int) -> consistency.FreshFold:
+        """The log folded from position 1 to ``until`` in memory, ignoring any checkpoint, with
+        the turn rows the runner would have written: in worker processes for a SQLite log of
+        at least ``PARALLEL_MIN_EVENTS`` events (:mod:`projections.parallel`), else here."""
+        workers = self._workers_for(until, None)
+        if workers <= 1:
+            fresh = consistency.FreshFold(until)
+            with gc_paused():
+                async for rows in self.store.read_row_batches(1, until_position=until, batch_size=self.batch_size):
+                    fresh.feed(rows)
+            return fresh
+        path = str(sqlite_path(self.store.url).resolve())
+        with tempfile.TemporaryDirectory(prefix="duplex-ledger-fold-") as spool_dir:
+            plan = parallel.plan_partitions(await asyncio.to_thread(parallel.session_sizes, path), workers)
+            results = await self._fold_partitions(path, plan, until, spool_dir, None)
+            with gc_paused():
+                projector = Projector.merged(r.projector for r in results)
+            turn_rows = list(parallel.spooled_turn_rows(sorted(r.turns_path for r in results)))
+        return consistency.FreshFold(until, projector, turn_rows)
+
     async def _catch_up(self, head: int, progress: Callable[[int, int], None] | None) -> int:
         batches = self.store.read_batches(self.position + 1, until_position=head, batch_size=self.batch_size,
                                           as_structs=True)
@@ -222,7 +284,6 @@ class ProjectionRunner:
         hold nothing are dropped from it first)."""
         resources = readmodels.resource_rows(projector.resources, sessions)
         findings = readmodels.finding_rows(projector.findings(self.max_idle_s))
-        projector.forget_closed()
         return resources, findings, checkpoint.encode_state(projector)
 
     async def _commit(self, batch: list[StoredEvent]) -> None:

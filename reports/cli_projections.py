@@ -1,7 +1,11 @@
 """CLI commands over the projections: ``audit``, ``tables``, ``rebuild``.
 
 They work on any ledger (a live deployment's database, a copied SQLite file, or a JSONL export
-imported with ``duplex-ledger events import``) and need neither vllm nor torch.
+imported with ``duplex-ledger events import``) and need neither vllm nor torch. A ledger is
+untrusted input: ``audit`` and ``tables`` never serve read models or a checkpoint found in it
+without checking them against a fresh fold of its log
+(:meth:`~projections.runner.ProjectionRunner.checked_catch_up`); derived state that differs
+is named on stderr, ignored and rewritten — the output is the log's, whatever the file holds.
 
 Exit codes (:mod:`reports.cli_errors`): ``audit`` 0 clean, 1 leaks found; every command 2 for
 rejected input (bad URL, missing or foreign file, schema at another revision, unknown
@@ -62,7 +66,7 @@ async def _projected(db: Optional[str], until_position: Optional[int],
         if until_position is not None:
             return await project_as_of(store, until_position=until_position), until_position
         runner = ProjectionRunner(store)
-        position = await runner.catch_up()
+        position = await runner.checked_catch_up()
         assert runner.projector is not None
         return runner.projector, position
 
@@ -151,7 +155,7 @@ async def _turns(db: Optional[str], session: Optional[str], response: Optional[s
             turns = projector.turn_tables
         else:
             runner = ProjectionRunner(store)
-            await runner.catch_up()
+            await runner.checked_catch_up()
             turns = await runner.turn_tables(session, response)
     return [t for t in turns if (session is None or t.session_id == session)
             and (response is None or t.response_id == response)]

@@ -1,9 +1,12 @@
 """``duplex-ledger verify [--digest FILE]`` and ``duplex-ledger digest``: does a ledger prove
 it is unaltered?
 
-``verify`` reads the log once, in position order: it recomputes the hash chain
-(:mod:`events.chain_walk`) and folds the events up to the checkpoint position, then compares
-the read models and the checkpoint with that fresh fold (:mod:`projections.consistency`).
+``verify`` recomputes the hash chain (:mod:`events.chain_walk`) and folds the events up to
+the checkpoint position, then compares the read models and the checkpoint with that fresh
+fold (:mod:`projections.consistency`). A small or PostgreSQL log, or any log on fewer than
+``PARALLEL_MIN_CPUS`` CPUs, is read once, in position order; a large SQLite log on a machine
+with CPUs to spare is folded by the runner's partition workers while this process checks the
+chain with plain ``sqlite3``, and walked in order only to name a fault.
 With ``--digest`` (the JSON ``digest`` printed earlier, kept elsewhere) it also catches a
 truncated tail and a history rewritten and rehashed. It never writes to the ledger.
 
@@ -21,14 +24,19 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from events.chain_walk import ChainFault, ChainWalker, Digest
+from events.chain_walk import ChainFault, ChainWalker, Digest, check_sqlite_segment, walker_of
 from events.store.store import EventStore
-from projections import consistency
-from projections.runner import FOLD_VERSION
+from events.store.url import sqlite_path
+from projections import consistency, parallel
+from projections.runner import FOLD_VERSION, ProjectionRunner
 from reports.cli_projections import DB_HELP
 from reports.cli_errors import describe, say
 
 BATCH = 10_000
+PARALLEL_MIN_CPUS = 4
+"""CPUs below which ``verify`` folds and walks in one ordered read even for a large log: on
+2 busy cores the spawned workers (≈1.5 s of imports each) cost more than they save (measured
+0.16× against 0.23× the ceiling for the ordered read, 301,595 events)."""
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -59,13 +67,18 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
             note = (f"the read models were built by fold version {found.checkpoint[1]} (this code: {FOLD_VERSION}); "
                     "not compared: the next audit/tables/rebuild rebuilds them")
             until = None
-    walker = ChainWalker(watch=[p for p in (until, digest.position if digest else None) if p])
-    fresh = consistency.FreshFold(until or 0)
+    watch = [p for p in (until, digest.position if digest else None) if p]
     head = await store.head_position()
-    async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
-        if not walker.feed(rows):
-            break
-        fresh.feed(rows)
+    walker = None
+    if backend.name == "sqlite" and head >= parallel.PARALLEL_MIN_EVENTS and \
+            parallel.default_workers() >= PARALLEL_MIN_CPUS:
+        walker, fresh = await _walk_and_fold_in_parallel(store, head, until or 0, watch)
+    if walker is None:  # a small or PostgreSQL log, or a chain fault to name: one ordered read
+        walker, fresh = ChainWalker(watch=watch), consistency.FreshFold(until or 0)
+        async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
+            if not walker.feed(rows):
+                break
+            fresh.feed(rows)
     fault = walker.finish(digest)
     mismatch = None
     if fault is None and until is not None:
@@ -76,6 +89,21 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
             mismatch = consistency.compare(found, fresh, fold_version=FOLD_VERSION,
                                            log_hash=walker.watched.get(until, b""), max_idle_s=max_idle_s)
     return Verdict(fault, mismatch, walker.rows, walker.digest(), until, note)
+
+
+async def _walk_and_fold_in_parallel(store: EventStore, head: int, until: int,
+                                     watch: list[int]) -> tuple[ChainWalker | None, consistency.FreshFold]:
+    """A large SQLite log: the chain checked on a thread of this process with plain
+    ``sqlite3`` (:func:`events.chain_walk.check_sqlite_segment`) while the runner's partition
+    workers fold the log to ``until`` (:meth:`ProjectionRunner.fresh_fold`). The walker is None
+    when the chain is not intact (the caller then walks in order to name the fault)."""
+    path = str(sqlite_path(store.url).resolve())
+    chain = asyncio.ensure_future(asyncio.to_thread(check_sqlite_segment, path, 1, head, watch))
+    try:
+        fresh = await ProjectionRunner(store).fresh_fold(until)
+    finally:
+        found = await chain
+    return walker_of([found], head), fresh
 
 
 async def head_digest(store: EventStore) -> tuple[Digest, ChainFault | None]:

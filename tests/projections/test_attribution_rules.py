@@ -301,9 +301,14 @@ def test_a_reused_response_id_is_one_table_and_warnings_and_the_ledger_stays_bui
     url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
     runner = CliRunner()
     assert runner.invoke(app, ["events", "import", str(path), "--db", url]).exit_code == 0
+    # The second incarnation's id is released without an ack: the in-memory fold reports that
+    # leak, and so must the CLI (it used to hide it: the runner forgot the closed session at
+    # its batch end, issue 12).
+    assert [f.kind for f in p.leaks()] == ["counter_not_decremented"]
     for command in (["audit"], ["tables"], ["rebuild"], ["tables"]):
         result = runner.invoke(app, [*command, "--db", url])
-        assert result.exit_code == 0, result.output
+        assert result.exit_code == (1 if command == ["audit"] else 0), result.output
+        assert command != ["audit"] or "counter_not_decremented" in result.output
 
 
 def test_a_stale_terminal_never_changes_the_finalized_reason():

@@ -3,7 +3,15 @@ backfilled by revision 0003, carried by JSONL (an edited export is refused at im
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import tempfile
+import uuid
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from events import jsonl
 from events.chain import GENESIS, canonical_bytes, hash_of
@@ -78,3 +86,60 @@ async def test_an_edited_export_is_refused_at_import(store: EventStore, tmp_path
     with pytest.raises(jsonl.JsonlError, match="hash: given without position"):
         jsonl.parse_lines([no_fields])
     assert len(jsonl.parse_lines(lines)) == 4
+
+
+def _chained_export(events: int = 8) -> list[str]:
+    """The lines of an export of a small SQLite log (every line carries its hash)."""
+    async def export(path: str) -> list[str]:
+        store = await EventStore.open(f"sqlite+aiosqlite:///{path}", create=True)
+        try:
+            await store.append("S1", turns("S1", events // 2))
+            await store.append("S2", turns("S2", events - events // 2))
+            return [line async for line in jsonl.export_lines(store)]
+        finally:
+            await store.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return asyncio.run(export(os.path.join(tmp, "l.db")))
+
+
+EXPORT = _chained_export()
+EDITS = {
+    "none": lambda o: None,
+    "ts": lambda o: o.update(ts=round(o["ts"] + 0.000001, 6)),
+    "recorded_at": lambda o: o.update(recorded_at=round(o["recorded_at"] + 1, 6)),
+    "stream": lambda o: o.update(stream=o["stream"] + "x"),
+    "version": lambda o: o.update(version=o["version"] + 1),
+    "event_id": lambda o: o.update(event_id=str(uuid.UUID(int=o["position"]))),
+    "data": lambda o: o["data"].update(turn_id=o["data"].get("turn_id", 0) + 1) if "turn_id" in o["data"] else
+    o.update(ts=round(o["ts"] + 1, 6)),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(index=st.integers(0, len(EXPORT) - 1), edit=st.sampled_from(sorted(EDITS)))
+def test_a_line_whose_hash_key_is_dropped_is_refused_and_its_edit_caught_at_the_next(index: int, edit: str) -> None:
+    """Dropping the ``hash`` key of a line (edited or not) in a chained export: the line is
+    refused as hashless, and its hash is still recomputed, so an edit of it breaks the next
+    line's link (issue 12: it used to make the next line uncheckable)."""
+    obj = json.loads(EXPORT[index])
+    del obj["hash"]
+    EDITS[edit](obj)
+    lines = list(EXPORT)
+    lines[index] = json.dumps(obj, separators=(",", ":"))
+    with pytest.raises(jsonl.JsonlError) as caught:
+        jsonl.parse_lines(lines)
+    faults = {(e.line, e.field, e.message.split(",")[0].split(" (")[0]) for e in caught.value.errors}
+    expected = {(index + 1, "hash", "missing")}
+    if edit != "none" and index + 1 < len(EXPORT):
+        expected.add((index + 2, "hash", "does not match the line and the chain before it"))
+    assert faults == expected
+
+
+def test_a_file_without_any_hash_imports_unverified_and_one_with_a_single_hash_is_chained() -> None:
+    bare = [json.dumps({k: v for k, v in json.loads(line).items() if k != "hash"}) for line in EXPORT]
+    assert len(jsonl.parse_lines(bare)) == len(EXPORT)
+    mixed = [EXPORT[0], *bare[1:]]
+    with pytest.raises(jsonl.JsonlError) as caught:
+        jsonl.parse_lines(mixed)
+    assert [e.line for e in caught.value.errors] == list(range(2, len(EXPORT) + 1))

@@ -4,6 +4,7 @@ the first bad position and what is wrong. TAMPER_MATRIX in the README/design not
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,12 @@ from events.chain import GENESIS, hash_of
 from events.chain_walk import Digest
 from events.store import EventStore
 from events.store.rows import StoredRow
-from projections import readmodels
+from projections import parallel, readmodels
+from projections import projector as projector_module
 from projections.runner import ProjectionRunner
+from reports import cli_verify
 from reports.cli_verify import Verdict, head_digest, verify_store
+from tests.histories import generate as generate_history
 
 LOG = Path(__file__).parents[1] / "cases" / "logs" / "case-12-arrival.jsonl"  # 26 events, 2 leaks
 CONTENT = "stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data"
@@ -180,3 +184,51 @@ async def test_an_edited_turn_table_and_a_forged_checkpoint_are_caught(ledger: E
 
 async def _rows(store: EventStore) -> list[StoredRow]:
     return [r async for r in store.read_rows(1)]
+
+
+async def test_no_false_checkpoint_difference_for_a_session_forgotten_then_given_a_late_event(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner checkpoints every 7 events while the fold forgets closed sessions every 5
+    positions; the generated histories close sessions and then log their close's cancel and
+    reopen them (late events of forgotten sessions). ``verify`` finds the checkpoint equal to
+    one fresh fold (it used to report a checkpoint difference)."""
+    monkeypatch.setattr(projector_module, "SWEEP_EVERY", 5)
+    history = generate_history(random.Random(3), 3)
+    store = await EventStore.open(db_url, create=True)
+    try:
+        await jsonl.import_rows(store, jsonl.parse_lines(history.log.jsonl().splitlines()))
+        await ProjectionRunner(store, batch_size=7, note=pytest.fail).catch_up()
+        v = await verdict(store)
+        assert (v.fault, v.mismatch, v.compared_at) == (None, None, await store.head_position())
+    finally:
+        await store.close()
+
+
+async def test_the_parallel_check_of_a_large_sqlite_log(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SQLite log at or over PARALLEL_MIN_EVENTS is verified by worker processes and a
+    plain-sqlite3 chain check; an intact log passes, and an edit is still named by position
+    and kind (the ordered walk names it)."""
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_EVENTS", 10)
+    monkeypatch.setattr(cli_verify, "PARALLEL_MIN_CPUS", 1)
+    taken: list[int] = []
+    original = cli_verify._walk_and_fold_in_parallel
+
+    async def counted(*args):  # type: ignore[no-untyped-def]
+        taken.append(1)
+        return await original(*args)
+
+    monkeypatch.setattr(cli_verify, "_walk_and_fold_in_parallel", counted)
+    store = await EventStore.open(sqlite_url, create=True)
+    try:
+        await jsonl.import_rows(store, jsonl.parse_lines(LOG.read_text(encoding="utf-8").splitlines()))
+        await ProjectionRunner(store, batch_size=5, note=pytest.fail).catch_up(until_position=20)
+        v = await verdict(store)
+        assert (v.fault, v.mismatch, v.compared_at, v.events) == (None, None, 20, 26)
+        assert v.head.hash == (await head_digest(store))[0].hash and taken == [1]
+        await sql(store, "DELETE FROM rm_audit_findings WHERE finding_no = 1")
+        assert (await verdict(store)).mismatch.what == "rm_audit_findings"
+        await sql(store, *lift(store, "update"), "UPDATE events SET ts_us = ts_us + 1 WHERE position = 11")
+        v = await verdict(store)
+        assert (v.fault.position, v.fault.kind) == (11, "edited"), v.fault
+    finally:
+        await store.close()
