@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import pstats
 import os
 import statistics
 import sys
@@ -141,7 +143,26 @@ async def run_plain(ports, config, arm: Arm) -> None:
     arm.turn_p50.append(pct(latencies, .5))
 
 
-async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float) -> None:
+LEDGER_CODE = ("/events/", "/projections/", "/engine_bridge/")
+
+
+def print_profile(profile: cProfile.Profile, path: str, turns: int, top: int = 25) -> None:
+    """Dump ``profile`` (the loop thread during the ledger arm) to ``path`` and print its top
+    frames of duplex-ledger code by own time, in µs per turn."""
+    profile.dump_stats(path)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    rows = [(tt, ct, nc, f"{Path(fn).parent.name}/{Path(fn).name}:{line}({name})")
+            for (fn, line, name), (_, nc, tt, ct, _) in stats.items() if any(c in fn for c in LEDGER_CODE)]
+    rows.sort(reverse=True)
+    print(f"loop-thread profile, ledger arm, duplex-ledger frames by own time ({path}); "
+          f"total own time {sum(r[0] for r in rows) / turns * 1e6:.0f} µs per turn (cProfile-inflated)")
+    print(f"{'own µs/turn':>12s}{'cum µs/turn':>12s}{'calls/turn':>11s}  frame")
+    for tt, ct, nc, name in rows[:top]:
+        print(f"{tt / turns * 1e6:>12.0f}{ct / turns * 1e6:>12.0f}{nc / turns:>11.1f}  {name}")
+
+
+async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float,
+               profile_path: str | None = None) -> None:
     from engine_bridge.messages import EngineConfig
     from engine_bridge.models import resolve_model
     from engine_bridge.vllm_port import VllmStagePort
@@ -157,6 +178,7 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     arms = {"ledger": Arm(), "plain": Arm(), "plain-B": Arm()}
     events = size = durable_n = 0
     durable_wait_s = 0.0
+    profile = cProfile.Profile() if profile_path else None
     try:
         await run_plain(ports, config, Arm())  # warm-up (not counted)
         with tempfile.TemporaryDirectory() as tmp:
@@ -166,8 +188,12 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
                 for which in order:
                     steps0 = [p.counters.iterations for p in ports]
                     if which == "ledger":
+                        if profile is not None:
+                            profile.enable()
                         ev, sz, (n_durable, wait_s) = await run_ledger(
                             ports, config, Path(tmp) / f"round{r}.db", synchronous, arms[which])
+                        if profile is not None:
+                            profile.disable()
                         durable_n += n_durable
                         durable_wait_s += wait_s
                         events += ev
@@ -179,6 +205,8 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
         await talker.shutdown()
         await thinker.shutdown()
     report(arms, model, rounds, synchronous, flush_s, dtype, events, size, durable_n, durable_wait_s)
+    if profile is not None and profile_path is not None:
+        print_profile(profile, profile_path, SESSIONS * TURNS * rounds)
 
 
 def report(arms: dict[str, Arm], model: str, rounds: int, synchronous: str, flush_s: float, dtype: str,
@@ -227,5 +255,7 @@ if __name__ == "__main__":
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="NORMAL")
     parser.add_argument("--flush-interval", type=float, default=0.1, help="EngineConfig.flush_interval_s (s)")
     parser.add_argument("--dtype", default="float32", help="float32 is faster than float16 on CPUs without fp16")
+    parser.add_argument("--profile", metavar="PATH", help="cProfile the loop thread during the ledger arm (its "
+                        "figures are then inflated: profile in a run of its own), dump to PATH, print top frames")
     args = parser.parse_args()
-    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval))
+    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval, args.profile))

@@ -1,8 +1,9 @@
 """One full-duplex session driven against the stage ports (DOMAIN §2–§4).
 
 Every command and engine interaction is an event of the session's stream, written ahead:
-the intent (submit, update, abort, release) is durable before the engine call, the result
-after it. Decisions come from the session's projector (the folds of ``projections``):
+the intent (abort, release) is durable before the engine call, the result after it; a submit's
+or forward's intent is pipelined (durable before any output of its call is handed on:
+``SessionLog.emit_ahead``). Decisions come from the session's projector (the folds of ``projections``):
 which keys are held, which ids are stale (:func:`projections.resources.stale_before_submit`),
 which turn is open.
 
@@ -358,7 +359,7 @@ class Session:
         kind = "update" if self.resident and self._stream_id == request_id else "initial"
         now = time.time()
         await self._reserve(request_id)
-        await self.log.emit(
+        self.log.emit_ahead(  # pipelined intent: its outputs are gated on its commit (session_log)
             ActiveRequestBound(session_id=self.session_id, ts=now, request_id=request_id),
             StageRequestSubmitted(session_id=self.session_id, ts=now, stage_id=0, request_id=request_id,
                                   fence=self.fence(), kind=kind, resumable=self.resident, num_tokens_in=tokens_in))
@@ -391,14 +392,14 @@ class Session:
         port0 = self.ports[0]
         budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
         if not self.resident:
-            async for chunk in port0.generate(turn.request_id, prompt, self._params(budget)):
+            async for chunk in self.log.gated(port0.generate(turn.request_id, prompt, self._params(budget))):
                 yield chunk
             return
         segment = StreamSegment(prompt, self._params(budget))
         if kind == "initial":
             self._stream_id = turn.request_id
             self._stream_task = asyncio.get_running_loop().create_task(
-                self._pump_stream(turn.request_id, port0.open_stream(turn.request_id, segment)))
+                self._pump_stream(turn.request_id, self.log.gated(port0.open_stream(turn.request_id, segment))))
         else:
             await port0.update_stream(turn.request_id, segment)
         while True:
@@ -529,9 +530,9 @@ class Session:
             raise asyncio.CancelledError  # a cancel won the race: nothing is forwarded for a cancelled turn
         tx_start = time.perf_counter()
         forwarded_ts = time.time()
-        await self.log.emit(StageRequestForwarded(session_id=self.session_id, ts=forwarded_ts, stage_id=1,
+        self.log.emit_ahead(StageRequestForwarded(session_id=self.session_id, ts=forwarded_ts, stage_id=1,
                                                   request_id=turn.request_id, fence=turn.fence, from_stage=0))
-        stream = port1.generate(turn.request_id, text or " ", self._params(budget, stage_id=1))
+        stream = self.log.gated(port1.generate(turn.request_id, text or " ", self._params(budget, stage_id=1)))
         tx_ms = (time.perf_counter() - tx_start) * 1000.0
         self.log.emit_later(TransferTx(session_id=self.session_id, ts=time.time(), from_stage=0, to_stage=1,
                                        request_id=turn.request_id, size_bytes=payload_bytes, tx_time_ms=tx_ms))

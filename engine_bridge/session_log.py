@@ -9,8 +9,16 @@ fold is the live one (``Projector(live=True)``), so a session with log_stats off
 turn state at all (M14).
 
 * :meth:`emit` — durable: returns once the events, and every buffered one before them, are
-  committed. Intents that precede an engine call (submit, forward, abort) use it: the intent is
+  committed. Intents that precede an engine call without outputs (abort) use it: the intent is
   in the log before the engine acts (write-ahead).
+* :meth:`emit_ahead` — pipelined intent (issue 15): the events are applied and their commit
+  is started at once, but the caller does not wait for it; it makes its engine call (submit,
+  forward) at once and reads the call's outputs through :meth:`gated`, which hands on no
+  output before every intent started so far is committed. So nothing the engine produced for
+  a request reaches the client or the log before the request's intent is durable; what the
+  engine may hold without a durable intent is a request begun in the last commit's time, of an
+  engine that dies with this process (docs/design.md, "Pipelined intents"). A failed intent
+  commit ends the request (:meth:`gated` closes its iterator: vLLM aborts it) and raises.
 * :meth:`emit_later` — buffered: everything else (commands without an engine call, outputs,
   results) is committed within ``flush_interval_s`` or by the next :meth:`emit`, in order. A
   crash can lose at most that window: the log stays a prefix of what happened. The engine's
@@ -26,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
@@ -39,6 +48,14 @@ from engine_bridge.messages import SessionError
 
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a pipelined commit's failure as seen: the log is broken by it and the next emit
+    or :meth:`SessionLog.durable` raises it."""
+    if not task.cancelled():
+        task.exception()
 
 
 class SessionLogBroken(RuntimeError):
@@ -93,10 +110,12 @@ class SessionLog:
         self.events_written = 0
         self.durable_emits = 0
         self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
+        self.ahead_commit_s = 0.0  # wall seconds pipelined intents took to commit, not waited on
         self._pending: list[EventBase] = []
         self._applied = version  # provisional positions for the live fold
         self._broken: BaseException | None = None
         self._lock = asyncio.Lock()
+        self._ahead: asyncio.Task[None] | None = None  # the latest pipelined intent's commit
 
     async def emit(self, *events: EventBase) -> None:
         """Apply ``events`` and append them after everything buffered, durably. Raises what the
@@ -111,6 +130,55 @@ class SessionLog:
         finally:
             self.durable_emits += 1
             self.durable_wait_s += time.perf_counter() - start
+
+    def emit_ahead(self, *events: EventBase) -> None:
+        """Apply ``events`` and start committing them (after everything buffered) without
+        waiting: a pipelined intent. The caller's engine call follows at once; its outputs must
+        be read through :meth:`gated`. Raises SessionLogBroken after an earlier failure."""
+        self._apply(events)
+        self.durable_emits += 1
+        self._ahead = task = asyncio.get_running_loop().create_task(self._commit_ahead())
+        task.add_done_callback(_retrieve)
+
+    async def _commit_ahead(self) -> None:
+        start = time.perf_counter()
+        try:
+            async with self._lock:
+                await self._write()
+        finally:
+            self.ahead_commit_s += time.perf_counter() - start
+
+    async def durable(self) -> None:
+        """Until every intent started by :meth:`emit_ahead` is committed (at once when none is
+        pending). Raises what its commit raised (SessionError ``session_taken_over`` when the
+        stream was fenced, else the store's error)."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        if not ahead.done():
+            start = time.perf_counter()
+            try:
+                await asyncio.shield(ahead)  # a cancelled reader does not cancel the commit
+            finally:
+                self.durable_wait_s += time.perf_counter() - start
+        elif ahead.exception() is not None:
+            raise ahead.exception()  # type: ignore[misc]
+        if self._ahead is ahead:
+            self._ahead = None  # commits run in order: every earlier intent is in too
+
+    async def gated(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+        """``stream`` (an engine call's outputs), each item handed on only once every intent
+        started so far is durable (:meth:`durable`). When that commit fails, ``stream`` is
+        closed (vLLM aborts the request) and the error raised."""
+        try:
+            async for item in stream:
+                if self._ahead is not None:
+                    await self.durable()
+                yield item
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def emit_later(self, *events: EventBase) -> None:
         """Apply ``events`` now; append them (in order) at the next flush."""
