@@ -110,6 +110,7 @@ class SessionLog:
         self.events_written = 0
         self.durable_emits = 0
         self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
+        self.ahead_emits = 0  # pipelined intents (emit_ahead)
         self.ahead_commit_s = 0.0  # wall seconds pipelined intents took to commit, not waited on
         self._pending: list[EventBase] = []
         self._applied = version  # provisional positions for the live fold
@@ -136,7 +137,7 @@ class SessionLog:
         waiting: a pipelined intent. The caller's engine call follows at once; its outputs must
         be read through :meth:`gated`. Raises SessionLogBroken after an earlier failure."""
         self._apply(events)
-        self.durable_emits += 1
+        self.ahead_emits += 1
         self._ahead = task = asyncio.get_running_loop().create_task(self._commit_ahead())
         task.add_done_callback(_retrieve)
 
