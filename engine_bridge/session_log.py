@@ -51,11 +51,22 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _retrieve(task: asyncio.Task[None]) -> None:
+def _retrieve(task: asyncio.Future[None]) -> None:
     """Mark a pipelined commit's failure as seen: the log is broken by it and the next emit
     or :meth:`SessionLog.durable` raises it."""
     if not task.cancelled():
         task.exception()
+
+
+def _chain(task: asyncio.Task[None], done: asyncio.Future[None]) -> None:
+    if done.done():
+        return
+    if task.cancelled():
+        done.cancel()
+    elif task.exception() is not None:
+        done.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        done.set_result(None)
 
 
 class SessionLogBroken(RuntimeError):
@@ -116,7 +127,7 @@ class SessionLog:
         self._applied = version  # provisional positions for the live fold
         self._broken: BaseException | None = None
         self._lock = asyncio.Lock()
-        self._ahead: asyncio.Task[None] | None = None  # the latest pipelined intent's commit
+        self._ahead: asyncio.Future[None] | None = None  # the latest pipelined intent's commit
 
     async def emit(self, *events: EventBase) -> None:
         """Apply ``events`` and append them after everything buffered, durably. Raises what the
@@ -138,8 +149,15 @@ class SessionLog:
         be read through :meth:`gated`. Raises SessionLogBroken after an earlier failure."""
         self._apply(events)
         self.ahead_emits += 1
-        self._ahead = task = asyncio.get_running_loop().create_task(self._commit_ahead())
-        task.add_done_callback(_retrieve)
+        loop = asyncio.get_running_loop()
+        self._ahead = done = loop.create_future()
+        done.add_done_callback(_retrieve)
+        # Started on the next tick: the engine call the caller schedules now goes first.
+        loop.call_soon(self._start_ahead, done)
+
+    def _start_ahead(self, done: asyncio.Future[None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._commit_ahead())
+        task.add_done_callback(lambda t: _chain(t, done))
 
     async def _commit_ahead(self) -> None:
         start = time.perf_counter()
