@@ -60,13 +60,15 @@ class Arm:
         self.steps: list[list[int]] = []  # engine iterations per round, per stage
 
 
-async def run_ledger(ports, config, db_path: Path, synchronous: str,
-                     arm: Arm) -> tuple[int, int, tuple[int, float, float]]:
+async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm,
+                     pipelined: bool = True) -> tuple[int, int, tuple[int, float, float]]:
     """One round through SessionEngine, stamps into ``arm``; (events, log bytes, (durable
     and pipelined emits, seconds callers or gated outputs waited on them, seconds the
     pipelined intents took to commit))."""
     from engine_bridge.engine import SessionEngine
+    from engine_bridge.session_log import SessionLog
 
+    SessionLog.pipelined = pipelined
     latencies: list[float] = []
     engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", [StampedPort(ports[0]), *ports[1:]],
                                       config=config, synchronous=synchronous)
@@ -165,7 +167,7 @@ def print_profile(profile: cProfile.Profile, path: str, turns: int, top: int = 2
 
 
 async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float,
-               profile_path: str | None = None) -> None:
+               profile_path: str | None = None, strict: bool = False) -> None:
     from engine_bridge.messages import EngineConfig
     from engine_bridge.models import resolve_model
     from engine_bridge.vllm_port import VllmStagePort
@@ -178,7 +180,7 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     # Exact lengths on both arms: both stages run to their budget.
     config = EngineConfig(max_tokens=24, talker_max_tokens=24, ignore_eos=True, flush_interval_s=flush_s)
     ports = [thinker, talker]
-    arms = {"ledger": Arm(), "plain": Arm(), "plain-B": Arm()}
+    arms = {"ledger": Arm(), "plain": Arm(), "plain-B": Arm(), **({"ledger-strict": Arm()} if strict else {})}
     events = size = durable_n = 0
     durable_wait_s = ahead_s = 0.0
     profile = cProfile.Profile() if profile_path else None
@@ -187,10 +189,13 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
                 names = list(arms)
-                order = names[r % 3:] + names[:r % 3]  # each arm goes first, second, third in turn
+                order = names[r % len(names):] + names[:r % len(names)]  # each arm takes each place in turn
                 for which in order:
                     steps0 = [p.counters.iterations for p in ports]
-                    if which == "ledger":
+                    if which == "ledger-strict":
+                        await run_ledger(ports, config, Path(tmp) / f"strict{r}.db", synchronous, arms[which],
+                                         pipelined=False)
+                    elif which == "ledger":
                         if profile is not None:
                             profile.enable()
                         ev, sz, (n_durable, wait_s, commit_s) = await run_ledger(
@@ -250,6 +255,15 @@ def report(arms: dict[str, Arm], model: str, rounds: int, synchronous: str, flus
           f"{durable_wait_s / turns * 1000:.1f} ms per turn on them; the pipelined intents' commits took "
           f"{ahead_s / turns * 1000:.1f} ms per turn (not waited on)")
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
+    if "ledger-strict" in arms:  # the same ledger with the engine call waiting for its intent's commit
+        st = arms["ledger-strict"]
+        print(f"ledger-strict (added over plain): commit -> add_request p50 "
+              f"{pct(st.commit_to_add, .5) - pct(pl.commit_to_add, .5):+.3f} ms, p99 "
+              f"{pct(st.commit_to_add, .99) - pct(pl.commit_to_add, .99):+.3f} ms; frontend CPU "
+              f"{(st.loop_cpu_s + st.writer_cpu_s - pl.loop_cpu_s - pl.writer_cpu_s) / turns * 1000:+.3f} ms per turn; "
+              f"turn p50 paired {statistics.median(a - b for a, b in zip(st.turn_p50, pl.turn_p50)):+.2f} ms; "
+              f"steps {statistics.median(steps['ledger-strict'])} "
+              f"({(statistics.median(steps['ledger-strict']) / statistics.median(steps['plain']) - 1) * 100:+.1f} %)")
 
 
 if __name__ == "__main__":
@@ -262,5 +276,8 @@ if __name__ == "__main__":
     parser.add_argument("--dtype", default="float32", help="float32 is faster than float16 on CPUs without fp16")
     parser.add_argument("--profile", metavar="PATH", help="cProfile the loop thread during the ledger arm (its "
                         "figures are then inflated: profile in a run of its own), dump to PATH, print top frames")
+    parser.add_argument("--strict-arm", action="store_true", help="a fourth arm, ledger-strict: the engine call "
+                        "waits for its intent's commit (SessionLog.pipelined = False)")
     args = parser.parse_args()
-    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval, args.profile))
+    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval, args.profile,
+                     args.strict_arm))

@@ -104,6 +104,12 @@ class FlushTicker:
 
 
 class SessionLog:
+    #: False: strict write-ahead for the pipelined paths too — :meth:`gated` waits for the
+    #: intents before it starts the engine call (the first item of an ephemeral or forwarded
+    #: request). For comparisons (bench_live_overhead ``ledger-strict`` arm); a resident
+    #: ``update_stream`` is sent at once either way.
+    pipelined = True
+
     def __init__(self, store: EventStore, session_id: str, version: int, *, flush_interval_s: float = 0.02,
                  on_turn: Callable[[TurnTables], None] | None = None, projector: Projector | None = None,
                  ticker: FlushTicker | None = None, on_applied: Callable[[StoredEvent], None] | None = None) -> None:
@@ -169,19 +175,21 @@ class SessionLog:
 
     async def durable(self) -> None:
         """Until every intent started by :meth:`emit_ahead` is committed (at once when none is
-        pending). Raises what its commit raised (SessionError ``session_taken_over`` when the
-        stream was fenced, else the store's error)."""
+        pending). Raises SessionLogBroken from what its commit raised (SessionError
+        ``session_taken_over`` when the stream was fenced, else the store's error)."""
         ahead = self._ahead
         if ahead is None:
             return
         if not ahead.done():
             start = time.perf_counter()
             try:
-                await asyncio.shield(ahead)  # a cancelled reader does not cancel the commit
+                await asyncio.wait((ahead,))  # a cancelled reader does not cancel the commit
             finally:
                 self.durable_wait_s += time.perf_counter() - start
-        elif ahead.exception() is not None:
-            raise ahead.exception()  # type: ignore[misc]
+        failure = ahead.exception()
+        if failure is not None:  # a new error each time: the commit's own is raised nowhere twice
+            raise SessionLogBroken(f"session {self.session_id!r}: a pipelined intent was not committed: "
+                                   f"{failure}") from failure
         if self._ahead is ahead:
             self._ahead = None  # commits run in order: every earlier intent is in too
 
@@ -190,6 +198,8 @@ class SessionLog:
         started so far is durable (:meth:`durable`). When that commit fails, ``stream`` is
         closed (vLLM aborts the request) and the error raised."""
         try:
+            if not self.pipelined:
+                await self.durable()
             async for item in stream:
                 if self._ahead is not None:
                     await self.durable()

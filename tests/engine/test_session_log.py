@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from engine_bridge.session_log import FlushTicker, SessionLog
+from engine_bridge.session_log import FlushTicker, SessionLog, SessionLogBroken
 from events.store.store import EventStore
 from events.types import InputAppended, TurnCommitted
 
@@ -99,7 +99,7 @@ async def test_gated_closes_the_stream_and_raises_when_the_intent_commit_fails()
     closed: list[bool] = []
     store.release.set()
     got: list[int] = []
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(SessionLogBroken, match="disk full"):
         async for item in log.gated(_items(3, closed)):
             got.append(item)
     assert got == [] and closed == [True]
