@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
@@ -67,6 +67,44 @@ def _chain(task: asyncio.Task[None], done: asyncio.Future[None]) -> None:
         done.set_exception(task.exception())  # type: ignore[arg-type]
     else:
         done.set_result(None)
+
+
+class _Gated:
+    """The async iterator of :meth:`SessionLog.gated`."""
+
+    def __init__(self, log: "SessionLog", stream: AsyncIterator[T], *, wait_first: bool) -> None:
+        self._log = log
+        self._stream = stream
+        self._wait_first = wait_first
+
+    def __aiter__(self) -> "_Gated":
+        return self
+
+    def __anext__(self) -> Any:
+        if self._log._ahead is None and not self._wait_first:
+            return self._stream.__anext__()  # nothing pending: no extra frame per item
+        return self._next()
+
+    async def _next(self) -> Any:
+        if self._wait_first:  # strict: the engine call (first item) waits for the intent
+            self._wait_first = False
+            await self._durable()
+        item = await self._stream.__anext__()
+        if self._log._ahead is not None:
+            await self._durable()
+        return item
+
+    async def _durable(self) -> None:
+        try:
+            await self._log.durable()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class SessionLogBroken(RuntimeError):
@@ -193,21 +231,12 @@ class SessionLog:
         if self._ahead is ahead:
             self._ahead = None  # commits run in order: every earlier intent is in too
 
-    async def gated(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    def gated(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
         """``stream`` (an engine call's outputs), each item handed on only once every intent
         started so far is durable (:meth:`durable`). When that commit fails, ``stream`` is
-        closed (vLLM aborts the request) and the error raised."""
-        try:
-            if not self.pipelined:
-                await self.durable()
-            async for item in stream:
-                if self._ahead is not None:
-                    await self.durable()
-                yield item
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        closed (vLLM aborts the request) and SessionLogBroken raised. With no intent pending an
+        item costs one attribute test (the stream's own awaitable is handed out)."""
+        return _Gated(self, stream, wait_first=not self.pipelined)
 
     def emit_later(self, *events: EventBase) -> None:
         """Apply ``events`` now; append them (in order) at the next flush."""
