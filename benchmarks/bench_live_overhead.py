@@ -11,7 +11,12 @@ the loop's own append), frontend CPU per turn (``thread_time`` of the event-loop
 the ledger writer threads' CPU), engine-core steps per round, turn p50 of paired rounds; the
 wall ratio is printed next to the A/A ratio (shown, not judged).
 
-    .venv/bin/python benchmarks/bench_live_overhead.py [--model tiny] [--rounds 6]
+    .venv/bin/python benchmarks/bench_live_overhead.py [--model tiny] [--rounds 6] [--strict-arm] [--profile PATH]
+
+``--strict-arm`` adds a fourth arm, the ledger with strict write-ahead (the engine call waits
+for its intent's commit, ``SessionLog.pipelined = False``), to weigh the pipelined intents in
+the same rounds. ``--profile`` runs cProfile on the loop thread during the ledger arm and
+prints the top duplex-ledger frames (its timings are then inflated: profile in a run of its own).
 
 Targets (issue 15): added commit -> add_request p50 <= 1 ms, p99 <= 5 ms; output -> client p50
 <= 0.5 ms; frontend CPU <= 2 ms per turn; steps within ±2 %; turn p50 within +5 ms.
