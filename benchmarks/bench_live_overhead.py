@@ -11,7 +11,12 @@ the loop's own append), frontend CPU per turn (``thread_time`` of the event-loop
 the ledger writer threads' CPU), engine-core steps per round, turn p50 of paired rounds; the
 wall ratio is printed next to the A/A ratio (shown, not judged).
 
-    .venv/bin/python benchmarks/bench_live_overhead.py [--model tiny] [--rounds 6]
+    .venv/bin/python benchmarks/bench_live_overhead.py [--model tiny] [--rounds 6] [--strict-arm] [--profile PATH]
+
+``--strict-arm`` adds a fourth arm, the ledger with strict write-ahead (the engine call waits
+for its intent's commit, ``SessionLog.pipelined = False``), to weigh the pipelined intents in
+the same rounds. ``--profile`` runs cProfile on the loop thread during the ledger arm and
+prints the top duplex-ledger frames (its timings are then inflated: profile in a run of its own).
 
 Targets (issue 15): added commit -> add_request p50 <= 1 ms, p99 <= 5 ms; output -> client p50
 <= 0.5 ms; frontend CPU <= 2 ms per turn; steps within ±2 %; turn p50 within +5 ms.
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import pstats
 import os
 import statistics
 import sys
@@ -58,11 +65,15 @@ class Arm:
         self.steps: list[list[int]] = []  # engine iterations per round, per stage
 
 
-async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm) -> tuple[int, int, tuple[int, float]]:
+async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm,
+                     pipelined: bool = True) -> tuple[int, int, tuple[int, float, float]]:
     """One round through SessionEngine, stamps into ``arm``; (events, log bytes, (durable
-    emits, seconds callers waited on them))."""
+    and pipelined emits, seconds callers or gated outputs waited on them, seconds the
+    pipelined intents took to commit))."""
     from engine_bridge.engine import SessionEngine
+    from engine_bridge.session_log import SessionLog
 
+    SessionLog.pipelined = pipelined
     latencies: list[float] = []
     engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", [StampedPort(ports[0]), *ports[1:]],
                                       config=config, synchronous=synchronous)
@@ -89,8 +100,9 @@ async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm) -
     wall = time.perf_counter() - start
     arm.loop_cpu_s += time.thread_time() - cpu0
     events = sum(s.log.events_written for s in engine.sessions.values())
-    durable = (sum(s.log.durable_emits for s in engine.sessions.values()),
-               sum(s.log.durable_wait_s for s in engine.sessions.values()))
+    durable = (sum(s.log.durable_emits + s.log.ahead_emits for s in engine.sessions.values()),
+               sum(s.log.durable_wait_s for s in engine.sessions.values()),
+               sum(s.log.ahead_commit_s for s in engine.sessions.values()))
     await engine.aclose()
     arm.writer_cpu_s += sum(WRITER_CPU) - writer0
     arm.walls.append(wall)
@@ -141,7 +153,26 @@ async def run_plain(ports, config, arm: Arm) -> None:
     arm.turn_p50.append(pct(latencies, .5))
 
 
-async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float) -> None:
+LEDGER_CODE = ("/events/", "/projections/", "/engine_bridge/")
+
+
+def print_profile(profile: cProfile.Profile, path: str, turns: int, top: int = 25) -> None:
+    """Dump ``profile`` (the loop thread during the ledger arm) to ``path`` and print its top
+    frames of duplex-ledger code by own time, in µs per turn."""
+    profile.dump_stats(path)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    rows = [(tt, ct, nc, f"{Path(fn).parent.name}/{Path(fn).name}:{line}({name})")
+            for (fn, line, name), (_, nc, tt, ct, _) in stats.items() if any(c in fn for c in LEDGER_CODE)]
+    rows.sort(reverse=True)
+    print(f"loop-thread profile, ledger arm, duplex-ledger frames by own time ({path}); "
+          f"total own time {sum(r[0] for r in rows) / turns * 1e6:.0f} µs per turn (cProfile-inflated)")
+    print(f"{'own µs/turn':>12s}{'cum µs/turn':>12s}{'calls/turn':>11s}  frame")
+    for tt, ct, nc, name in rows[:top]:
+        print(f"{tt / turns * 1e6:>12.0f}{ct / turns * 1e6:>12.0f}{nc / turns:>11.1f}  {name}")
+
+
+async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float,
+               profile_path: str | None = None, strict: bool = False) -> None:
     from engine_bridge.messages import EngineConfig
     from reports.model_prep import resolve_model
     from engine_bridge.vllm_port import VllmStagePort
@@ -154,22 +185,31 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     # Exact lengths on both arms: both stages run to their budget.
     config = EngineConfig(max_tokens=24, talker_max_tokens=24, ignore_eos=True, flush_interval_s=flush_s)
     ports = [thinker, talker]
-    arms = {"ledger": Arm(), "plain": Arm(), "plain-B": Arm()}
+    arms = {"ledger": Arm(), "plain": Arm(), "plain-B": Arm(), **({"ledger-strict": Arm()} if strict else {})}
     events = size = durable_n = 0
-    durable_wait_s = 0.0
+    durable_wait_s = ahead_s = 0.0
+    profile = cProfile.Profile() if profile_path else None
     try:
         await run_plain(ports, config, Arm())  # warm-up (not counted)
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
                 names = list(arms)
-                order = names[r % 3:] + names[:r % 3]  # each arm goes first, second, third in turn
+                order = names[r % len(names):] + names[:r % len(names)]  # each arm takes each place in turn
                 for which in order:
                     steps0 = [p.counters.iterations for p in ports]
-                    if which == "ledger":
-                        ev, sz, (n_durable, wait_s) = await run_ledger(
+                    if which == "ledger-strict":
+                        await run_ledger(ports, config, Path(tmp) / f"strict{r}.db", synchronous, arms[which],
+                                         pipelined=False)
+                    elif which == "ledger":
+                        if profile is not None:
+                            profile.enable()
+                        ev, sz, (n_durable, wait_s, commit_s) = await run_ledger(
                             ports, config, Path(tmp) / f"round{r}.db", synchronous, arms[which])
+                        if profile is not None:
+                            profile.disable()
                         durable_n += n_durable
                         durable_wait_s += wait_s
+                        ahead_s += commit_s
                         events += ev
                         size += sz
                     else:
@@ -178,11 +218,13 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
     finally:
         await talker.shutdown()
         await thinker.shutdown()
-    report(arms, model, rounds, synchronous, flush_s, dtype, events, size, durable_n, durable_wait_s)
+    report(arms, model, rounds, synchronous, flush_s, dtype, events, size, durable_n, durable_wait_s, ahead_s)
+    if profile is not None and profile_path is not None:
+        print_profile(profile, profile_path, SESSIONS * TURNS * rounds)
 
 
 def report(arms: dict[str, Arm], model: str, rounds: int, synchronous: str, flush_s: float, dtype: str,
-           events: int, size: int, durable_n: int, durable_wait_s: float) -> None:
+           events: int, size: int, durable_n: int, durable_wait_s: float, ahead_s: float) -> None:
     led, pl, aa = arms["ledger"], arms["plain"], arms["plain-B"]
     turns = SESSIONS * TURNS * rounds
     print(f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds, arms "
@@ -214,9 +256,19 @@ def report(arms: dict[str, Arm], model: str, rounds: int, synchronous: str, flus
     noise = statistics.median(b / p for b, p in zip(aa.walls, pl.walls))
     print(f"wall ratio ledger/plain (median of paired rounds): {wall:.3f}; A/A noise floor plain-B/plain: {noise:.3f} "
           f"(per round: {', '.join(f'{b / p:.2f}' for b, p in zip(aa.walls, pl.walls))}) — shown, not judged")
-    print(f"durable emits (write-ahead intents): {durable_n / turns:.1f} per turn, callers waited "
-          f"{durable_wait_s / max(durable_n, 1) * 1000:.1f} ms each, {durable_wait_s / turns * 1000:.1f} ms per turn")
+    print(f"durable + pipelined emits: {durable_n / turns:.1f} per turn; callers and gated outputs waited "
+          f"{durable_wait_s / turns * 1000:.1f} ms per turn on them; the pipelined intents' commits took "
+          f"{ahead_s / turns * 1000:.1f} ms per turn (not waited on)")
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
+    if "ledger-strict" in arms:  # the same ledger with the engine call waiting for its intent's commit
+        st = arms["ledger-strict"]
+        print(f"ledger-strict (added over plain): commit -> add_request p50 "
+              f"{pct(st.commit_to_add, .5) - pct(pl.commit_to_add, .5):+.3f} ms, p99 "
+              f"{pct(st.commit_to_add, .99) - pct(pl.commit_to_add, .99):+.3f} ms; frontend CPU "
+              f"{(st.loop_cpu_s + st.writer_cpu_s - pl.loop_cpu_s - pl.writer_cpu_s) / turns * 1000:+.3f} ms per turn; "
+              f"turn p50 paired {statistics.median(a - b for a, b in zip(st.turn_p50, pl.turn_p50)):+.2f} ms; "
+              f"steps {statistics.median(steps['ledger-strict'])} "
+              f"({(statistics.median(steps['ledger-strict']) / statistics.median(steps['plain']) - 1) * 100:+.1f} %)")
 
 
 if __name__ == "__main__":
@@ -227,5 +279,10 @@ if __name__ == "__main__":
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="NORMAL")
     parser.add_argument("--flush-interval", type=float, default=0.1, help="EngineConfig.flush_interval_s (s)")
     parser.add_argument("--dtype", default="float32", help="float32 is faster than float16 on CPUs without fp16")
+    parser.add_argument("--profile", metavar="PATH", help="cProfile the loop thread during the ledger arm (its "
+                        "figures are then inflated: profile in a run of its own), dump to PATH, print top frames")
+    parser.add_argument("--strict-arm", action="store_true", help="a fourth arm, ledger-strict: the engine call "
+                        "waits for its intent's commit (SessionLog.pipelined = False)")
     args = parser.parse_args()
-    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval))
+    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval, args.profile,
+                     args.strict_arm))

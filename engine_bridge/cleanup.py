@@ -60,7 +60,9 @@ def _finished(state: SessionResources | None, request_id: str) -> bool:
 async def cleanup_id(log: SessionLog, ports: Sequence[StagePort], request_id: str, *, cause: str,
                      force_abort: bool = False) -> None:
     """Release or abort ``request_id`` (see module doc). ``force_abort`` aborts even a
-    finished id. Raises CleanupFailed after restoring the keys when an abort fails."""
+    finished id, or one the log holds only reserved (an engine runs it: a pipelined intent that
+    was lost, takeover on shared engines). Raises CleanupFailed after restoring the keys when
+    an abort fails."""
     sid = log.session_id
     state = log.projector.resources.sessions.get(sid)
     keys = _keys(state, request_id)
@@ -69,7 +71,7 @@ async def cleanup_id(log: SessionLog, ports: Sequence[StagePort], request_id: st
     now = time.time()
     released: list[EventBase] = [StageRequestReleased(session_id=sid, ts=now, stage_id=s, request_id=request_id,
                                                       cause=cause) for s, _, _ in keys]
-    if not submitted or (finished and not force_abort):
+    if not force_abort and (not submitted or finished):  # forced: aborted even if the log saw no submit
         log.emit_later(*released, ReleaseRequested(session_id=sid, ts=now, request_ids=[request_id], cause=cause))
         log.emit_later(ReleaseResult(session_id=sid, ts=time.time(), request_ids=[request_id], outcome="ok"))
         return

@@ -4,8 +4,10 @@ executes the session's rules.
 Each command (append, commit, response.create, the cancels, close) is handed to
 :func:`projections.session_rules.decide` together with the session's folded state and what
 the process observes (time, whether response work runs, the input buffer); the steps it
-returns are executed in order: events recorded (write-ahead intents durable before the engine
-call, results after it), ids released or aborted on the stage ports, turns started on the
+returns are executed in order: events recorded (write-ahead: an abort's or release's intent is
+durable before the engine call; a submit's or forward's intent is pipelined, durable before any
+output of its call is handed on — ``SessionLog.emit_ahead`` and ``gated``; results after the
+call), ids released or aborted on the stage ports, turns started on the
 :class:`~engine_bridge.turn_runner.TurnRunner`, client events sent. Epoch, turn and bindings
 change only by folding the recorded events (the session's projector, the same folds the
 offline audit runs). Nothing here decides a rule.
@@ -267,6 +269,8 @@ class Session:
         reply = None
         for step in steps:
             match step:
+                case Record(events=events, durable=True, pipelined=True):
+                    self.log.emit_ahead(*events)  # the engine call follows; its outputs pass log.gated
                 case Record(events=events, durable=True):
                     await self.log.emit(*events)
                 case Record(events=events):

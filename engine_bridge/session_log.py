@@ -9,8 +9,16 @@ fold is the live one (``Projector(live=True)``), so a session with log_stats off
 turn state at all (M14).
 
 * :meth:`emit` — durable: returns once the events, and every buffered one before them, are
-  committed. Intents that precede an engine call (submit, forward, abort) use it: the intent is
+  committed. Intents that precede an engine call without outputs (abort) use it: the intent is
   in the log before the engine acts (write-ahead).
+* :meth:`emit_ahead` — pipelined intent (issue 15): the events are applied and their commit
+  is started at once, but the caller does not wait for it; it makes its engine call (submit,
+  forward) at once and reads the call's outputs through :meth:`gated`, which hands on no
+  output before every intent started so far is committed. So nothing the engine produced for
+  a request reaches the client or the log before the request's intent is durable; what the
+  engine may hold without a durable intent is a request begun in the last commit's time, of an
+  engine that dies with this process (docs/design.md, "Pipelined intents"). A failed intent
+  commit ends the request (:meth:`gated` closes its iterator: vLLM aborts it) and raises.
 * :meth:`emit_later` — buffered: everything else (commands without an engine call, outputs,
   results) is committed within ``flush_interval_s`` or by the next :meth:`emit`, in order. A
   crash can lose at most that window: the log stays a prefix of what happened. The engine's
@@ -26,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
@@ -39,6 +48,63 @@ from engine_bridge.messages import SessionError
 
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Mark a pipelined commit's failure as seen: the log is broken by it and the next emit
+    or :meth:`SessionLog.durable` raises it."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _chain(task: asyncio.Task[None], done: asyncio.Future[None]) -> None:
+    if done.done():
+        return
+    if task.cancelled():
+        done.cancel()
+    elif task.exception() is not None:
+        done.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        done.set_result(None)
+
+
+class _Gated:
+    """The async iterator of :meth:`SessionLog.gated`."""
+
+    def __init__(self, log: "SessionLog", stream: AsyncIterator[T], *, wait_first: bool) -> None:
+        self._log = log
+        self._stream = stream
+        self._wait_first = wait_first
+
+    def __aiter__(self) -> "_Gated":
+        return self
+
+    def __anext__(self) -> Any:
+        if self._log._ahead is None and not self._wait_first:
+            return self._stream.__anext__()  # nothing pending: no extra frame per item
+        return self._next()
+
+    async def _next(self) -> Any:
+        if self._wait_first:  # strict: the engine call (first item) waits for the intent
+            self._wait_first = False
+            await self._durable()
+        item = await self._stream.__anext__()
+        if self._log._ahead is not None:
+            await self._durable()
+        return item
+
+    async def _durable(self) -> None:
+        try:
+            await self._log.durable()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class SessionLogBroken(RuntimeError):
@@ -76,6 +142,12 @@ class FlushTicker:
 
 
 class SessionLog:
+    #: False: strict write-ahead for the pipelined paths too — :meth:`gated` waits for the
+    #: intents before it starts the engine call (the first item of an ephemeral or forwarded
+    #: request). For comparisons (bench_live_overhead ``ledger-strict`` arm); a resident
+    #: ``update_stream`` is sent at once either way.
+    pipelined = True
+
     def __init__(self, store: EventStore, session_id: str, version: int, *, flush_interval_s: float = 0.02,
                  on_turn: Callable[[TurnTables], None] | None = None, projector: Projector | None = None,
                  ticker: FlushTicker | None = None, on_applied: Callable[[StoredEvent], None] | None = None) -> None:
@@ -93,10 +165,13 @@ class SessionLog:
         self.events_written = 0
         self.durable_emits = 0
         self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
+        self.ahead_emits = 0  # pipelined intents (emit_ahead)
+        self.ahead_commit_s = 0.0  # wall seconds pipelined intents took to commit, not waited on
         self._pending: list[EventBase] = []
         self._applied = version  # provisional positions for the live fold
         self._broken: BaseException | None = None
         self._lock = asyncio.Lock()
+        self._ahead: asyncio.Future[None] | None = None  # the latest pipelined intent's commit
 
     async def emit(self, *events: EventBase) -> None:
         """Apply ``events`` and append them after everything buffered, durably. Raises what the
@@ -111,6 +186,57 @@ class SessionLog:
         finally:
             self.durable_emits += 1
             self.durable_wait_s += time.perf_counter() - start
+
+    def emit_ahead(self, *events: EventBase) -> None:
+        """Apply ``events`` and start committing them (after everything buffered) without
+        waiting: a pipelined intent. The caller's engine call follows at once; its outputs must
+        be read through :meth:`gated`. Raises SessionLogBroken after an earlier failure."""
+        self._apply(events)
+        self.ahead_emits += 1
+        loop = asyncio.get_running_loop()
+        self._ahead = done = loop.create_future()
+        done.add_done_callback(_retrieve)
+        # Started on the next tick: the engine call the caller schedules now goes first.
+        loop.call_soon(self._start_ahead, done)
+
+    def _start_ahead(self, done: asyncio.Future[None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._commit_ahead())
+        task.add_done_callback(lambda t: _chain(t, done))
+
+    async def _commit_ahead(self) -> None:
+        start = time.perf_counter()
+        try:
+            async with self._lock:
+                await self._write()
+        finally:
+            self.ahead_commit_s += time.perf_counter() - start
+
+    async def durable(self) -> None:
+        """Until every intent started by :meth:`emit_ahead` is committed (at once when none is
+        pending). Raises SessionLogBroken from what its commit raised (SessionError
+        ``session_taken_over`` when the stream was fenced, else the store's error)."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        if not ahead.done():
+            start = time.perf_counter()
+            try:
+                await asyncio.wait((ahead,))  # a cancelled reader does not cancel the commit
+            finally:
+                self.durable_wait_s += time.perf_counter() - start
+        failure = ahead.exception()
+        if failure is not None:  # a new error each time: the commit's own is raised nowhere twice
+            raise SessionLogBroken(f"session {self.session_id!r}: a pipelined intent was not committed: "
+                                   f"{failure}") from failure
+        if self._ahead is ahead:
+            self._ahead = None  # commits run in order: every earlier intent is in too
+
+    def gated(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+        """``stream`` (an engine call's outputs), each item handed on only once every intent
+        started so far is durable (:meth:`durable`). When that commit fails, ``stream`` is
+        closed (vLLM aborts the request) and SessionLogBroken raised. With no intent pending an
+        item costs one attribute test (the stream's own awaitable is handed out)."""
+        return _Gated(self, stream, wait_first=not self.pipelined)
 
     def emit_later(self, *events: EventBase) -> None:
         """Apply ``events`` now; append them (in order) at the next flush."""

@@ -167,12 +167,12 @@ class TurnRunner:
         budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
         params = generation_params(self.config, budget)
         if not self.resident:
-            async for chunk in port0.generate(turn.request_id, prompt, params):
+            async for chunk in self.log.gated(port0.generate(turn.request_id, prompt, params)):
                 yield chunk
             return
         segment = StreamSegment(prompt, params)
         if kind == "initial":
-            self.stream.open(turn.request_id, port0.open_stream(turn.request_id, segment))
+            self.stream.open(turn.request_id, self.log.gated(port0.open_stream(turn.request_id, segment)))
         else:
             await port0.update_stream(turn.request_id, segment)
         while True:
@@ -216,7 +216,7 @@ class TurnRunner:
         tx_start = time.perf_counter()
         forwarded_ts = time.time()
         await self._run(Forward(forwarded_ts, turn.ref), turn)
-        stream = port1.generate(turn.request_id, text or " ", generation_params(config, budget, stage_id=1))
+        stream = self.log.gated(port1.generate(turn.request_id, text or " ", generation_params(config, budget, stage_id=1)))
         tx_ms = (time.perf_counter() - tx_start) * 1000.0
         self.log.emit_later(TransferTx(session_id=sid, ts=time.time(), from_stage=0, to_stage=1,
                                        request_id=turn.request_id, size_bytes=payload_bytes, tx_time_ms=tx_ms))

@@ -233,11 +233,14 @@ class CleanupHeld:
 # ------------------------------------------------------------------------------------- steps
 @dataclass(frozen=True, slots=True)
 class Record:
-    """Append ``events`` to the session's log (``durable``: write-ahead, committed before the
-    next step)."""
+    """Append ``events`` to the session's log. ``durable``: write-ahead, committed before the
+    next step. ``pipelined`` (with ``durable``): a submit's or forward's intent whose engine call
+    may start before the commit ends; nothing that call outputs is handed on before it is
+    durable (``engine_bridge.session_log.SessionLog.emit_ahead``/``gated``, issue 15)."""
 
     events: tuple[EventBase, ...]
     durable: bool = False
+    pipelined: bool = False
 
 
 @dataclass(frozen=True, slots=True)

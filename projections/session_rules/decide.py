@@ -269,7 +269,7 @@ def _(command: PrepareSubmit, state: SessionState) -> list[Step]:
 @_rule.register
 def _(command: Submit, state: SessionState) -> list[Step]:
     """Submit the turn's Stage0 request under the current fence, write-ahead (the intent is
-    durable before the engine call); an update when the resident stream is open. Replies
+    durable before any output of the engine call is handed on: pipelined); an update when the resident stream is open. Replies
     ``(TurnRef, kind)``."""
     request_id = state.stage0_id()
     turn = state.turn(request_id, command.response_id)
@@ -278,7 +278,7 @@ def _(command: Submit, state: SessionState) -> list[Step]:
         ActiveRequestBound(session_id=state.session_id, ts=command.ts, request_id=request_id),
         StageRequestSubmitted(session_id=state.session_id, ts=command.ts, stage_id=0, request_id=request_id,
                               fence=state.fence, kind=kind, resumable=state.resident,
-                              num_tokens_in=command.num_tokens_in)), durable=True)]
+                              num_tokens_in=command.num_tokens_in)), durable=True, pipelined=True)]
     if command.response_id is not None:
         steps += [Record((ResponseBegun(session_id=state.session_id, ts=command.ts, response_id=command.response_id,
                                         turn_id=turn.turn_id, request_id=request_id, commit_ts=command.commit_ts),)),
@@ -328,10 +328,10 @@ def _(command: Stage0Done, state: SessionState) -> list[Step]:
 @_rule.register
 def _(command: Forward, state: SessionState) -> list[Step]:
     """Stage1 gets Stage0's text under the SAME id, bound as key (1, X), under the turn's fence
-    (never a newer one, DOMAIN §3.1); write-ahead."""
+    (never a newer one, DOMAIN §3.1); write-ahead (pipelined, as a submit)."""
     return [Record((StageRequestForwarded(session_id=state.session_id, ts=command.ts, stage_id=1,
                                           request_id=command.turn.request_id, fence=command.turn.fence,
-                                          from_stage=0),), durable=True)]
+                                          from_stage=0),), durable=True, pipelined=True)]
 
 
 @_rule.register

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_bridge.session_log import FlushTicker, SessionLog
+import pytest
+
+from engine_bridge.session_log import FlushTicker, SessionLog, SessionLogBroken
 from events.store.store import EventStore
 from events.types import InputAppended, TurnCommitted
 
@@ -45,3 +47,59 @@ async def test_shared_ticker_commits_all_sessions_buffered_events_in_one_transac
         await ticker.aclose()
     finally:
         await store.close()
+
+
+class _HeldStore:
+    """A FAKE store whose appends wait for ``release`` and then succeed or raise ``fail``."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.release = asyncio.Event()
+        self.fail = fail
+        self.appended: list[str] = []
+
+    async def append(self, stream_id, events, expected_version=None):  # type: ignore[no-untyped-def]
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.appended += [e.type for e in events]
+        return list(range(len(events)))
+
+
+async def _items(n: int, closed: list[bool]):  # type: ignore[no-untyped-def]
+    try:
+        for i in range(n):
+            yield i
+    finally:
+        closed.append(True)
+
+
+async def test_gated_hands_nothing_on_before_the_pipelined_intent_commits() -> None:
+    store = _HeldStore()
+    log = SessionLog(store, "s", 0)  # type: ignore[arg-type]
+    log.emit_ahead(TurnCommitted(session_id="s", ts=1.0, turn_id=0))  # returns at once
+    got: list[int] = []
+    closed: list[bool] = []
+
+    async def read() -> None:
+        async for item in log.gated(_items(3, closed)):
+            got.append(item)
+
+    reader = asyncio.get_running_loop().create_task(read())
+    await asyncio.sleep(0.05)
+    assert got == [] and store.appended == []  # the item is held while the commit is pending
+    store.release.set()
+    await reader
+    assert got == [0, 1, 2] and store.appended == ["TurnCommitted"] and closed == [True]
+
+
+async def test_gated_closes_the_stream_and_raises_when_the_intent_commit_fails() -> None:
+    store = _HeldStore(fail=OSError("disk full"))
+    log = SessionLog(store, "s", 0)  # type: ignore[arg-type]
+    log.emit_ahead(TurnCommitted(session_id="s", ts=1.0, turn_id=0))
+    closed: list[bool] = []
+    store.release.set()
+    got: list[int] = []
+    with pytest.raises(SessionLogBroken, match="disk full"):
+        async for item in log.gated(_items(3, closed)):
+            got.append(item)
+    assert got == [] and closed == [True]
