@@ -76,11 +76,16 @@ def _no_chain(*_args: object) -> bytes:
     return bytes(32)
 
 
+def _no_pieces(*_args: object) -> None:
+    return None
+
+
 async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
                       chain: bool = True) -> tuple[float, str]:
-    """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link,
-    the SQLite ``events_no_replace`` trigger dropped), for --chain-cost."""
-    from events.store import planning
+    """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
+    pieces encoded before the lock, the SQLite ``events_no_replace`` trigger dropped), for
+    --chain-cost."""
+    from events.store import planning, rows
 
     url, path = fresh_url(root, f"store-{sync}-{per_call}-{'chain' if chain else 'plain'}")
     if path.exists():
@@ -89,12 +94,13 @@ async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: 
     if not chain:
         with sqlite3.connect(path) as conn:
             conn.execute("DROP TRIGGER events_no_replace")
-    linked = planning.row_hash
-    planning.row_hash = linked if chain else _no_chain  # type: ignore[assignment]
+    saved = planning.link, planning.row_pieces, rows.row_pieces
+    if not chain:
+        planning.link, planning.row_pieces, rows.row_pieces = _no_chain, _no_pieces, _no_pieces  # type: ignore[assignment]
     try:
         return await _bench_store(url, events, per_call, sync)
     finally:
-        planning.row_hash = linked
+        planning.link, planning.row_pieces, rows.row_pieces = saved
 
 
 async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: int, sync: str) -> tuple[float, str]:
