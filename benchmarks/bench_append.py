@@ -13,7 +13,8 @@ returns only once durable). Rows, all in one run on the same prepared events:
 * ``bare group commit``: the ceiling of W (:mod:`benchmarks.group_commit_ceiling`): 32
   producers, one writer thread, plain sqlite3, ``BEGIN IMMEDIATE`` + ``executemany`` of what is
   queued, each producer awaiting its own commit. The store's row is printed as a ratio to it,
-  both the median of ``--repeats`` alternating runs in this process.
+  both the median of ``--repeats`` alternating runs in this process; next to it the process
+  CPU per event (all threads), which a loaded machine distorts less than wall time.
 * read-back: ``EventStore.read_all`` decoding every event into its pydantic model, as a ratio
   to plain sqlite3 reading the rows plus ``json.loads`` of each payload (alternating, median).
 
@@ -81,7 +82,7 @@ def _no_pieces(*_args: object) -> None:
 
 
 async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
-                      chain: bool = True) -> tuple[float, str]:
+                      chain: bool = True) -> tuple[float, float, str]:
     """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
     pieces encoded before the lock, the SQLite ``events_no_replace`` trigger dropped), for
     --chain-cost."""
@@ -103,7 +104,9 @@ async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: 
         planning.link, planning.row_pieces, rows.row_pieces = saved
 
 
-async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: int, sync: str) -> tuple[float, str]:
+async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: int,
+                       sync: str) -> tuple[float, float, str]:
+    """(events/s, process CPU µs per event, the store's URL)."""
     store = await EventStore.open(url, synchronous=sync)  # type: ignore[arg-type]
     total = sum(len(v) for v in events.values())
 
@@ -111,12 +114,12 @@ async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: i
         for k in range(0, len(evs), per_call):
             await store.append(sid, evs[k : k + per_call], expected_version=k)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(session(sid, evs) for sid, evs in events.items()))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     assert await store.head_position() == total, "events lost"
     await store.close()
-    return total / elapsed, url
+    return total / elapsed, cpu_s / total * 1e6, url
 
 
 async def bench_read(url: str) -> float:
@@ -215,7 +218,8 @@ def bare_rows(events: dict[str, list[EventBase]]) -> dict[str, list[group_commit
     return out
 
 
-async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int, sync: str) -> float:
+async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int,
+                     sync: str) -> tuple[float, float]:
     url, path = fresh_url(root, f"bare-{sync}-{per_call}")
     if path.exists():
         path.unlink()
@@ -224,19 +228,24 @@ async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]]
 
 
 def paired(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
-           repeats: int) -> tuple[float, float, str]:
-    """(bare ceiling ev/s, store ev/s, a store URL): medians of ``repeats`` alternating runs."""
+           repeats: int) -> tuple[tuple[float, float], tuple[float, float], str]:
+    """((bare ceiling ev/s, CPU µs/ev), (store ev/s, CPU µs/ev), a store URL): medians of
+    ``repeats`` alternating runs."""
     rows = bare_rows(events)
-    rates: dict[str, list[float]] = {"bare": [], "store": []}
+    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "store": []}
     url = ""
     for r in range(repeats):
         for which in (("bare", "store") if r % 2 == 0 else ("store", "bare")):
             if which == "bare":
-                rates["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
+                runs["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
             else:
-                rate, url = asyncio.run(bench_store(root, events, per_call, sync))
-                rates["store"].append(rate)
-    return statistics.median(rates["bare"]), statistics.median(rates["store"]), url
+                rate, cpu_us, url = asyncio.run(bench_store(root, events, per_call, sync))
+                runs["store"].append((rate, cpu_us))
+
+    def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+    return medians(runs["bare"]), medians(runs["store"]), url
 
 
 def main() -> None:
@@ -259,7 +268,7 @@ def main() -> None:
     per_calls = [int(x) for x in args.per_call.split(",")]
     print(f"{args.sessions} sessions x {args.events} events, payload ~{size:.0f} bytes/event; "
           f"store vs bare group commit: median of {args.repeats} alternating repeats")
-    print(f"{'row':48} {'events/s':>12} {'ratio':>7}")
+    print(f"{'row':48} {'events/s':>12} {'ratio':>7} {'CPU µs/ev':>10} {'ratio':>7}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         read_url = None
@@ -268,10 +277,12 @@ def main() -> None:
                 print(f"{'sqlite3 executemany, 1 txn (insert ceiling) ' + sync:48} "
                       f"{bench_sqlite_ceiling(root, events, sync):12,.0f}")
             for pc in per_calls:
-                bare, rate, url = paired(root, events, pc, sync, args.repeats)
+                (bare, bare_cpu), (rate, cpu), url = paired(root, events, pc, sync, args.repeats)
                 read_url = read_url or url
-                print(f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f}")
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f}")
+                print(f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f} "
+                      f"{bare_cpu:10.1f} {1.0:7.2f}")
+                print(f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f} "
+                      f"{cpu:10.1f} {bare_cpu / cpu:7.2f}")
                 if not args.no_peer:
                     es = bench_eventsourcing(root, events, pc, sync)
                     print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f} {es / bare:7.2f}")
@@ -307,19 +318,23 @@ def read_back(url: str, repeats: int) -> tuple[float, float]:
 
 
 def chain_cost(args: argparse.Namespace) -> None:
-    """The store with and without the chain, interleaved (with first in even rounds), medians."""
+    """The store with and without the chain, interleaved (with first in even rounds), medians:
+    throughput and process CPU per event (all threads; less distorted by a loaded machine)."""
     events = make_events(args.sessions, args.events)
     print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds")
-    print(f"{'row':40} {'with chain':>12} {'without':>12} {'slowdown':>9}")
+    print(f"{'row':34} {'ev/s with':>10} {'without':>10} {'slowdown':>9} {'CPU µs/ev with':>15} {'without':>8} "
+          f"{'cost':>7}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for sync in args.sync.split(","):
             for pc in (int(x) for x in args.per_call.split(",")):
-                rates: dict[bool, list[float]] = {True: [], False: []}
+                runs: dict[bool, list[tuple[float, float, str]]] = {True: [], False: []}
                 for r in range(args.rounds):
                     for chain in ((True, False) if r % 2 == 0 else (False, True)):
-                        rates[chain].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain))[0])
-                on, off = statistics.median(rates[True]), statistics.median(rates[False])
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':40} {on:12,.0f} {off:12,.0f} {off / on - 1:9.1%}")
+                        runs[chain].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain)))
+                on, off = (statistics.median(x[0] for x in runs[c]) for c in (True, False))
+                cpu_on, cpu_off = (statistics.median(x[1] for x in runs[c]) for c in (True, False))
+                print(f"{f'duplex-ledger store {sync}, {pc}/call':34} {on:10,.0f} {off:10,.0f} {off / on - 1:9.1%} "
+                      f"{cpu_on:15.1f} {cpu_off:8.1f} {cpu_on / cpu_off - 1:7.1%}")
 
 
 if __name__ == "__main__":

@@ -110,6 +110,14 @@ class Backend:
         Exceptions roll the transaction back and propagate."""
         raise NotImplementedError
 
+    writer_thread: WriterThread | None = None
+    """The thread that owns the write connection, when the backend has one (SQLite): the
+    group commit then runs on it whole (:meth:`write_now`)."""
+
+    def write_now(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`run_write`, called on :attr:`writer_thread` itself (blocking)."""
+        raise NotImplementedError
+
     async def run_read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(sync_connection, *args)`` on a read connection."""
         async with self.reader.connect() as conn:
@@ -156,7 +164,7 @@ class SqliteBackend(Backend):
             path.parent.mkdir(parents=True, exist_ok=True)
         super().__init__(url, read_only=read_only)
         self._install_hooks(self.reader.sync_engine, begin=None, wal=False)  # autocommit reads
-        self._thread = WriterThread("duplex-ledger-sqlite-writer")
+        self._thread = self.writer_thread = WriterThread("duplex-ledger-sqlite-writer")
         self._write_engine: Engine | None = None
         self._write_conn: Connection | None = None
 
@@ -213,6 +221,10 @@ class SqliteBackend(Backend):
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
         self._refuse_if_read_only()
         return await self._thread.call(self._write_in_thread, fn, args)
+
+    def write_now(self, fn: Callable[..., T], *args: Any) -> T:
+        self._refuse_if_read_only()
+        return self._write_in_thread(fn, args)
 
     # The append transaction's statements go straight to the sqlite3 cursor of the
     # transaction's connection: SQLAlchemy's per-statement execution context cost ~60 µs

@@ -74,8 +74,7 @@ class AggregateRecorder:
         the StoreError that call alone failed with). Lock contention (``database is locked``,
         deadlock) is retried here for up to ``retry_deadline_s`` and never reaches a caller
         before that; any other database error propagates (nothing committed)."""
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = 0.005
+        deadline, delay = time.monotonic() + self.retry_deadline_s, 0.005
         while True:
             try:
                 try:
@@ -83,11 +82,31 @@ class AggregateRecorder:
                 except OptimisticConflict:
                     return await self.backend.run_write(self.write_in, calls, False)
             except Exception as exc:
-                self._forget_versions()
-                if not self.backend.is_transient(exc) or time.monotonic() > deadline:
-                    raise
+                self._check_retry(exc, deadline)
                 await asyncio.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 0.5)
+
+    def write_batch_blocking(self, calls: Sequence[AppendCall]) -> list[Outcome]:
+        """:meth:`write_batch` run on the backend's own writer thread (SQLite:
+        ``backend.write_now``), waiting between retries with ``time.sleep``."""
+        deadline, delay = time.monotonic() + self.retry_deadline_s, 0.005
+        while True:
+            try:
+                try:
+                    return self.backend.write_now(self.write_in, calls, True)
+                except OptimisticConflict:
+                    return self.backend.write_now(self.write_in, calls, False)
+            except Exception as exc:
+                self._check_retry(exc, deadline)
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    def _check_retry(self, exc: Exception, deadline: float) -> None:
+        """After a failed attempt: re-raise ``exc`` unless it is lock contention and the
+        deadline (``time.monotonic()``) has not passed."""
+        self._forget_versions()
+        if not self.backend.is_transient(exc) or time.monotonic() > deadline:
+            raise exc
 
     def write_in(self, conn: Connection, calls: Sequence[AppendCall], optimistic: bool = False) -> list[Outcome]:
         """Lock, plan and insert ``calls`` inside the open transaction on the sync ``conn``
