@@ -60,14 +60,8 @@ class NewRow:
         """The row of a typed event. Raises InvalidRow for an event built around validation
         (``model_construct``) whose ts or payload cannot be stored (NaN, lone surrogates)."""
         try:
-            return cls(
-                stream_id=event.session_id,
-                event_id=str(event.event_id),
-                type=event.type,  # type: ignore[attr-defined]
-                schema_version=event.schema_version,
-                ts_us=ts_to_us(event.ts),
-                data=payload_json(event),
-            )
+            return cls(event.session_id, str(event.event_id), event.type,  # type: ignore[attr-defined]
+                       event.schema_version, ts_to_us(event.ts), payload_json(event))
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
 

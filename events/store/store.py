@@ -125,7 +125,8 @@ class EventStore:
         for e in events:
             if e.session_id != stream_id:
                 raise ValueError(f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}")
-        _check_unique_ids(rows)
+        if len(rows) > 1:
+            _check_unique_ids(rows)
         result = await self._writer.submit(AppendCall(rows, stream_id, expected_version))
         return result.positions
 
