@@ -141,12 +141,12 @@ class ThreadGroupCommit:
     def _handle(self, calls: list[AppendCall]) -> list[tuple[bool, Any]]:
         return commit_isolated(self._write_batch, calls)
 
-    async def submit(self, call: AppendCall) -> CallResult:
-        """Queue ``call`` and wait until it is committed (as :meth:`GroupCommitWriter.submit`)."""
+    def submit(self, call: AppendCall) -> Awaitable[CallResult]:
+        """Queue ``call``; awaiting the result waits until it is committed (as
+        :meth:`GroupCommitWriter.submit`). Raises StoreClosed at once when closed."""
         if self._closed:
             raise StoreClosed("the event store is closed")
-        result: CallResult = await self._thread.group(self._handle, call, len(call.rows), self._after)
-        return result
+        return self._thread.group(self._handle, call, len(call.rows), self._after)
 
     async def close(self) -> None:
         """Stop accepting calls; those queued commit before the thread's next work."""
