@@ -20,7 +20,8 @@ returns only once durable). Rows, all in one run on the same prepared events:
 
 * ``--chain-cost``: instead, the store alone with and without the hash chain (issue 12: the
   SHA-256 link per row and the SQLite insert trigger refusing replacements), interleaved over
-  ``--rounds`` rounds; prints the medians and the slowdown.
+  ``--rounds`` rounds, in three arms (full chain, link only, neither); prints the medians of
+  process CPU per event and throughput, and the cost of the chain, the link and the trigger.
 
 Usage: ``.venv/bin/python benchmarks/bench_append.py [--sessions 32] [--events 400]
 [--per-call 1,8] [--sync FULL,NORMAL] [--repeats 3] [--no-peer] [--chain-cost --rounds 5]``. Needs the ``bench`` extra
@@ -82,17 +83,17 @@ def _no_pieces(*_args: object) -> None:
 
 
 async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
-                      chain: bool = True) -> tuple[float, float, str]:
+                      chain: bool = True, trigger: bool | None = None) -> tuple[float, float, str]:
     """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
     pieces encoded before the lock, the SQLite ``events_no_replace`` trigger dropped), for
-    --chain-cost."""
+    --chain-cost. ``trigger`` (default: as ``chain``) keeps or drops the trigger alone."""
     from events.store import planning, rows
 
     url, path = fresh_url(root, f"store-{sync}-{per_call}-{'chain' if chain else 'plain'}")
     if path.exists():
         path.unlink()
     await upgrade(url)
-    if not chain:
+    if not (chain if trigger is None else trigger):
         with sqlite3.connect(path) as conn:
             conn.execute("DROP TRIGGER events_no_replace")
     saved = planning.link, planning.row_pieces, rows.row_pieces
@@ -318,23 +319,31 @@ def read_back(url: str, repeats: int) -> tuple[float, float]:
 
 
 def chain_cost(args: argparse.Namespace) -> None:
-    """The store with and without the chain, interleaved (with first in even rounds), medians:
-    throughput and process CPU per event (all threads; less distorted by a loaded machine)."""
+    """The store with and without the chain, interleaved (rotating the arm order per round),
+    medians: throughput and process CPU per event (all threads; less distorted by a loaded
+    machine). Three arms split the cost: the full chain; the SHA-256 link alone (the
+    ``events_no_replace`` trigger dropped); neither."""
     events = make_events(args.sessions, args.events)
-    print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds")
-    print(f"{'row':34} {'ev/s with':>10} {'without':>10} {'slowdown':>9} {'CPU µs/ev with':>15} {'without':>8} "
-          f"{'cost':>7}")
+    arms = {"chain": (True, True), "link only": (True, False), "neither": (False, False)}
+    print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds; "
+          f"process CPU µs per event (ev/s)")
+    print(f"{'row':34} {'chain':>16} {'link only':>16} {'neither':>16} {'cost: chain':>12} {'link':>7} "
+          f"{'trigger':>8}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for sync in args.sync.split(","):
             for pc in (int(x) for x in args.per_call.split(",")):
-                runs: dict[bool, list[tuple[float, float, str]]] = {True: [], False: []}
+                runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in arms}
+                names = list(arms)
                 for r in range(args.rounds):
-                    for chain in ((True, False) if r % 2 == 0 else (False, True)):
-                        runs[chain].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain)))
-                on, off = (statistics.median(x[0] for x in runs[c]) for c in (True, False))
-                cpu_on, cpu_off = (statistics.median(x[1] for x in runs[c]) for c in (True, False))
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':34} {on:10,.0f} {off:10,.0f} {off / on - 1:9.1%} "
-                      f"{cpu_on:15.1f} {cpu_off:8.1f} {cpu_on / cpu_off - 1:7.1%}")
+                    for name in names[r % 3:] + names[:r % 3]:
+                        chain, trigger = arms[name]
+                        runs[name].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain, trigger)))
+                rate = {n: statistics.median(x[0] for x in runs[n]) for n in arms}
+                cpu = {n: statistics.median(x[1] for x in runs[n]) for n in arms}
+                cells = " ".join(f"{cpu[n]:7.1f} ({rate[n]:6,.0f})" for n in arms)
+                print(f"{f'duplex-ledger store {sync}, {pc}/call':34} {cells} "
+                      f"{cpu['chain'] / cpu['neither'] - 1:12.1%} {cpu['link only'] / cpu['neither'] - 1:7.1%} "
+                      f"{cpu['chain'] / cpu['link only'] - 1:8.1%}")
 
 
 if __name__ == "__main__":
