@@ -100,6 +100,10 @@ class WriterThread:
             else:
                 pending = nxt
                 break
+        batch = [g for g in batch if not g.future.cancelled()]  # as GroupCommitWriter: a call
+        # whose caller gave up before its batch began is not written
+        if not batch:
+            return pending
         try:
             results = first.handler([g.item for g in batch])
         except BaseException as exc:  # handed to every caller of the batch

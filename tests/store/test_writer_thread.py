@@ -71,3 +71,22 @@ async def test_the_size_bound_splits_a_batch() -> None:
     assert await asyncio.gather(*futures) == list(range(5))
     assert batches == [[0, 1, 2], [3, 4]]  # 2 + 2 + 2 rows reach the bound of 5
     await thread.stop()
+
+
+async def test_an_item_whose_caller_gave_up_before_its_batch_is_not_handled() -> None:
+    thread = WriterThread("test-writer")
+    gate = threading.Event()
+    handled: list[Any] = []
+
+    def handler(items: list[Any]) -> list[tuple[bool, Any]]:
+        handled.extend(items)
+        return [(True, i) for i in items]
+
+    blocker = asyncio.ensure_future(thread.call(gate.wait))
+    await asyncio.sleep(0.05)
+    dropped, kept = thread.group(handler, "dropped"), thread.group(handler, "kept")
+    dropped.cancel()
+    gate.set()
+    await blocker
+    assert await kept == "kept" and handled == ["kept"]
+    await thread.stop()
