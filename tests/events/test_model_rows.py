@@ -117,3 +117,17 @@ def test_event_id_is_the_same_uuid_as_validation_gives() -> None:
         assert fast is not None
         assert fast.event_id == reference.event_id and str(fast.event_id) == row.event_id
         assert hash(fast.event_id) == hash(reference.event_id) and fast.event_id.is_safe == reference.event_id.is_safe
+
+
+@pytest.mark.parametrize("ts", [72057594038.625, 9007199254.740993, 1757000000.123456, 253402300799.99997])
+def test_a_late_ts_reads_back_exactly(ts: float) -> None:
+    """ts_to_us is exact (round(ts * 1e6) lost the last digits past 2**53 µs: 72057594038.625
+    was stored as ...624992 µs and read back as 72057594038.62498)."""
+    from events.store.rows import NewRow
+    from events.types import EpochAdvanced, ts_to_us
+
+    event = EpochAdvanced(session_id="S", ts=ts, old_epoch=0, new_epoch=1)
+    row = NewRow.from_event(event)
+    assert row.ts_us / 1_000_000 == event.ts == ts and ts_to_us(ts) == row.ts_us
+    back = from_row_json(row.type, row.schema_version, row.stream_id, row.event_id, row.ts_us, row.data)
+    assert back == event
