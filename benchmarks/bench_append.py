@@ -13,13 +13,15 @@ returns only once durable). Rows, all in one run on the same prepared events:
 * ``bare group commit``: the ceiling of W (:mod:`benchmarks.group_commit_ceiling`): 32
   producers, one writer thread, plain sqlite3, ``BEGIN IMMEDIATE`` + ``executemany`` of what is
   queued, each producer awaiting its own commit. The store's row is printed as a ratio to it,
-  both the median of ``--repeats`` alternating runs in this process.
+  both the median of ``--repeats`` alternating runs in this process; next to it the process
+  CPU per event (all threads), which a loaded machine distorts less than wall time.
 * read-back: ``EventStore.read_all`` decoding every event into its pydantic model, as a ratio
   to plain sqlite3 reading the rows plus ``json.loads`` of each payload (alternating, median).
 
 * ``--chain-cost``: instead, the store alone with and without the hash chain (issue 12: the
   SHA-256 link per row and the SQLite insert trigger refusing replacements), interleaved over
-  ``--rounds`` rounds; prints the medians and the slowdown.
+  ``--rounds`` rounds, in three arms (full chain, link only, neither); prints the medians of
+  process CPU per event and throughput, and the cost of the chain, the link and the trigger.
 
 Usage: ``.venv/bin/python benchmarks/bench_append.py [--sessions 32] [--events 400]
 [--per-call 1,8] [--sync FULL,NORMAL] [--repeats 3] [--no-peer] [--chain-cost --rounds 5]``. Needs the ``bench`` extra
@@ -76,28 +78,36 @@ def _no_chain(*_args: object) -> bytes:
     return bytes(32)
 
 
+def _no_pieces(*_args: object) -> None:
+    return None
+
+
 async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
-                      chain: bool = True) -> tuple[float, str]:
-    """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link,
-    the SQLite ``events_no_replace`` trigger dropped), for --chain-cost."""
-    from events.store import planning
+                      chain: bool = True, trigger: bool | None = None) -> tuple[float, float, str]:
+    """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
+    pieces encoded before the lock, the SQLite ``events_no_replace`` trigger dropped), for
+    --chain-cost. ``trigger`` (default: as ``chain``) keeps or drops the trigger alone."""
+    from events.store import planning, rows
 
     url, path = fresh_url(root, f"store-{sync}-{per_call}-{'chain' if chain else 'plain'}")
     if path.exists():
         path.unlink()
     await upgrade(url)
-    if not chain:
+    if not (chain if trigger is None else trigger):
         with sqlite3.connect(path) as conn:
             conn.execute("DROP TRIGGER events_no_replace")
-    linked = planning.row_hash
-    planning.row_hash = linked if chain else _no_chain  # type: ignore[assignment]
+    saved = planning.link, planning.row_pieces, rows.row_pieces
+    if not chain:
+        planning.link, planning.row_pieces, rows.row_pieces = _no_chain, _no_pieces, _no_pieces  # type: ignore[assignment]
     try:
         return await _bench_store(url, events, per_call, sync)
     finally:
-        planning.row_hash = linked
+        planning.link, planning.row_pieces, rows.row_pieces = saved
 
 
-async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: int, sync: str) -> tuple[float, str]:
+async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: int,
+                       sync: str) -> tuple[float, float, str]:
+    """(events/s, process CPU µs per event, the store's URL)."""
     store = await EventStore.open(url, synchronous=sync)  # type: ignore[arg-type]
     total = sum(len(v) for v in events.values())
 
@@ -105,12 +115,12 @@ async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: i
         for k in range(0, len(evs), per_call):
             await store.append(sid, evs[k : k + per_call], expected_version=k)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(session(sid, evs) for sid, evs in events.items()))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     assert await store.head_position() == total, "events lost"
     await store.close()
-    return total / elapsed, url
+    return total / elapsed, cpu_s / total * 1e6, url
 
 
 async def bench_read(url: str) -> float:
@@ -209,7 +219,8 @@ def bare_rows(events: dict[str, list[EventBase]]) -> dict[str, list[group_commit
     return out
 
 
-async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int, sync: str) -> float:
+async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int,
+                     sync: str) -> tuple[float, float]:
     url, path = fresh_url(root, f"bare-{sync}-{per_call}")
     if path.exists():
         path.unlink()
@@ -218,19 +229,24 @@ async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]]
 
 
 def paired(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
-           repeats: int) -> tuple[float, float, str]:
-    """(bare ceiling ev/s, store ev/s, a store URL): medians of ``repeats`` alternating runs."""
+           repeats: int) -> tuple[tuple[float, float], tuple[float, float], str]:
+    """((bare ceiling ev/s, CPU µs/ev), (store ev/s, CPU µs/ev), a store URL): medians of
+    ``repeats`` alternating runs."""
     rows = bare_rows(events)
-    rates: dict[str, list[float]] = {"bare": [], "store": []}
+    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "store": []}
     url = ""
     for r in range(repeats):
         for which in (("bare", "store") if r % 2 == 0 else ("store", "bare")):
             if which == "bare":
-                rates["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
+                runs["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
             else:
-                rate, url = asyncio.run(bench_store(root, events, per_call, sync))
-                rates["store"].append(rate)
-    return statistics.median(rates["bare"]), statistics.median(rates["store"]), url
+                rate, cpu_us, url = asyncio.run(bench_store(root, events, per_call, sync))
+                runs["store"].append((rate, cpu_us))
+
+    def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+    return medians(runs["bare"]), medians(runs["store"]), url
 
 
 def main() -> None:
@@ -253,7 +269,7 @@ def main() -> None:
     per_calls = [int(x) for x in args.per_call.split(",")]
     print(f"{args.sessions} sessions x {args.events} events, payload ~{size:.0f} bytes/event; "
           f"store vs bare group commit: median of {args.repeats} alternating repeats")
-    print(f"{'row':48} {'events/s':>12} {'ratio':>7}")
+    print(f"{'row':48} {'events/s':>12} {'ratio':>7} {'CPU µs/ev':>10} {'ratio':>7}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         read_url = None
@@ -262,10 +278,12 @@ def main() -> None:
                 print(f"{'sqlite3 executemany, 1 txn (insert ceiling) ' + sync:48} "
                       f"{bench_sqlite_ceiling(root, events, sync):12,.0f}")
             for pc in per_calls:
-                bare, rate, url = paired(root, events, pc, sync, args.repeats)
+                (bare, bare_cpu), (rate, cpu), url = paired(root, events, pc, sync, args.repeats)
                 read_url = read_url or url
-                print(f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f}")
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f}")
+                print(f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f} "
+                      f"{bare_cpu:10.1f} {1.0:7.2f}")
+                print(f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f} "
+                      f"{cpu:10.1f} {bare_cpu / cpu:7.2f}")
                 if not args.no_peer:
                     es = bench_eventsourcing(root, events, pc, sync)
                     print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f} {es / bare:7.2f}")
@@ -301,19 +319,31 @@ def read_back(url: str, repeats: int) -> tuple[float, float]:
 
 
 def chain_cost(args: argparse.Namespace) -> None:
-    """The store with and without the chain, interleaved (with first in even rounds), medians."""
+    """The store with and without the chain, interleaved (rotating the arm order per round),
+    medians: throughput and process CPU per event (all threads; less distorted by a loaded
+    machine). Three arms split the cost: the full chain; the SHA-256 link alone (the
+    ``events_no_replace`` trigger dropped); neither."""
     events = make_events(args.sessions, args.events)
-    print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds")
-    print(f"{'row':40} {'with chain':>12} {'without':>12} {'slowdown':>9}")
+    arms = {"chain": (True, True), "link only": (True, False), "neither": (False, False)}
+    print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds; "
+          f"process CPU µs per event (ev/s)")
+    print(f"{'row':34} {'chain':>16} {'link only':>16} {'neither':>16} {'cost: chain':>12} {'link':>7} "
+          f"{'trigger':>8}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for sync in args.sync.split(","):
             for pc in (int(x) for x in args.per_call.split(",")):
-                rates: dict[bool, list[float]] = {True: [], False: []}
+                runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in arms}
+                names = list(arms)
                 for r in range(args.rounds):
-                    for chain in ((True, False) if r % 2 == 0 else (False, True)):
-                        rates[chain].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain))[0])
-                on, off = statistics.median(rates[True]), statistics.median(rates[False])
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':40} {on:12,.0f} {off:12,.0f} {off / on - 1:9.1%}")
+                    for name in names[r % 3:] + names[:r % 3]:
+                        chain, trigger = arms[name]
+                        runs[name].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain, trigger)))
+                rate = {n: statistics.median(x[0] for x in runs[n]) for n in arms}
+                cpu = {n: statistics.median(x[1] for x in runs[n]) for n in arms}
+                cells = " ".join(f"{cpu[n]:7.1f} ({rate[n]:6,.0f})" for n in arms)
+                print(f"{f'duplex-ledger store {sync}, {pc}/call':34} {cells} "
+                      f"{cpu['chain'] / cpu['neither'] - 1:12.1%} {cpu['link only'] / cpu['neither'] - 1:7.1%} "
+                      f"{cpu['chain'] / cpu['link only'] - 1:8.1%}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ Canonical bytes of a row (fixed forever; a change would be a new :data:`ALGORITH
 
 ``data`` is the payload text exactly as stored (compact JSON). Length prefixes make the
 encoding injective: no two different rows have the same bytes.
+
+Only ``position``, ``version`` and ``recorded_at_us`` are decided under the write lock. The
+store encodes the rest once, before the group commit (:func:`row_pieces`, on the caller's side),
+so the locked part is three 8-byte packs and one SHA-256 (:func:`link`, ~1 µs per row against
+~5 µs for :func:`row_hash`). Same bytes, same hashes: it is the same definition.
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ GENESIS = bytes(32)
 _QI = struct.Struct(">qI")
 _I = struct.Struct(">I")
 _QQQI = struct.Struct(">qqqI")
+_QQ = struct.Struct(">qq")
+_Q = struct.Struct(">q").pack
 _sha256 = hashlib.sha256
+Pieces = tuple[bytes, bytes, bytes]
 
 
 def canonical_bytes(position: int, stream_id: str, version: int, event_id: str, type_: str, schema_version: int,
@@ -57,6 +65,21 @@ def hash_of(previous: bytes, row: Any) -> bytes:
     """:func:`row_hash` of any object with the row's nine fields as attributes (``StoredRow``)."""
     return row_hash(previous, row.position, row.stream_id, row.version, row.event_id, row.type,
                     row.schema_version, row.ts_us, row.recorded_at_us, row.data)
+
+
+def row_pieces(stream_id: str, event_id: str, type_: str, schema_version: int, ts_us: int, data: str) -> Pieces:
+    """The canonical bytes without ``position``, ``version`` and ``recorded_at_us``, as the three
+    runs between them: ``str(stream_id)``; ``str(event_id) ‖ str(type) ‖ i64(schema_version) ‖
+    i64(ts_us)``; ``str(data)``. Raises struct.error for an integer outside signed 64 bits."""
+    s, e, t, d = stream_id.encode(), event_id.encode(), type_.encode(), data.encode()
+    return (_I.pack(len(s)) + s, b"".join((_I.pack(len(e)), e, _I.pack(len(t)), t, _QQ.pack(schema_version, ts_us))),
+            _I.pack(len(d)) + d)
+
+
+def link(previous: bytes, position: int, version: int, recorded_at_us: int, pieces: Pieces) -> bytes:
+    """:func:`row_hash` of the row whose :func:`row_pieces` are ``pieces`` (the same 32 bytes)."""
+    a, b, c = pieces
+    return _sha256(b"".join((previous, _Q(position), a, _Q(version), b, _Q(recorded_at_us), c))).digest()
 
 
 def chain(rows: Iterable[tuple[Any, ...]], previous: bytes = GENESIS) -> Iterator[bytes]:

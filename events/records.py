@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from events.types import EventBase, event_class, ts_to_us, us_to_ts
+from events.model_rows import model_from_row
 from events.structs import decode_payload
 from events.upcasting import upcast
 
@@ -76,9 +77,21 @@ def from_record(
 def from_row_json(
     type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
 ) -> EventBase:
-    """:func:`from_record` for a stored row whose payload is still JSON text. Rows of the
-    current version are validated straight from JSON by pydantic-core; older rows go through
-    the upcasters."""
+    """:func:`from_record` for a stored row whose payload is still JSON text. A current-version
+    row is built from its read-side twin without a second validation where that provably
+    gives the validated model (:func:`events.model_rows.model_from_row`), else validated
+    straight from JSON by pydantic-core (:func:`validate_row_json`); older rows go through the
+    upcasters."""
+    return (model_from_row(type_name, schema_version, stream_id, str(event_id), ts_us, data_json)
+            or validate_row_json(type_name, schema_version, stream_id, event_id, ts_us, data_json))
+
+
+def validate_row_json(
+    type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
+) -> EventBase:
+    """:func:`from_row_json` always through pydantic validation (the reference path; raises
+    UnknownEventType, FutureSchemaVersion, MissingUpcaster, ValidationError, or ValueError for
+    a payload key overriding the envelope)."""
     cls = event_class(type_name)
     if schema_version != cls.SCHEMA_VERSION:
         return from_record(type_name, schema_version, stream_id, event_id, ts_us, json.loads(data_json))

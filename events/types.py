@@ -65,7 +65,7 @@ def ts_from_any(value: Any) -> float:
             raise ValueError(f"ts {short_number(value)} is outside {_TS_RANGE}") from None
         if not math.isfinite(f):
             raise ValueError(f"ts must be finite epoch seconds, got {value!r}")
-        return _in_range(round(f * 1_000_000) / 1_000_000, value)
+        return _in_range(ts_to_us(f) / 1_000_000, value)
     raise ValueError(f"ts must be epoch seconds or an ISO-8601 time, got {value!r}")
 
 
@@ -80,8 +80,12 @@ def _in_range(ts: float, given: Any) -> float:
 
 
 def ts_to_us(ts: float) -> int:
-    """Epoch seconds -> integer microseconds (exact for values produced by ts_from_any)."""
-    return round(ts * 1_000_000)
+    """Epoch seconds -> integer microseconds, the float's exact value rounded to the nearest µs
+    (``round(ts * 1e6)`` loses the last digits once the product passes 2**53, i.e. after the
+    year 2255: 72057594038.625 gave ...624992). ``ts_to_us(t) / 1_000_000`` (int / int,
+    correctly rounded) gives ``t`` back for every value :func:`ts_from_any` produces."""
+    whole = math.floor(ts)
+    return whole * 1_000_000 + round((ts - whole) * 1_000_000)  # the fraction of a float is exact
 
 
 def us_to_ts(us: int) -> float:
@@ -158,8 +162,7 @@ class EventBase(LimitedModel):
     @field_validator("ts", mode="before")
     @classmethod
     def _normalise_ts(cls, v: Any) -> float:
-        if (type(v) is float and 0 <= v <= _MAX_TS and round(v * 1_000_000) == v * 1_000_000
-                and ts_to_us(v) <= MAX_TS_US):
+        if type(v) is float and 0 <= v <= _MAX_TS and (us := ts_to_us(v)) <= MAX_TS_US and us / 1_000_000 == v:
             return v  # already exact to the microsecond and in range (the store's read path)
         return ts_from_any(v)
 

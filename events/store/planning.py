@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from events.chain import GENESIS, row_hash
+from events.chain import GENESIS, link, row_pieces
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.rows import NewRow
 
@@ -147,8 +147,8 @@ def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
     state.existing[row.event_id] = Existing(row.stream_id, version, state.head, row.type, row.schema_version,
                                             row.ts_us, row.data)
     recorded_at_us = now_us if row.recorded_at_us is None else row.recorded_at_us
-    state.head_hash = row_hash(state.head_hash, state.head, row.stream_id, version, row.event_id, row.type,
-                               row.schema_version, row.ts_us, recorded_at_us, row.data)
+    pieces = row.pieces or row_pieces(row.stream_id, row.event_id, row.type, row.schema_version, row.ts_us, row.data)
+    state.head_hash = link(state.head_hash, state.head, version, recorded_at_us, pieces)
     state.inserts.append(
         (
             state.head,

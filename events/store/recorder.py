@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 import time
 from collections.abc import Sequence
 
@@ -35,7 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from events.store.backends import HEAD, Backend
-from events.store.errors import StoreError
+from events.store.errors import ConcurrencyError, StoreError
 from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call
 from events.store.rows import StoredRow
 from events.store.schema import events
@@ -43,6 +44,10 @@ from events.store.schema import events
 _IN_CHUNK = 900  # bound on parameters per IN (...) list
 _MAX_CACHED_STREAMS = 100_000
 Outcome = CallResult | StoreError
+
+
+class OptimisticConflict(Exception):
+    """An optimistic batch hit a stored event id: roll back and plan it with the ids looked up."""
 
 
 def _chunks(items: Sequence[str]) -> list[Sequence[str]]:
@@ -69,36 +74,79 @@ class AggregateRecorder:
         the StoreError that call alone failed with). Lock contention (``database is locked``,
         deadlock) is retried here for up to ``retry_deadline_s`` and never reaches a caller
         before that; any other database error propagates (nothing committed)."""
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = 0.005
+        deadline, delay = time.monotonic() + self.retry_deadline_s, 0.005
         while True:
             try:
-                return await self.backend.run_write(self.write_in, calls)
+                try:
+                    return await self.backend.run_write(self.write_in, calls, True)
+                except OptimisticConflict:
+                    return await self.backend.run_write(self.write_in, calls, False)
             except Exception as exc:
-                self._forget_versions()
-                if not self.backend.is_transient(exc) or time.monotonic() > deadline:
-                    raise
+                self._check_retry(exc, deadline)
                 await asyncio.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 0.5)
 
-    def write_in(self, conn: Connection, calls: Sequence[AppendCall]) -> list[Outcome]:
+    def write_batch_blocking(self, calls: Sequence[AppendCall]) -> list[Outcome]:
+        """:meth:`write_batch` run on the backend's own writer thread (SQLite:
+        ``backend.write_now``), waiting between retries with ``time.sleep``."""
+        deadline, delay = time.monotonic() + self.retry_deadline_s, 0.005
+        while True:
+            try:
+                try:
+                    return self.backend.write_now(self.write_in, calls, True)
+                except OptimisticConflict:
+                    return self.backend.write_now(self.write_in, calls, False)
+            except Exception as exc:
+                self._check_retry(exc, deadline)
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    def _check_retry(self, exc: Exception, deadline: float) -> None:
+        """After a failed attempt: re-raise ``exc`` unless it is lock contention and the
+        deadline (``time.monotonic()``) has not passed."""
+        self._forget_versions()
+        if not self.backend.is_transient(exc) or time.monotonic() > deadline:
+            raise exc
+
+    def write_in(self, conn: Connection, calls: Sequence[AppendCall], optimistic: bool = False) -> list[Outcome]:
         """Lock, plan and insert ``calls`` inside the open transaction on the sync ``conn``
-        (commit is the caller's job). Tests holding a transaction open call it directly."""
+        (commit is the caller's job). Tests holding a transaction open call it directly.
+
+        ``optimistic`` (no bulk call in the batch): plan without looking up the event ids,
+        since a new event's id is not stored yet — one query less per batch. A call refused
+        for its version (a retry after a lost acknowledgement carries a stale one) makes the
+        batch look the ids up and plan again; an insert refused by the database (a stored id
+        re-sent with a matching version) raises :class:`OptimisticConflict`, after which the
+        caller rolls back and runs the batch again with ``optimistic=False``."""
         self.backend.lock_for_append(conn)
-        state = self._load_state(conn, calls)
+        optimistic = optimistic and not any(c.bulk for c in calls)
         now_us = time.time_ns() // 1000
+        state, outcomes = self._plan(conn, calls, now_us, lookup=not optimistic)
+        if optimistic and any(type(o) is ConcurrencyError for o in outcomes):
+            state, outcomes = self._plan(conn, calls, now_us, lookup=True)
+            optimistic = False
+        if state.inserts:
+            try:
+                self.backend.insert_rows(conn, state.inserts)
+            except Exception as exc:
+                if optimistic and isinstance(exc, (sa.exc.IntegrityError, sqlite3.IntegrityError)):
+                    raise OptimisticConflict("an event id of the batch is already stored") from exc
+                raise
+        self._remember_versions(state)
+        return outcomes
+
+    def _plan(self, conn: Connection, calls: Sequence[AppendCall], now_us: int, *,
+              lookup: bool) -> tuple[BatchState, list[Outcome]]:
+        state = self._load_state(conn, calls, lookup=lookup)
         outcomes: list[Outcome] = []
         for call in calls:
             try:
                 outcomes.append(plan_call(state, call, now_us))
             except StoreError as exc:
                 outcomes.append(exc)
-        if state.inserts:
-            self.backend.insert_rows(conn, state.inserts)
-        self._remember_versions(state)
-        return outcomes
+        return state, outcomes
 
-    def _load_state(self, conn: Connection, calls: Sequence[AppendCall]) -> BatchState:
+    def _load_state(self, conn: Connection, calls: Sequence[AppendCall], *, lookup: bool = True) -> BatchState:
         backend = self.backend
         head, head_hash = backend.select_tip(conn)
         if head != self._versions_head:
@@ -107,7 +155,7 @@ class AggregateRecorder:
         state = BatchState(head=head, head_hash=head_hash, versions={s: self._versions[s] for s in streams if s in self._versions})
         for chunk in _chunks(sorted(streams - state.versions.keys())):
             state.versions.update(backend.select_versions(conn, chunk))
-        for chunk in _chunks([r.event_id for c in calls for r in c.rows]):
+        for chunk in _chunks([r.event_id for c in calls for r in c.rows] if lookup else []):
             for eid, *stored in backend.select_existing(conn, chunk):
                 state.existing[eid] = Existing(*stored)
         return state

@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from pydantic_core import PydanticSerializationError
 
+from events.chain import Pieces, row_pieces
 from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US
 from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
 from events.store.errors import InvalidRow
@@ -49,20 +51,17 @@ class NewRow:
     data: str
     version: int | None = None  # required landing version (bulk import), else None
     recorded_at_us: int | None = None  # None = stamped by the store at commit
+    # The hash chain's position-independent bytes (events.chain.row_pieces), set by check():
+    # encoded on the caller's side, so the write lock only links them (issue 15).
+    pieces: Pieces | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_event(cls, event: EventBase) -> "NewRow":
         """The row of a typed event. Raises InvalidRow for an event built around validation
         (``model_construct``) whose ts or payload cannot be stored (NaN, lone surrogates)."""
         try:
-            return cls(
-                stream_id=event.session_id,
-                event_id=str(event.event_id),
-                type=event.type,  # type: ignore[attr-defined]
-                schema_version=event.schema_version,
-                ts_us=ts_to_us(event.ts),
-                data=payload_json(event),
-            )
+            return cls(event.session_id, str(event.event_id), event.type,  # type: ignore[attr-defined]
+                       event.schema_version, ts_to_us(event.ts), payload_json(event))
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
 
@@ -70,7 +69,9 @@ class NewRow:
         """Raise :class:`InvalidRow` unless the store reads this row back identically (DOMAIN
         §5.7 D12): ``ts`` and ``recorded_at`` within 1970 … 9999 UTC, a stream id without NUL,
         a ``version`` within 64 bits. The models refuse such values already; this guards rows
-        built around them (``model_construct``, hand-made ImportRows) before the group commit."""
+        built around them (``model_construct``, hand-made ImportRows) before the group commit.
+        Also encodes :attr:`pieces` (left None for an integer beyond 64 bits or text that is not
+        UTF-8: the writer then refuses the row as before)."""
         for name, us in (("ts", self.ts_us), ("recorded_at", self.recorded_at_us)):
             if us is not None and not MIN_TS_US <= us <= MAX_TS_US:
                 raise InvalidRow(f"event {self.event_id}: {name} ({us} µs) is outside 1970 … 9999 UTC")
@@ -78,6 +79,11 @@ class NewRow:
             raise InvalidRow(f"event {self.event_id}: the stream id contains a NUL character")
         if self.version is not None and not 1 <= self.version <= INT64_MAX:
             raise InvalidRow(f"event {self.event_id}: version {self.version} is outside 1 … {INT64_MAX}")
+        try:
+            object.__setattr__(self, "pieces", row_pieces(self.stream_id, self.event_id, self.type, self.schema_version,
+                                                          self.ts_us, self.data))
+        except (struct.error, UnicodeEncodeError):
+            pass
         return self
 
     @classmethod

@@ -24,7 +24,7 @@ from events.store.planning import AppendCall
 from events.store.recorder import SubscribableRecorder
 from events.store.rows import ImportRow, NewRow, StoredRow, decode_rows
 from events.store.url import backend_of, resolve_url
-from events.store.writer import GroupCommitWriter
+from events.store.writer import GroupCommitWriter, ThreadGroupCommit
 from events.types import EventBase
 
 
@@ -47,7 +47,12 @@ class EventStore:
     def __init__(self, url: str, recorder: SubscribableRecorder, *, max_batch_rows: int = 4000) -> None:
         self.url = url
         self.recorder = recorder
-        self._writer = GroupCommitWriter(recorder.write_batch, max_batch_rows=max_batch_rows)
+        thread = recorder.backend.writer_thread
+        if thread is not None:
+            thread.max_group_size = max_batch_rows
+        self._writer: GroupCommitWriter | ThreadGroupCommit = (
+            GroupCommitWriter(recorder.write_batch, max_batch_rows=max_batch_rows) if thread is None
+            else ThreadGroupCommit(thread, recorder.write_batch_blocking, recorder.committed.fire))
 
     @classmethod
     async def open(
@@ -120,7 +125,8 @@ class EventStore:
         for e in events:
             if e.session_id != stream_id:
                 raise ValueError(f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}")
-        _check_unique_ids(rows)
+        if len(rows) > 1:
+            _check_unique_ids(rows)
         result = await self._writer.submit(AppendCall(rows, stream_id, expected_version))
         return result.positions
 

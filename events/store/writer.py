@@ -11,6 +11,11 @@ planner already confines to its call), each call of it is retried in a transacti
 own, so only the call at fault fails — with :class:`AppendFailed` carrying the driver's
 reason — and its neighbours commit (issue 11: one bad append must not fail a live session's
 neighbours).
+
+:class:`ThreadGroupCommit` keeps the same contract for a backend that owns a writer thread
+(SQLite): batching, planning, committing and the isolation retries all run on that thread
+(:meth:`WriterThread.group`), and one loop callback per batch resolves its callers (issue 15:
+the loop-side writer task cost a task wake-up, a future and a queue hop per batch).
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from typing import Any
 
 from events.store.errors import AppendFailed, StoreClosed, StoreError
 from events.store.planning import AppendCall, CallResult
+from events.store.writer_thread import WriterThread
 
 WriteBatch = Callable[[Sequence[AppendCall]], Awaitable[list[Any]]]
+BlockingWriteBatch = Callable[[Sequence[AppendCall]], list[Any]]
 
 
 class GroupCommitWriter:
@@ -107,3 +114,40 @@ def append_failed(exc: BaseException) -> AppendFailed:
     failed = AppendFailed(f"the database refused the append: {type(exc).__name__}: {reason[0][:300]}")
     failed.__cause__ = exc
     return failed
+
+
+def commit_isolated(write_batch: BlockingWriteBatch, calls: list[AppendCall]) -> list[tuple[bool, Any]]:
+    """``write_batch(calls)`` as ``(ok, value)`` per call; when the database refuses the whole
+    batch, each call runs alone so that only the call at fault fails (module doc)."""
+    try:
+        outcomes = write_batch(calls)
+    except Exception as exc:
+        if len(calls) > 1:
+            return [result for call in calls for result in commit_isolated(write_batch, [call])]
+        return [(False, exc if isinstance(exc, StoreError) else append_failed(exc))]
+    return [(not isinstance(o, BaseException), o) for o in outcomes]
+
+
+class ThreadGroupCommit:
+    """:class:`GroupCommitWriter`'s contract, run on ``thread`` (module doc). ``after`` runs on
+    the loop after each batch (the commit signal)."""
+
+    def __init__(self, thread: WriterThread, write_batch: BlockingWriteBatch, after: Callable[[], None]) -> None:
+        self._thread = thread
+        self._write_batch = write_batch
+        self._after = after
+        self._closed = False
+
+    def _handle(self, calls: list[AppendCall]) -> list[tuple[bool, Any]]:
+        return commit_isolated(self._write_batch, calls)
+
+    def submit(self, call: AppendCall) -> Awaitable[CallResult]:
+        """Queue ``call``; awaiting the result waits until it is committed (as
+        :meth:`GroupCommitWriter.submit`). Raises StoreClosed at once when closed."""
+        if self._closed:
+            raise StoreClosed("the event store is closed")
+        return self._thread.group(self._handle, call, len(call.rows), self._after)
+
+    async def close(self) -> None:
+        """Stop accepting calls; those queued commit before the thread's next work."""
+        self._closed = True

@@ -3,8 +3,13 @@
 :meth:`WriterThread.call` hands ``fn(*args)`` to the thread through a ``queue.SimpleQueue``
 and awaits an asyncio future that the thread resolves with one ``call_soon_threadsafe``.
 That is the whole hop: no ``concurrent.futures`` work item, no chained future, no executor
-bookkeeping (``run_in_executor`` cost two extra loop callbacks and a lock per write; the
-SQLite group commit pays the hop once per transaction, issue 15).
+bookkeeping (``run_in_executor`` cost two extra loop callbacks and a lock per write).
+
+:meth:`WriterThread.group` is the group commit's hop (issue 15): items queued for the same
+handler are taken together by the thread — everything queued while it was busy, up to a size
+bound — handed to ``handler(items)`` in one call, and all their futures are resolved by ONE
+loop callback. Batching, planning and committing thus run entirely on the thread; the loop
+only queues an item and later runs one callback per batch.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+Handler = Callable[[list[Any]], Sequence[tuple[bool, Any]]]
+_STOP = object()
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -27,20 +34,46 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
         future.set_exception(value)
 
 
+def _settle_all(futures: list[asyncio.Future[Any]], results: Sequence[tuple[bool, Any]],
+                after: Callable[[], None] | None) -> None:
+    for future, (ok, value) in zip(futures, results):
+        if not future.done():
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+    if after is not None:
+        after()
+
+
+class _Grouped:
+    __slots__ = ("loop", "future", "handler", "item", "size", "after")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], handler: Handler, item: Any,
+                 size: int, after: Callable[[], None] | None) -> None:
+        self.loop, self.future, self.handler, self.item, self.size, self.after = loop, future, handler, item, size, after
+
+
 class WriterThread:
     """A started-on-demand daemon thread running submitted calls in submission order."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, max_group_size: int = 4000) -> None:
         self._name = name
+        self.max_group_size = max_group_size
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def _main(self) -> None:
         inbox = self._inbox
+        pending = None
         while True:
-            item = inbox.get()
-            if item is None:
+            item = inbox.get() if pending is None else pending
+            pending = None
+            if item is _STOP:
                 return
+            if type(item) is _Grouped:
+                pending = self._run_group(item)
+                continue
             loop, future, fn, args = item
             try:
                 result = (True, fn(*args))
@@ -51,20 +84,66 @@ class WriterThread:
             except RuntimeError:  # the loop is closed: nobody awaits the result any more
                 pass
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the thread; its result or exception. A cancelled caller does not
-        stop a call already running (a transaction in flight completes or rolls back)."""
+    def _run_group(self, first: _Grouped) -> Any:
+        """Take ``first`` and the items queued behind it for the same handler and loop (up to
+        the size bound), run the handler once, settle them with one loop callback. Returns an
+        item taken from the queue that belongs to something else (run next), or None."""
+        batch, size, pending = [first], first.size, None
+        while size < self.max_group_size:
+            try:
+                nxt = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if type(nxt) is _Grouped and nxt.handler == first.handler and nxt.loop is first.loop:
+                batch.append(nxt)
+                size += nxt.size
+            else:
+                pending = nxt
+                break
+        batch = [g for g in batch if not g.future.cancelled()]  # as GroupCommitWriter: a call
+        # whose caller gave up before its batch began is not written
+        if not batch:
+            return pending
+        try:
+            results = first.handler([g.item for g in batch])
+        except BaseException as exc:  # handed to every caller of the batch
+            results = [(False, exc)] * len(batch)
+        try:
+            first.loop.call_soon_threadsafe(_settle_all, [g.future for g in batch], results, first.after)
+        except RuntimeError:  # the loop is closed
+            pass
+        return pending
+
+    def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
             self._thread.start()
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread; its result or exception. A cancelled caller does not
+        stop a call already running (a transaction in flight completes or rolls back)."""
+        self._start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._inbox.put((loop, future, fn, args))
         return await future
 
+    def group(self, handler: Handler, item: Any, size: int = 1,
+              after: Callable[[], None] | None = None) -> asyncio.Future[Any]:
+        """Queue ``item`` for ``handler``; the future of its own result (await it on the
+        running loop). ``handler(items)`` runs on the thread with every item queued for it at
+        the time (up to ``max_group_size`` in sizes) and returns one ``(ok, value)`` per item:
+        the value, or the exception to raise. ``after`` runs on the loop once the batch's
+        futures are settled. A plain function, not a coroutine: one frame less per append."""
+        self._start()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._inbox.put(_Grouped(loop, future, handler, item, size, after))
+        return future
+
     async def stop(self) -> None:
         """Let queued calls finish, then end the thread."""
         if self._thread is not None:
-            self._inbox.put(None)
+            self._inbox.put(_STOP)
             await asyncio.to_thread(self._thread.join)
             self._thread = None

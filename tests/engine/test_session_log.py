@@ -19,14 +19,14 @@ def _appended(sid: str, ts: float) -> InputAppended:
 async def test_shared_ticker_commits_all_sessions_buffered_events_in_one_transaction(sqlite_url: str) -> None:
     store = await EventStore.open(sqlite_url, create=True, synchronous="NORMAL")
     transactions: list[int] = []
-    backend = store.recorder.backend
-    run_write = backend.run_write
+    recorder = store.recorder
+    write_in = recorder.write_in
 
-    async def counting(fn, calls):  # type: ignore[no-untyped-def]
-        transactions.append(len(calls))
-        return await run_write(fn, calls)
+    def counting(conn, calls, *args):  # type: ignore[no-untyped-def]
+        transactions.append(len(calls))  # write_in runs once per append transaction
+        return write_in(conn, calls, *args)
 
-    backend.run_write = counting  # type: ignore[method-assign]
+    recorder.write_in = counting  # type: ignore[method-assign]
     try:
         ticker = FlushTicker(0.3)
         logs = [SessionLog(store, f"s{i}", 0, ticker=ticker) for i in range(8)]

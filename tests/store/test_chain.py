@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events import jsonl
-from events.chain import GENESIS, canonical_bytes, hash_of
+from events.chain import GENESIS, canonical_bytes, hash_of, link, row_hash, row_pieces
 from events.store import EventStore, ImportRow, migrate
 from events.store.rows import StoredRow
 from reports.cli_verify import head_digest, verify_store
@@ -28,6 +28,19 @@ def test_canonical_bytes_are_length_prefixed_and_fixed() -> None:
                  + b"\x00\x00\x00\x08" + '{"ü":1}'.encode())
     # a field boundary cannot move: ("ab", "c") and ("a", "bc") differ
     assert canonical_bytes(1, "ab", 1, "c", "T", 1, 0, 0, "") != canonical_bytes(1, "a", 1, "bc", "T", 1, 0, 0, "")
+
+
+@pytest.mark.parametrize("row", [
+    (1, "S", 2, "e", "T", 1, -5, 7, '{"ü":1}'),
+    (2**62, "sessiön-\U0001f600", 2**63 - 1, "00000000-0000-0000-0000-000000000001", "StageOutput", 2, 0, -1, ""),
+    (3, "", 1, "", "", 0, 2**63 - 1, -(2**63), '{"a":[1,2.5,null]}' * 50),
+])
+def test_pieces_linked_under_the_lock_give_the_row_hash(row: tuple) -> None:
+    """The writer links pieces encoded before the lock: the same bytes as canonical_bytes."""
+    position, stream, version, event_id, type_, schema_version, ts_us, recorded_at_us, data = row
+    pieces = row_pieces(stream, event_id, type_, schema_version, ts_us, data)
+    for previous in (GENESIS, bytes(range(32))):
+        assert link(previous, position, version, recorded_at_us, pieces) == row_hash(previous, *row)
 
 
 async def _rows(store: EventStore) -> list[StoredRow]:

@@ -65,6 +65,22 @@ async def test_reappend_same_ids_is_idempotent(store: EventStore) -> None:
     assert await store.head_position() == 4
 
 
+async def test_resent_ids_in_a_group_commit_return_their_positions_and_spare_neighbours(store: EventStore) -> None:
+    """The writer plans without looking ids up; a re-sent stored id (no version check, or a
+    stale one) is caught and the batch planned again — each call still gets its own answer."""
+    batch = turns("S1", 2)
+    first = await store.append("S1", batch)
+    outcomes = await asyncio.gather(
+        store.append("S1", batch), store.append("S2", turns("S2", 1)), store.append("S1", batch, expected_version=0),
+        store.append("S1", [batch[0], turn("S1", 9)]), store.append("S3", turns("S3", 2), expected_version=0),
+        return_exceptions=True)
+    assert outcomes[0] == outcomes[2] == first
+    assert isinstance(outcomes[3], EventIdConflict)
+    assert len(outcomes[1]) == 1 and len(outcomes[4]) == 2  # type: ignore[arg-type]
+    assert await store.head_position() == 5
+    assert [e.version for e in await store.read_stream("S3")] == [1, 2]
+
+
 async def test_partial_reappend_is_refused(store: EventStore) -> None:
     batch = turns("S1", 2)
     await store.append("S1", batch)
