@@ -35,10 +35,10 @@ import asyncio
 import json
 import sqlite3
 import statistics
+import sys
 import tempfile
 import threading
 import time
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -61,8 +61,13 @@ def make_events(sessions: int, per_session: int) -> dict[str, list[EventBase]]:
         sid = f"bench-session-{s:02d}"
         out[sid] = [
             StageOutput(
-                session_id=sid, ts=1757000000 + k / 1000, stage_id=0, request_id=REQUEST_ID,
-                num_new_tokens=3, text_delta=f"token chunk {k:05d} ", model_turn_id=k // 50,
+                session_id=sid,
+                ts=1757000000 + k / 1000,
+                stage_id=0,
+                request_id=REQUEST_ID,
+                num_new_tokens=3,
+                text_delta=f"token chunk {k:05d} ",
+                model_turn_id=k // 50,
             )
             for k in range(per_session)
         ]
@@ -82,8 +87,14 @@ def _no_pieces(*_args: object) -> None:
     return None
 
 
-async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
-                      chain: bool = True, trigger: bool | None = None) -> tuple[float, float, str]:
+async def bench_store(
+    root: Path,
+    events: dict[str, list[EventBase]],
+    per_call: int,
+    sync: str,
+    chain: bool = True,
+    trigger: bool | None = None,
+) -> tuple[float, float, str]:
     """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
     pieces encoded before the lock, the SQLite ``events_no_replace`` trigger dropped), for
     --chain-cost. ``trigger`` (default: as ``chain``) keeps or drops the trigger alone."""
@@ -105,8 +116,9 @@ async def bench_store(root: Path, events: dict[str, list[EventBase]], per_call: 
         planning.link, planning.row_pieces, rows.row_pieces = saved
 
 
-async def _bench_store(url: str, events: dict[str, list[EventBase]], per_call: int,
-                       sync: str) -> tuple[float, float, str]:
+async def _bench_store(
+    url: str, events: dict[str, list[EventBase]], per_call: int, sync: str
+) -> tuple[float, float, str]:
     """(events/s, process CPU µs per event, the store's URL)."""
     store = await EventStore.open(url, synchronous=sync)  # type: ignore[arg-type]
     total = sum(len(v) for v in events.values())
@@ -139,7 +151,7 @@ def bench_sqlite_ceiling(root: Path, events: dict[str, list[EventBase]], sync: s
     asyncio.run(upgrade(url))
     rows = []
     pos = 0
-    for sid, evs in events.items():
+    for evs in events.values():
         for v, e in enumerate(evs, start=1):
             r = NewRow.from_event(e)
             pos += 1
@@ -172,7 +184,9 @@ def bench_eventsourcing(root: Path, events: dict[str, list[EventBase]], per_call
 
     SQLiteConnectionPool._create_connection = create_connection  # same durability level as ours
     try:
-        datastore = SQLiteDatastore(str(root / f"es-{sync}-{per_call}.db"), pool_size=40, max_overflow=10, lock_timeout=30)
+        datastore = SQLiteDatastore(
+            str(root / f"es-{sync}-{per_call}.db"), pool_size=40, max_overflow=10, lock_timeout=30
+        )
         recorder = SQLiteApplicationRecorder(datastore)
         recorder.create_table()
         errors: list[BaseException] = []
@@ -184,8 +198,12 @@ def bench_eventsourcing(root: Path, events: dict[str, list[EventBase]], per_call
                 for k in range(0, len(evs), per_call):
                     recorder.insert_events(
                         [
-                            StoredEvent(originator_id=oid, originator_version=k + i + 1, topic=e.type,  # type: ignore[attr-defined]
-                                        state=NewRow.from_event(e).data.encode())
+                            StoredEvent(
+                                originator_id=oid,
+                                originator_version=k + i + 1,
+                                topic=e.type,  # type: ignore[attr-defined]
+                                state=NewRow.from_event(e).data.encode(),
+                            )
                             for i, e in enumerate(evs[k : k + per_call])
                         ]
                     )
@@ -214,13 +232,15 @@ def bare_rows(events: dict[str, list[EventBase]]) -> dict[str, list[group_commit
     out = {}
     for sid, evs in events.items():
         rows = [NewRow.from_event(e) for e in evs]
-        out[sid] = [(r.stream_id, v, r.event_id, r.type, r.schema_version, r.ts_us, r.data)
-                    for v, r in enumerate(rows, start=1)]
+        out[sid] = [
+            (r.stream_id, v, r.event_id, r.type, r.schema_version, r.ts_us, r.data) for v, r in enumerate(rows, start=1)
+        ]
     return out
 
 
-async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int,
-                     sync: str) -> tuple[float, float]:
+async def bench_bare(
+    root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int, sync: str
+) -> tuple[float, float]:
     url, path = fresh_url(root, f"bare-{sync}-{per_call}")
     if path.exists():
         path.unlink()
@@ -228,15 +248,16 @@ async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]]
     return await group_commit_ceiling.run(path, sync, rows, per_call)
 
 
-def paired(root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str,
-           repeats: int) -> tuple[tuple[float, float], tuple[float, float], str]:
+def paired(
+    root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str, repeats: int
+) -> tuple[tuple[float, float], tuple[float, float], str]:
     """((bare ceiling ev/s, CPU µs/ev), (store ev/s, CPU µs/ev), a store URL): medians of
     ``repeats`` alternating runs."""
     rows = bare_rows(events)
     runs: dict[str, list[tuple[float, float]]] = {"bare": [], "store": []}
     url = ""
     for r in range(repeats):
-        for which in (("bare", "store") if r % 2 == 0 else ("store", "bare")):
+        for which in ("bare", "store") if r % 2 == 0 else ("store", "bare"):
             if which == "bare":
                 runs["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
             else:
@@ -267,23 +288,31 @@ def main() -> None:
     events = make_events(args.sessions, args.events)
     size = sum(len(NewRow.from_event(e).data) for e in next(iter(events.values()))) / args.events
     per_calls = [int(x) for x in args.per_call.split(",")]
-    print(f"{args.sessions} sessions x {args.events} events, payload ~{size:.0f} bytes/event; "
-          f"store vs bare group commit: median of {args.repeats} alternating repeats")
+    print(
+        f"{args.sessions} sessions x {args.events} events, payload ~{size:.0f} bytes/event; "
+        f"store vs bare group commit: median of {args.repeats} alternating repeats"
+    )
     print(f"{'row':48} {'events/s':>12} {'ratio':>7} {'CPU µs/ev':>10} {'ratio':>7}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         read_url = None
         for sync in args.sync.split(","):
             if not args.no_peer:
-                print(f"{'sqlite3 executemany, 1 txn (insert ceiling) ' + sync:48} "
-                      f"{bench_sqlite_ceiling(root, events, sync):12,.0f}")
+                print(
+                    f"{'sqlite3 executemany, 1 txn (insert ceiling) ' + sync:48} "
+                    f"{bench_sqlite_ceiling(root, events, sync):12,.0f}"
+                )
             for pc in per_calls:
                 (bare, bare_cpu), (rate, cpu), url = paired(root, events, pc, sync, args.repeats)
                 read_url = read_url or url
-                print(f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f} "
-                      f"{bare_cpu:10.1f} {1.0:7.2f}")
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f} "
-                      f"{cpu:10.1f} {bare_cpu / cpu:7.2f}")
+                print(
+                    f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f} "
+                    f"{bare_cpu:10.1f} {1.0:7.2f}"
+                )
+                print(
+                    f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f} "
+                    f"{cpu:10.1f} {bare_cpu / cpu:7.2f}"
+                )
                 if not args.no_peer:
                     es = bench_eventsourcing(root, events, pc, sync)
                     print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f} {es / bare:7.2f}")
@@ -300,8 +329,10 @@ def read_ceiling(url: str) -> float:
     loads = json.loads
     t0 = time.perf_counter()
     n = 0
-    for row in conn.execute("SELECT position, stream_id, version, event_id, type, schema_version, ts_us,"
-                            " recorded_at_us, data, hash FROM events ORDER BY position"):
+    for row in conn.execute(
+        "SELECT position, stream_id, version, event_id, type, schema_version, ts_us,"
+        " recorded_at_us, data, hash FROM events ORDER BY position"
+    ):
         loads(row[8])
         n += 1
     elapsed = time.perf_counter() - t0
@@ -313,7 +344,7 @@ def read_back(url: str, repeats: int) -> tuple[float, float]:
     """(ceiling ev/s, read_all ev/s): medians of ``repeats`` alternating runs."""
     rates: dict[str, list[float]] = {"ceiling": [], "ours": []}
     for r in range(repeats):
-        for which in (("ceiling", "ours") if r % 2 == 0 else ("ours", "ceiling")):
+        for which in ("ceiling", "ours") if r % 2 == 0 else ("ours", "ceiling"):
             rates[which].append(read_ceiling(url) if which == "ceiling" else asyncio.run(bench_read(url)))
     return statistics.median(rates["ceiling"]), statistics.median(rates["ours"])
 
@@ -325,25 +356,28 @@ def chain_cost(args: argparse.Namespace) -> None:
     ``events_no_replace`` trigger dropped); neither."""
     events = make_events(args.sessions, args.events)
     arms = {"chain": (True, True), "link only": (True, False), "neither": (False, False)}
-    print(f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds; "
-          f"process CPU µs per event (ev/s)")
-    print(f"{'row':34} {'chain':>16} {'link only':>16} {'neither':>16} {'cost: chain':>12} {'link':>7} "
-          f"{'trigger':>8}")
+    print(
+        f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds; "
+        f"process CPU µs per event (ev/s)"
+    )
+    print(f"{'row':34} {'chain':>16} {'link only':>16} {'neither':>16} {'cost: chain':>12} {'link':>7} {'trigger':>8}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for sync in args.sync.split(","):
             for pc in (int(x) for x in args.per_call.split(",")):
                 runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in arms}
                 names = list(arms)
                 for r in range(args.rounds):
-                    for name in names[r % 3:] + names[:r % 3]:
+                    for name in names[r % 3 :] + names[: r % 3]:
                         chain, trigger = arms[name]
                         runs[name].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain, trigger)))
                 rate = {n: statistics.median(x[0] for x in runs[n]) for n in arms}
                 cpu = {n: statistics.median(x[1] for x in runs[n]) for n in arms}
                 cells = " ".join(f"{cpu[n]:7.1f} ({rate[n]:6,.0f})" for n in arms)
-                print(f"{f'duplex-ledger store {sync}, {pc}/call':34} {cells} "
-                      f"{cpu['chain'] / cpu['neither'] - 1:12.1%} {cpu['link only'] / cpu['neither'] - 1:7.1%} "
-                      f"{cpu['chain'] / cpu['link only'] - 1:8.1%}")
+                print(
+                    f"{f'duplex-ledger store {sync}, {pc}/call':34} {cells} "
+                    f"{cpu['chain'] / cpu['neither'] - 1:12.1%} {cpu['link only'] / cpu['neither'] - 1:7.1%} "
+                    f"{cpu['chain'] / cpu['link only'] - 1:8.1%}"
+                )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import pstats
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -40,8 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.live_stamps import TURN, WRITER_CPU, StampedPort, count_writer_threads, stamp_client_queue  # noqa: E402
 
 SESSIONS, TURNS = 8, 5
-QUESTIONS = ["What is the capital of France?", "And of Italy?", "Which one is bigger?",
-             "Tell me a fun fact about it.", "Thanks, that is all."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "And of Italy?",
+    "Which one is bigger?",
+    "Tell me a fun fact about it.",
+    "Thanks, that is all.",
+]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -65,8 +70,9 @@ class Arm:
         self.steps: list[list[int]] = []  # engine iterations per round, per stage
 
 
-async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm,
-                     pipelined: bool = True) -> tuple[int, int, tuple[int, float, float]]:
+async def run_ledger(
+    ports, config, db_path: Path, synchronous: str, arm: Arm, pipelined: bool = True
+) -> tuple[int, int, tuple[int, float, float]]:
     """One round through SessionEngine, stamps into ``arm``; (events, log bytes, (durable
     and pipelined emits, seconds callers or gated outputs waited on them, seconds the
     pipelined intents took to commit))."""
@@ -75,8 +81,9 @@ async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm,
 
     SessionLog.pipelined = pipelined
     latencies: list[float] = []
-    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", [StampedPort(ports[0]), *ports[1:]],
-                                      config=config, synchronous=synchronous)
+    engine = await SessionEngine.open(
+        f"sqlite+aiosqlite:///{db_path}", [StampedPort(ports[0]), *ports[1:]], config=config, synchronous=synchronous
+    )
 
     async def one(i: int) -> None:
         s = await engine.open_session(f"bench-{i}-{time.monotonic_ns()}")
@@ -100,14 +107,16 @@ async def run_ledger(ports, config, db_path: Path, synchronous: str, arm: Arm,
     wall = time.perf_counter() - start
     arm.loop_cpu_s += time.thread_time() - cpu0
     events = sum(s.log.events_written for s in engine.sessions.values())
-    durable = (sum(s.log.durable_emits + s.log.ahead_emits for s in engine.sessions.values()),
-               sum(s.log.durable_wait_s for s in engine.sessions.values()),
-               sum(s.log.ahead_commit_s for s in engine.sessions.values()))
+    durable = (
+        sum(s.log.durable_emits + s.log.ahead_emits for s in engine.sessions.values()),
+        sum(s.log.durable_wait_s for s in engine.sessions.values()),
+        sum(s.log.ahead_commit_s for s in engine.sessions.values()),
+    )
     await engine.aclose()
     arm.writer_cpu_s += sum(WRITER_CPU) - writer0
     arm.walls.append(wall)
     arm.turns += latencies
-    arm.turn_p50.append(pct(latencies, .5))
+    arm.turn_p50.append(pct(latencies, 0.5))
     size = sum(p.stat().st_size for p in db_path.parent.glob(db_path.name + "*"))
     return events, size, durable
 
@@ -126,8 +135,11 @@ async def run_plain(ports, config, arm: Arm) -> None:
             TURN.set(turn)
             t0 = time.perf_counter()
             rid = f"plain-{i}-{n}-{time.monotonic_ns()}"
-            messages = [{"role": "system", "content": config.system_prompt}, *history[-6:],
-                        {"role": "user", "content": q}]
+            messages = [
+                {"role": "system", "content": config.system_prompt},
+                *history[-6:],
+                {"role": "user", "content": q},
+            ]
             prompt = thinker.chat_prompt(messages)
             thinker.count_tokens(prompt)
             text = []
@@ -137,7 +149,9 @@ async def run_plain(ports, config, arm: Arm) -> None:
             thinker.pop_finished_stats(rid)
             answer = "".join(text)
             budget = max(1, min(config.talker_max_tokens, talker.count_tokens(answer or " ")))
-            async for _ in talker.generate(rid, answer or " ", GenerationParams(max_tokens=budget, ignore_eos=config.ignore_eos)):
+            async for _ in talker.generate(
+                rid, answer or " ", GenerationParams(max_tokens=budget, ignore_eos=config.ignore_eos)
+            ):
                 pass
             talker.pop_finished_stats(rid)
             history += [{"role": "user", "content": q}, {"role": "assistant", "content": answer}]
@@ -150,7 +164,7 @@ async def run_plain(ports, config, arm: Arm) -> None:
     arm.walls.append(time.perf_counter() - start)
     arm.loop_cpu_s += time.thread_time() - cpu0
     arm.turns += latencies
-    arm.turn_p50.append(pct(latencies, .5))
+    arm.turn_p50.append(pct(latencies, 0.5))
 
 
 LEDGER_CODE = ("/events/", "/projections/", "/engine_bridge/")
@@ -161,21 +175,33 @@ def print_profile(profile: cProfile.Profile, path: str, turns: int, top: int = 2
     frames of duplex-ledger code by own time, in µs per turn."""
     profile.dump_stats(path)
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    rows = [(tt, ct, nc, f"{Path(fn).parent.name}/{Path(fn).name}:{line}({name})")
-            for (fn, line, name), (_, nc, tt, ct, _) in stats.items() if any(c in fn for c in LEDGER_CODE)]
+    rows = [
+        (tt, ct, nc, f"{Path(fn).parent.name}/{Path(fn).name}:{line}({name})")
+        for (fn, line, name), (_, nc, tt, ct, _) in stats.items()
+        if any(c in fn for c in LEDGER_CODE)
+    ]
     rows.sort(reverse=True)
-    print(f"loop-thread profile, ledger arm, duplex-ledger frames by own time ({path}); "
-          f"total own time {sum(r[0] for r in rows) / turns * 1e6:.0f} µs per turn (cProfile-inflated)")
+    print(
+        f"loop-thread profile, ledger arm, duplex-ledger frames by own time ({path}); "
+        f"total own time {sum(r[0] for r in rows) / turns * 1e6:.0f} µs per turn (cProfile-inflated)"
+    )
     print(f"{'own µs/turn':>12s}{'cum µs/turn':>12s}{'calls/turn':>11s}  frame")
     for tt, ct, nc, name in rows[:top]:
         print(f"{tt / turns * 1e6:>12.0f}{ct / turns * 1e6:>12.0f}{nc / turns:>11.1f}  {name}")
 
 
-async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: float,
-               profile_path: str | None = None, strict: bool = False) -> None:
+async def main(
+    model: str,
+    rounds: int,
+    synchronous: str,
+    dtype: str,
+    flush_s: float,
+    profile_path: str | None = None,
+    strict: bool = False,
+) -> None:
     from engine_bridge.messages import EngineConfig
-    from reports.model_prep import resolve_model
     from engine_bridge.vllm_port import VllmStagePort
+    from reports.model_prep import resolve_model
 
     count_writer_threads()
     model_dir = resolve_model(model)
@@ -194,17 +220,19 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
                 names = list(arms)
-                order = names[r % len(names):] + names[:r % len(names)]  # each arm takes each place in turn
+                order = names[r % len(names) :] + names[: r % len(names)]  # each arm takes each place in turn
                 for which in order:
                     steps0 = [p.counters.iterations for p in ports]
                     if which == "ledger-strict":
-                        await run_ledger(ports, config, Path(tmp) / f"strict{r}.db", synchronous, arms[which],
-                                         pipelined=False)
+                        await run_ledger(
+                            ports, config, Path(tmp) / f"strict{r}.db", synchronous, arms[which], pipelined=False
+                        )
                     elif which == "ledger":
                         if profile is not None:
                             profile.enable()
                         ev, sz, (n_durable, wait_s, commit_s) = await run_ledger(
-                            ports, config, Path(tmp) / f"round{r}.db", synchronous, arms[which])
+                            ports, config, Path(tmp) / f"round{r}.db", synchronous, arms[which]
+                        )
                         if profile is not None:
                             profile.disable()
                         durable_n += n_durable
@@ -223,66 +251,106 @@ async def main(model: str, rounds: int, synchronous: str, dtype: str, flush_s: f
         print_profile(profile, profile_path, SESSIONS * TURNS * rounds)
 
 
-def report(arms: dict[str, Arm], model: str, rounds: int, synchronous: str, flush_s: float, dtype: str,
-           events: int, size: int, durable_n: int, durable_wait_s: float, ahead_s: float) -> None:
+def report(
+    arms: dict[str, Arm],
+    model: str,
+    rounds: int,
+    synchronous: str,
+    flush_s: float,
+    dtype: str,
+    events: int,
+    size: int,
+    durable_n: int,
+    durable_wait_s: float,
+    ahead_s: float,
+) -> None:
     led, pl, aa = arms["ledger"], arms["plain"], arms["plain-B"]
     turns = SESSIONS * TURNS * rounds
-    print(f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds, arms "
-          f"ledger / plain / plain-B rotated, SQLite synchronous={synchronous}, flush interval {flush_s} s, {dtype}")
+    print(
+        f"workload: {SESSIONS} sessions x {TURNS} turns, model={model}, talker=tiny, {rounds} rounds, arms "
+        f"ledger / plain / plain-B rotated, SQLite synchronous={synchronous}, flush interval {flush_s} s, {dtype}"
+    )
     print(f"{'per turn (ms)':34s}{'plain':>10s}{'ledger':>10s}{'added':>10s}{'target':>10s}")
 
     def row(name: str, p: float, led_v: float, target: str) -> None:
         print(f"{name:34s}{p:>10.3f}{led_v:>10.3f}{led_v - p:>+10.3f}{target:>10s}")
 
-    row("commit -> add_request p50", pct(pl.commit_to_add, .5), pct(led.commit_to_add, .5), "<= 1")
-    row("commit -> add_request p99", pct(pl.commit_to_add, .99), pct(led.commit_to_add, .99), "<= 5")
-    row("engine output -> client p50", pct(pl.out_to_client, .5), pct(led.out_to_client, .5), "<= 0.5")
-    row("engine output -> client p99", pct(pl.out_to_client, .99), pct(led.out_to_client, .99), "")
-    row("frontend CPU (loop + writer)", (pl.loop_cpu_s + pl.writer_cpu_s) / turns * 1000,
-        (led.loop_cpu_s + led.writer_cpu_s) / turns * 1000, "<= 2")
+    row("commit -> add_request p50", pct(pl.commit_to_add, 0.5), pct(led.commit_to_add, 0.5), "<= 1")
+    row("commit -> add_request p99", pct(pl.commit_to_add, 0.99), pct(led.commit_to_add, 0.99), "<= 5")
+    row("engine output -> client p50", pct(pl.out_to_client, 0.5), pct(led.out_to_client, 0.5), "<= 0.5")
+    row("engine output -> client p99", pct(pl.out_to_client, 0.99), pct(led.out_to_client, 0.99), "")
+    row(
+        "frontend CPU (loop + writer)",
+        (pl.loop_cpu_s + pl.writer_cpu_s) / turns * 1000,
+        (led.loop_cpu_s + led.writer_cpu_s) / turns * 1000,
+        "<= 2",
+    )
     print(f"{'  of which ledger writer thread':34s}{'':>10s}{led.writer_cpu_s / turns * 1000:>10.2f}")
     paired_p50 = [lp - pp for lp, pp in zip(led.turn_p50, pl.turn_p50)]
     row("turn p50 (median of rounds)", statistics.median(pl.turn_p50), statistics.median(led.turn_p50), "")
-    print(f"{'turn p50, paired rounds (median)':34s}{'':>10s}{'':>10s}{statistics.median(paired_p50):>+10.2f}"
-          f"{'<= +5':>10s}")
-    print(f"{'  A/A: plain-B minus plain':34s}{'':>10s}{'':>10s}"
-          f"{statistics.median(b - a for a, b in zip(pl.turn_p50, aa.turn_p50)):>+10.2f}")
+    print(
+        f"{'turn p50, paired rounds (median)':34s}{'':>10s}{'':>10s}{statistics.median(paired_p50):>+10.2f}"
+        f"{'<= +5':>10s}"
+    )
+    print(
+        f"{'  A/A: plain-B minus plain':34s}{'':>10s}{'':>10s}"
+        f"{statistics.median(b - a for a, b in zip(pl.turn_p50, aa.turn_p50)):>+10.2f}"
+    )
     steps = {name: [sum(r) for r in a.steps] for name, a in arms.items()}
     ratio = statistics.median(steps["ledger"]) / statistics.median(steps["plain"])
-    print(f"engine steps per round (thinker + talker, median): plain {statistics.median(steps['plain'])}, ledger "
-          f"{statistics.median(steps['ledger'])} ({(ratio - 1) * 100:+.1f} %, target within ±2 %), plain-B "
-          f"{statistics.median(steps['plain-B'])}")
-    wall = statistics.median(l / p for l, p in zip(led.walls, pl.walls))
+    print(
+        f"engine steps per round (thinker + talker, median): plain {statistics.median(steps['plain'])}, ledger "
+        f"{statistics.median(steps['ledger'])} ({(ratio - 1) * 100:+.1f} %, target within ±2 %), plain-B "
+        f"{statistics.median(steps['plain-B'])}"
+    )
+    wall = statistics.median(w / p for w, p in zip(led.walls, pl.walls))
     noise = statistics.median(b / p for b, p in zip(aa.walls, pl.walls))
-    print(f"wall ratio ledger/plain (median of paired rounds): {wall:.3f}; A/A noise floor plain-B/plain: {noise:.3f} "
-          f"(per round: {', '.join(f'{b / p:.2f}' for b, p in zip(aa.walls, pl.walls))}) — shown, not judged")
-    print(f"durable + pipelined emits: {durable_n / turns:.1f} per turn; callers and gated outputs waited "
-          f"{durable_wait_s / turns * 1000:.1f} ms per turn on them; the pipelined intents' commits took "
-          f"{ahead_s / turns * 1000:.1f} ms per turn (not waited on)")
+    print(
+        f"wall ratio ledger/plain (median of paired rounds): {wall:.3f}; A/A noise floor plain-B/plain: {noise:.3f} "
+        f"(per round: {', '.join(f'{b / p:.2f}' for b, p in zip(aa.walls, pl.walls))}) — shown, not judged"
+    )
+    print(
+        f"durable + pipelined emits: {durable_n / turns:.1f} per turn; callers and gated outputs waited "
+        f"{durable_wait_s / turns * 1000:.1f} ms per turn on them; the pipelined intents' commits took "
+        f"{ahead_s / turns * 1000:.1f} ms per turn (not waited on)"
+    )
     print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
     if "ledger-strict" in arms:  # the same ledger with the engine call waiting for its intent's commit
         st = arms["ledger-strict"]
-        print(f"ledger-strict (added over plain): commit -> add_request p50 "
-              f"{pct(st.commit_to_add, .5) - pct(pl.commit_to_add, .5):+.3f} ms, p99 "
-              f"{pct(st.commit_to_add, .99) - pct(pl.commit_to_add, .99):+.3f} ms; frontend CPU "
-              f"{(st.loop_cpu_s + st.writer_cpu_s - pl.loop_cpu_s - pl.writer_cpu_s) / turns * 1000:+.3f} ms per turn; "
-              f"turn p50 paired {statistics.median(a - b for a, b in zip(st.turn_p50, pl.turn_p50)):+.2f} ms; "
-              f"steps {statistics.median(steps['ledger-strict'])} "
-              f"({(statistics.median(steps['ledger-strict']) / statistics.median(steps['plain']) - 1) * 100:+.1f} %)")
+        print(
+            f"ledger-strict (added over plain): commit -> add_request p50 "
+            f"{pct(st.commit_to_add, 0.5) - pct(pl.commit_to_add, 0.5):+.3f} ms, p99 "
+            f"{pct(st.commit_to_add, 0.99) - pct(pl.commit_to_add, 0.99):+.3f} ms; frontend CPU "
+            f"{(st.loop_cpu_s + st.writer_cpu_s - pl.loop_cpu_s - pl.writer_cpu_s) / turns * 1000:+.3f} ms per turn; "
+            f"turn p50 paired {statistics.median(a - b for a, b in zip(st.turn_p50, pl.turn_p50)):+.2f} ms; "
+            f"steps {statistics.median(steps['ledger-strict'])} "
+            f"({(statistics.median(steps['ledger-strict']) / statistics.median(steps['plain']) - 1) * 100:+.1f} %)"
+        )
 
 
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds of the three rotated arms (the VM is noisy: more is steadier)")
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="rounds of the three rotated arms (the VM is noisy: more is steadier)"
+    )
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="NORMAL")
     parser.add_argument("--flush-interval", type=float, default=0.1, help="EngineConfig.flush_interval_s (s)")
     parser.add_argument("--dtype", default="float32", help="float32 is faster than float16 on CPUs without fp16")
-    parser.add_argument("--profile", metavar="PATH", help="cProfile the loop thread during the ledger arm (its "
-                        "figures are then inflated: profile in a run of its own), dump to PATH, print top frames")
-    parser.add_argument("--strict-arm", action="store_true", help="a fourth arm, ledger-strict: the engine call "
-                        "waits for its intent's commit (SessionLog.pipelined = False)")
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="cProfile the loop thread during the ledger arm (its "
+        "figures are then inflated: profile in a run of its own), dump to PATH, print top frames",
+    )
+    parser.add_argument(
+        "--strict-arm",
+        action="store_true",
+        help="a fourth arm, ledger-strict: the engine call "
+        "waits for its intent's commit (SessionLog.pipelined = False)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval, args.profile,
-                     args.strict_arm))
+    asyncio.run(
+        main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval, args.profile, args.strict_arm)
+    )

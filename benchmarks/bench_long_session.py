@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_bridge.engine import SessionEngine  # noqa: E402
-from tests.fakes.fake_port import FakeStagePort  # noqa: E402
 from engine_bridge.messages import EngineConfig  # noqa: E402
 from engine_bridge.plugin import TextPlugin  # noqa: E402
+from tests.fakes.fake_port import FakeStagePort  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -40,8 +40,9 @@ async def play(turns: int, every: int, db: Path) -> list[tuple[int, float, float
     samples = []
     for resumable in (False, True):
         ports = [FakeStagePort(0, "thinker", token_delay_s=0.0), FakeStagePort(1, "talker", token_delay_s=0.0)]
-        async with await SessionEngine.open(f"sqlite+aiosqlite:///{db}", ports, config=config,
-                                            plugin=TextPlugin(resumable=resumable)) as engine:
+        async with await SessionEngine.open(
+            f"sqlite+aiosqlite:///{db}", ports, config=config, plugin=TextPlugin(resumable=resumable)
+        ) as engine:
             session = await engine.open_session(f"long-{resumable}")
             start = time.perf_counter()
             for i in range(1, turns // 2 + 1):

@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def build_db(path: Path, sessions: int, turns: int) -> int:
     """Generate the log into a fresh, migrated SQLite file; returns the event count."""
+    from benchmarks.synthetic import generate
     from events.chain import GENESIS, row_hash
     from events.records import to_record
     from events.store.migrate import upgrade
     from events.store.rows import dump_data
     from events.types import parse_event
-    from benchmarks.synthetic import generate
 
     if path.exists():
         path.unlink()
@@ -50,12 +50,22 @@ def build_db(path: Path, sessions: int, turns: int) -> int:
     previous = GENESIS
     for ts, type_name, sid, payload in generate(sessions, turns):
         position += 1
-        event = parse_event({"type": type_name, "session_id": sid, "ts": ts,
-                             "event_id": uuid.UUID(int=position), **payload})
+        event = parse_event(
+            {"type": type_name, "session_id": sid, "ts": ts, "event_id": uuid.UUID(int=position), **payload}
+        )
         record = to_record(event)
         versions[sid] = versions.get(sid, 0) + 1
-        row = (position, sid, versions[sid], str(record.event_id), record.type, record.schema_version,
-               record.ts_us, now_us, dump_data(record.data))
+        row = (
+            position,
+            sid,
+            versions[sid],
+            str(record.event_id),
+            record.type,
+            record.schema_version,
+            record.ts_us,
+            now_us,
+            dump_data(record.data),
+        )
         previous = row_hash(previous, *row)
         rows.append((*row, previous))
         if len(rows) >= 50_000:
@@ -77,8 +87,10 @@ def ceiling(path: Path) -> tuple[int, float]:
     start = time.perf_counter()
     conn = sqlite3.connect(path)
     n = 0
-    for row in conn.execute("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, "
-                            "recorded_at_us, data FROM events ORDER BY position"):
+    for row in conn.execute(
+        "SELECT position, stream_id, version, event_id, type, schema_version, ts_us, "
+        "recorded_at_us, data FROM events ORDER BY position"
+    ):
         json.loads(row[8])
         n += 1
     conn.close()
@@ -107,8 +119,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=36)
     parser.add_argument("--db", type=Path, default=Path("/tmp/duplex-ledger-bench-rebuild.db"))
-    parser.add_argument("--workers", type=int, default=None,
-                        help="rebuild worker processes (default: the CPUs available, at most 8; 1 = sequential)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="rebuild worker processes (default: the CPUs available, at most 8; 1 = sequential)",
+    )
     parser.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate_only:
@@ -117,8 +133,20 @@ def main() -> None:
         return
     marker = args.db.with_suffix(f".{args.sessions}x{args.turns}.ok")
     if not (args.db.exists() and marker.exists()):
-        subprocess.run([sys.executable, __file__, "--generate-only", "--sessions", str(args.sessions),
-                        "--turns", str(args.turns), "--db", str(args.db)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--generate-only",
+                "--sessions",
+                str(args.sessions),
+                "--turns",
+                str(args.turns),
+                "--db",
+                str(args.db),
+            ],
+            check=True,
+        )
         marker.touch()
     from projections.parallel import default_workers
 
@@ -138,8 +166,10 @@ def main() -> None:
     child_peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     eps_rebuild = position / t_rebuild
     eps_ceiling = n_ceiling / t_ceiling
-    print(f"log: {position:,} events, {args.sessions} sessions x {args.turns} turns, {turns:,} turn tables, "
-          f"{leaks} leaks found")
+    print(
+        f"log: {position:,} events, {args.sessions} sessions x {args.turns} turns, {turns:,} turn tables, "
+        f"{leaks} leaks found"
+    )
     print(f"{'plain sqlite3 read + json.loads (ceiling)':45s} {eps_ceiling:>12,.0f} events/s  ({t_ceiling:.2f} s)")
     print(f"{'duplex-ledger rebuild (3 projections + rows)':45s} {eps_rebuild:>12,.0f} events/s  ({t_rebuild:.2f} s)")
     print(f"{'ceiling wall before / after the rebuild':45s} {t_before:>8.2f} s / {t_after:.2f} s")
@@ -150,9 +180,11 @@ def main() -> None:
     print(f"{'peak RSS of one worker / generator process':45s} {child_peak_mb:>12.0f} MB")
     if workers > 1:
         print(f"{'all rebuild processes together (upper bound)':45s} {peak_mb + workers * child_peak_mb:>12.0f} MB")
-    print(f"targets: >= 200,000 events/s ({'met' if eps_rebuild >= 200_000 else 'NOT met'}), "
-          f"peak RSS < 500 MB ({'met' if peak_mb + (workers > 1) * workers * child_peak_mb < 500 else 'NOT met'}, "
-          f"all processes together)")
+    print(
+        f"targets: >= 200,000 events/s ({'met' if eps_rebuild >= 200_000 else 'NOT met'}), "
+        f"peak RSS < 500 MB ({'met' if peak_mb + (workers > 1) * workers * child_peak_mb < 500 else 'NOT met'}, "
+        f"all processes together)"
+    )
 
 
 if __name__ == "__main__":

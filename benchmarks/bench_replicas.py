@@ -71,17 +71,24 @@ async def takeover(base: str, repeat: int) -> None:
         finally:
             await drop_db(base, name)
         latencies.append(out.takeover_s)
-        print(f"  kill #{seed - 99}: victim {out.victim}, {out.events} events, all checks ok, "
-              f"takeover {out.takeover_s:.2f} s", flush=True)
-    print(f"takeover latency, lease 1.0 s (renew/scan 0.25 s), {repeat} random kills: "
-          f"min {min(latencies):.2f} median {statistics.median(latencies):.2f} max {max(latencies):.2f} s")
+        print(
+            f"  kill #{seed - 99}: victim {out.victim}, {out.events} events, all checks ok, "
+            f"takeover {out.takeover_s:.2f} s",
+            flush=True,
+        )
+    print(
+        f"takeover latency, lease 1.0 s (renew/scan 0.25 s), {repeat} random kills: "
+        f"min {min(latencies):.2f} median {statistics.median(latencies):.2f} max {max(latencies):.2f} s"
+    )
     url, name = await fresh_db(base)
     try:
         out = await run_scenario(url, Path(tempfile.mkdtemp()), n=3, per=10, lease_s=1.0, mode="stop", seed=99)
     finally:
         await drop_db(base, name)
-    print(f"paused replica: taken over after {out.takeover_s:.2f} s of pause, fenced on {len(out.fenced)} sessions, "
-          "0 events from it after the takeovers")
+    print(
+        f"paused replica: taken over after {out.takeover_s:.2f} s of pause, fenced on {len(out.fenced)} sessions, "
+        "0 events from it after the takeovers"
+    )
 
 
 async def lease_cost(base: str, seconds: float) -> None:
@@ -93,8 +100,10 @@ async def lease_cost(base: str, seconds: float) -> None:
 
             def wal(conn):  # type: ignore[no-untyped-def]
                 import sqlalchemy as sa
-                return conn.execute(sa.text("SELECT pg_current_wal_lsn()::text, "
-                                            "(SELECT pg_column_size(t.*) FROM replica_leases t)")).one()
+
+                return conn.execute(
+                    sa.text("SELECT pg_current_wal_lsn()::text, (SELECT pg_column_size(t.*) FROM replica_leases t)")
+                ).one()
 
             before = dict(engine.replica.stats)
             await asyncio.sleep(seconds)
@@ -117,14 +126,16 @@ async def lease_cost(base: str, seconds: float) -> None:
     renewals = (after["renewals"] - before["renewals"]) / minutes
     scans = (after["scans"] - before["scans"]) / minutes
     lifecycle = (after["lifecycle_queries"] - before["lifecycle_queries"]) / minutes
-    print(f"lease cost per replica (lease 10 s, measured {seconds:.0f} s): {renewals:.1f} renewals/min "
-          f"(1 UPDATE…RETURNING each), {scans:.1f} scans/min (2 SELECTs each: db clock + every lease row), "
-          f"{lifecycle:.1f} lifecycle queries/min; {renewals + 2 * scans:.0f} statements/min; lease row "
-          f"{row_bytes} bytes; one renewal writes ~{per_renew:.0f} bytes of WAL "
-          f"(~{per_renew * renewals / 1024:.1f} KiB/min); 0 events in the log")
+    print(
+        f"lease cost per replica (lease 10 s, measured {seconds:.0f} s): {renewals:.1f} renewals/min "
+        f"(1 UPDATE…RETURNING each), {scans:.1f} scans/min (2 SELECTs each: db clock + every lease row), "
+        f"{lifecycle:.1f} lifecycle queries/min; {renewals + 2 * scans:.0f} statements/min; lease row "
+        f"{row_bytes} bytes; one renewal writes ~{per_renew:.0f} bytes of WAL "
+        f"(~{per_renew * renewals / 1024:.1f} KiB/min); 0 events in the log"
+    )
 
 
-APPENDER = '''
+APPENDER = """
 import asyncio, sys, time
 from engine_bridge.engine import SessionEngine
 from engine_bridge.replicas import ReplicaConfig
@@ -150,7 +161,7 @@ async def main(url, name, seconds):
     print(count, flush=True)
 
 asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
-'''
+"""
 
 
 async def appends(base: str, seconds: float) -> None:
@@ -159,17 +170,28 @@ async def appends(base: str, seconds: float) -> None:
         url, name = await fresh_db(base)
         try:
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            procs = [subprocess.Popen([sys.executable, "-c", APPENDER, url, f"app{i}", str(seconds)], env=env,
-                                      stdout=subprocess.PIPE, text=True) for i in range(n)]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", APPENDER, url, f"app{i}", str(seconds)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for i in range(n)
+            ]
             outs = [p.communicate()[0].split() for p in procs]
             total = sum(int(o[-1]) for o in outs)
         finally:
             await drop_db(base, name)
         results[n] = total / seconds
-        print(f"  {n} replica process(es): {total} appends in {seconds:.0f} s = {total / seconds:.0f} appends/s",
-              flush=True)
-    print(f"appends/s on one PostgreSQL: 3 replicas {results[3]:.0f} vs 1 replica {results[1]:.0f} "
-          f"(x{results[3] / results[1]:.2f}); every append takes the log's one advisory lock")
+        print(
+            f"  {n} replica process(es): {total} appends in {seconds:.0f} s = {total / seconds:.0f} appends/s",
+            flush=True,
+        )
+    print(
+        f"appends/s on one PostgreSQL: 3 replicas {results[3]:.0f} vs 1 replica {results[1]:.0f} "
+        f"(x{results[3] / results[1]:.2f}); every append takes the log's one advisory lock"
+    )
 
 
 async def main() -> None:

@@ -56,20 +56,35 @@ def main() -> None:
     args = parser.parse_args()
     marker = args.db.with_suffix(f".{args.sessions}x{args.turns}.ok")
     if not (args.db.exists() and marker.exists()):
-        subprocess.run([sys.executable, str(Path(__file__).with_name("bench_rebuild.py")), "--generate-only",
-                        "--sessions", str(args.sessions), "--turns", str(args.turns), "--db", str(args.db)],
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("bench_rebuild.py")),
+                "--generate-only",
+                "--sessions",
+                str(args.sessions),
+                "--turns",
+                str(args.turns),
+                "--db",
+                str(args.db),
+            ],
+            check=True,
+        )
         marker.touch()
     events, t_ceilings, t_verifies, t_chains, state = asyncio.run(run(args.db, args.rounds))
     t_ceiling, t_verify, t_chain = (statistics.median(t) for t in (t_ceilings, t_verifies, t_chains))
     eps_ceiling, eps_verify, eps_chain = events / t_ceiling, events / t_verify, events / t_chain
-    print(f"log: {events:,} events ({args.sessions} sessions x {args.turns} turns); verify says: {state}; "
-          f"medians of {args.rounds} alternating rounds")
+    print(
+        f"log: {events:,} events ({args.sessions} sessions x {args.turns} turns); verify says: {state}; "
+        f"medians of {args.rounds} alternating rounds"
+    )
     print(f"{'plain sqlite3 read + json.loads (ceiling)':45s} {eps_ceiling:>12,.0f} events/s  ({t_ceiling:.2f} s)")
     print(f"{'verify (chain + fresh fold + compare)':45s} {eps_verify:>12,.0f} events/s  ({t_verify:.2f} s)")
     print(f"{'chain walk alone (digest)':45s} {eps_chain:>12,.0f} events/s  ({t_chain:.2f} s)")
-    print(f"{'ratio verify / ceiling':45s} {eps_verify / eps_ceiling:>12.2f}  "
-          f"(per round: {', '.join(f'{c / v:.2f}' for c, v in zip(t_ceilings, t_verifies))})")
+    print(
+        f"{'ratio verify / ceiling':45s} {eps_verify / eps_ceiling:>12.2f}  "
+        f"(per round: {', '.join(f'{c / v:.2f}' for c, v in zip(t_ceilings, t_verifies))})"
+    )
     print(f"{'ratio chain walk / ceiling':45s} {eps_chain / eps_ceiling:>12.2f}")
 
 

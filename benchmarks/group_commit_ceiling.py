@@ -18,12 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-INSERT = ("INSERT INTO events (position, stream_id, version, event_id, type, schema_version, ts_us,"
-          " recorded_at_us, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+INSERT = (
+    "INSERT INTO events (position, stream_id, version, event_id, type, schema_version, ts_us,"
+    " recorded_at_us, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 Row = tuple[str, int, str, str, int, int, str]  # stream_id, version, event_id, type, schema_version, ts_us, data
 
 
-def _writer(path: Path, sync: str, inbox: "queue.SimpleQueue[Any]", loop: asyncio.AbstractEventLoop) -> None:
+def _writer(path: Path, sync: str, inbox: queue.SimpleQueue[Any], loop: asyncio.AbstractEventLoop) -> None:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={sync}")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from engine_bridge.ports import AbortFailed, StagePort
+from engine_bridge.session_log import SessionLog
 from events.types import (
     AbortRequested,
     AbortResult,
@@ -29,9 +31,6 @@ from events.types import (
     StageRequestRestored,
 )
 from projections.resources import SessionResources
-
-from engine_bridge.ports import AbortFailed, StagePort
-from engine_bridge.session_log import SessionLog
 
 
 class CleanupFailed(RuntimeError):
@@ -46,8 +45,15 @@ class CleanupFailed(RuntimeError):
 def _keys(state: SessionResources | None, request_id: str) -> list[tuple[int, Fence | None, bool]]:
     if state is None:
         return []
-    return [(stage_id, Fence(incarnation=b.fence[0], epoch=b.fence[1], turn_id=b.fence[2]) if b.fence else None,
-             b.submitted) for (stage_id, rid_), b in sorted(state.bindings.items()) if rid_ == request_id]
+    return [
+        (
+            stage_id,
+            Fence(incarnation=b.fence[0], epoch=b.fence[1], turn_id=b.fence[2]) if b.fence else None,
+            b.submitted,
+        )
+        for (stage_id, rid_), b in sorted(state.bindings.items())
+        if rid_ == request_id
+    ]
 
 
 def _finished(state: SessionResources | None, request_id: str) -> bool:
@@ -57,8 +63,9 @@ def _finished(state: SessionResources | None, request_id: str) -> bool:
     return bool(bindings) and all(b.finished for b in bindings)
 
 
-async def cleanup_id(log: SessionLog, ports: Sequence[StagePort], request_id: str, *, cause: str,
-                     force_abort: bool = False) -> None:
+async def cleanup_id(
+    log: SessionLog, ports: Sequence[StagePort], request_id: str, *, cause: str, force_abort: bool = False
+) -> None:
     """Release or abort ``request_id`` (see module doc). ``force_abort`` aborts even a
     finished id, or one the log holds only reserved (an engine runs it: a pipelined intent that
     was lost, takeover on shared engines). Raises CleanupFailed after restoring the keys when
@@ -69,8 +76,9 @@ async def cleanup_id(log: SessionLog, ports: Sequence[StagePort], request_id: st
     finished = _finished(state, request_id)
     submitted = any(sub for _, _, sub in keys)
     now = time.time()
-    released: list[EventBase] = [StageRequestReleased(session_id=sid, ts=now, stage_id=s, request_id=request_id,
-                                                      cause=cause) for s, _, _ in keys]
+    released: list[EventBase] = [
+        StageRequestReleased(session_id=sid, ts=now, stage_id=s, request_id=request_id, cause=cause) for s, _, _ in keys
+    ]
     if not force_abort and (not submitted or finished):  # forced: aborted even if the log saw no submit
         log.emit_later(*released, ReleaseRequested(session_id=sid, ts=now, request_ids=[request_id], cause=cause))
         log.emit_later(ReleaseResult(session_id=sid, ts=time.time(), request_ids=[request_id], outcome="ok"))
@@ -81,15 +89,36 @@ async def cleanup_id(log: SessionLog, ports: Sequence[StagePort], request_id: st
     for port in ports:
         try:
             await port.abort([request_id])
-            results.append(AbortResult(session_id=sid, ts=time.time(), request_ids=[request_id],
-                                       stage_id=port.stage_id, outcome="ok"))
+            results.append(
+                AbortResult(
+                    session_id=sid, ts=time.time(), request_ids=[request_id], stage_id=port.stage_id, outcome="ok"
+                )
+            )
         except AbortFailed as exc:
             errors.append(f"stage {port.stage_id}: {exc}")
-            results.append(AbortResult(session_id=sid, ts=time.time(), request_ids=[request_id],
-                                       stage_id=port.stage_id, outcome="failed", error=str(exc)))
+            results.append(
+                AbortResult(
+                    session_id=sid,
+                    ts=time.time(),
+                    request_ids=[request_id],
+                    stage_id=port.stage_id,
+                    outcome="failed",
+                    error=str(exc),
+                )
+            )
     if errors:
-        restored = [StageRequestRestored(session_id=sid, ts=time.time(), stage_id=s, request_id=request_id,
-                                         fence=fence, submitted=sub, cause="abort_failed") for s, fence, sub in keys]
+        restored = [
+            StageRequestRestored(
+                session_id=sid,
+                ts=time.time(),
+                stage_id=s,
+                request_id=request_id,
+                fence=fence,
+                submitted=sub,
+                cause="abort_failed",
+            )
+            for s, fence, sub in keys
+        ]
         log.emit_later(*results, *restored)
         raise CleanupFailed(request_id, errors)
     log.emit_later(*results)

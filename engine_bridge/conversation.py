@@ -30,8 +30,9 @@ class Conversation:
         self.input_chunks += 1
         self.input_speech = self.input_speech or is_speech
 
-    def buffer(self, action: Literal["append", "drop", "pend", "defer"], text: str = "",
-               is_speech: bool = False) -> None:
+    def buffer(
+        self, action: Literal["append", "drop", "pend", "defer"], text: str = "", is_speech: bool = False
+    ) -> None:
         """Apply a :class:`projections.session_rules.BufferInput` step."""
         if action == "append":
             self.append(text, is_speech)
@@ -59,8 +60,11 @@ class Conversation:
 
     def remember(self, user_text: str, answer: str) -> None:
         """Keep the turn for later prompts (only the messages a prompt uses: flat memory)."""
-        self.history = [*self.history[-(HISTORY_MESSAGES - 2):], {"role": "user", "content": user_text},
-                        {"role": "assistant", "content": answer}]
+        self.history = [
+            *self.history[-(HISTORY_MESSAGES - 2) :],
+            {"role": "user", "content": user_text},
+            {"role": "assistant", "content": answer},
+        ]
 
     def prompt(self, port: StagePort, text: str, *, resident: bool) -> tuple[str, int]:
         """(prompt, its token count) for ``text``: a resident update carries the user's text
@@ -69,7 +73,10 @@ class Conversation:
         if resident:
             prompt = port.chat_prompt([{"role": "user", "content": text}])
         else:
-            messages = [{"role": "system", "content": self.system_prompt}, *self.history[-HISTORY_MESSAGES:],
-                        {"role": "user", "content": text}]
+            messages = [
+                {"role": "system", "content": self.system_prompt},
+                *self.history[-HISTORY_MESSAGES:],
+                {"role": "user", "content": text},
+            ]
             prompt = port.chat_prompt(messages)
         return prompt, port.count_tokens(prompt)

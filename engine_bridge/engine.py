@@ -21,21 +21,20 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from engine_bridge.messages import EngineConfig, SessionError
+from engine_bridge.plugin import ModelPlugin, TextPlugin
+from engine_bridge.ports import StagePort
+from engine_bridge.prometheus import LedgerMetrics
+from engine_bridge.replicas import Replica, ReplicaConfig, SessionOwnedElsewhere
+from engine_bridge.session import Session
+from engine_bridge.session_log import FlushTicker, SessionLog
+from engine_bridge.takeover import TAKEN_OVER, RecoveryReport
 from events.store.backends import Synchronous
 from events.store.owners import lifecycle_of
 from events.store.store import EventStore
 from events.types import SessionOpened
 from projections.runner import project_as_of
 from projections.turn_tables import TurnTables
-from engine_bridge.prometheus import LedgerMetrics
-
-from engine_bridge.messages import EngineConfig, SessionError
-from engine_bridge.plugin import ModelPlugin, TextPlugin
-from engine_bridge.ports import StagePort
-from engine_bridge.replicas import Replica, ReplicaConfig, SessionOwnedElsewhere
-from engine_bridge.session import Session
-from engine_bridge.session_log import FlushTicker, SessionLog
-from engine_bridge.takeover import TAKEN_OVER, RecoveryReport
 
 __all__ = ["RecoveryReport", "SessionEngine"]
 
@@ -52,11 +51,19 @@ def default_model_name(ports: Sequence[StagePort]) -> str | None:
 class SessionEngine:
     """Drives sessions; see the module docstring. Not thread-safe (one event loop)."""
 
-    def __init__(self, store: EventStore, ports: Sequence[StagePort], *, plugin: ModelPlugin | None = None,
-                 config: EngineConfig | None = None, on_turn: Callable[[Session, TurnTables], None] | None = None,
-                 owns_store: bool = False, model_name: str | None = None,
-                 replica: ReplicaConfig | None = None,
-                 stats_renderer: Callable[[TurnTables], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        ports: Sequence[StagePort],
+        *,
+        plugin: ModelPlugin | None = None,
+        config: EngineConfig | None = None,
+        on_turn: Callable[[Session, TurnTables], None] | None = None,
+        owns_store: bool = False,
+        model_name: str | None = None,
+        replica: ReplicaConfig | None = None,
+        stats_renderer: Callable[[TurnTables], list[str]] | None = None,
+    ) -> None:
         """``replica``: this engine's identity and lease timing on a shared ledger (issue 14;
         default :class:`ReplicaConfig`: ``<hostname>-<pid>``, 10 s lease). ``model_name``: the
         Prometheus ``model_name`` label (default: the Stage0 model directory's name).
@@ -82,8 +89,15 @@ class SessionEngine:
         self.replica = Replica(self, replica or ReplicaConfig())
 
     @classmethod
-    async def open(cls, url: str | None, ports: Sequence[StagePort], *, recover: bool = True,
-                   synchronous: Synchronous = "NORMAL", **kwargs) -> "SessionEngine":  # type: ignore[no-untyped-def]
+    async def open(
+        cls,
+        url: str | None,
+        ports: Sequence[StagePort],
+        *,
+        recover: bool = True,
+        synchronous: Synchronous = "NORMAL",
+        **kwargs,
+    ) -> SessionEngine:  # type: ignore[no-untyped-def]
         """Open (creating or upgrading) the ledger at ``url``, take this replica's lease, by
         default recover, and start the lease renewal and takeover scans (engine_bridge.replicas).
 
@@ -99,7 +113,7 @@ class SessionEngine:
         engine.replica.start_background()
         return engine
 
-    async def __aenter__(self) -> "SessionEngine":
+    async def __aenter__(self) -> SessionEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -118,8 +132,9 @@ class SessionEngine:
             await self.store.close()
 
     # ------------------------------------------------------------------ sessions
-    async def open_session(self, session_id: str, *, auto_response: bool = False, log_stats: bool = True,
-                           plugin: ModelPlugin | None = None) -> Session:
+    async def open_session(
+        self, session_id: str, *, auto_response: bool = False, log_stats: bool = True, plugin: ModelPlugin | None = None
+    ) -> Session:
         """Open a session (DOMAIN §2.2 open): admission, capabilities from the plugin, the
         incarnation (+1 over a closed predecessor), then the Stage0 id for fence turn 0 is
         reserved. The session is owned by this replica (``SessionOpened.replica_id``); one left
@@ -130,24 +145,42 @@ class SessionEngine:
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
         if sum(not s.closed for s in self.sessions.values()) >= self.config.max_sessions:
-            raise SessionError("max_sessions_reached", f"{self.config.max_sessions} sessions open",
-                               session_id=session_id)
+            raise SessionError(
+                "max_sessions_reached", f"{self.config.max_sessions} sessions open", session_id=session_id
+            )
         plugin = plugin or self.plugin
         await self.replica.ensure_writable(session_id)
         history = await self._claimable_history(session_id)
         opened = [e.event for e in history if e.event.type == "SessionOpened"]
         incarnation = (max(e.incarnation for e in opened) + 1) if opened else 0
         log = SessionLog(self.store, session_id, len(history), ticker=self._ticker, on_applied=self.metrics.apply)
-        session = Session(session_id, log=log, ports=self.ports, plugin=plugin,
-                          config=self.config, auto_response=auto_response, log_stats=log_stats)
+        session = Session(
+            session_id,
+            log=log,
+            ports=self.ports,
+            plugin=plugin,
+            config=self.config,
+            auto_response=auto_response,
+            log_stats=log_stats,
+        )
         log.on_turn = lambda turn: self._print_turn(session, turn)
         log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
         me = self.replica.me
         try:
-            await log.emit(SessionOpened(session_id=session_id, ts=time.time(), incarnation=incarnation,
-                                         capabilities=session.capabilities, auto_response=auto_response,
-                                         num_stages=len(self.ports), log_stats=log_stats, model=self.model_name,
-                                         replica_id=me.replica_id, replica_incarnation=me.incarnation))
+            await log.emit(
+                SessionOpened(
+                    session_id=session_id,
+                    ts=time.time(),
+                    incarnation=incarnation,
+                    capabilities=session.capabilities,
+                    auto_response=auto_response,
+                    num_stages=len(self.ports),
+                    log_stats=log_stats,
+                    model=self.model_name,
+                    replica_id=me.replica_id,
+                    replica_incarnation=me.incarnation,
+                )
+            )
         except SessionError as exc:  # another replica opened it between our read and our append
             if exc.code != TAKEN_OVER:
                 raise

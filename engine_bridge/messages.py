@@ -60,8 +60,9 @@ class SessionError(RuntimeError):
     and, where there is one, the request id. Nothing already in the log was changed."""
 
     def __init__(self, code: str, message: str, *, session_id: str, request_id: str | None = None) -> None:
-        super().__init__(f"{code}: {message} (session {session_id!r}"
-                         + (f", request {request_id!r})" if request_id else ")"))
+        super().__init__(
+            f"{code}: {message} (session {session_id!r}" + (f", request {request_id!r})" if request_id else ")")
+        )
         self.code = code
         self.session_id = session_id
         self.request_id = request_id

@@ -17,8 +17,9 @@ from events.types import StageOutput
 
 
 class OutputCoalescer:
-    def __init__(self, log: SessionLog, stage_id: int, request_id: str, *, window_s: float,
-                 frames_per_token: int = 0) -> None:
+    def __init__(
+        self, log: SessionLog, stage_id: int, request_id: str, *, window_s: float, frames_per_token: int = 0
+    ) -> None:
         self.log = log
         self.stage_id = stage_id
         self.request_id = request_id
@@ -56,7 +57,16 @@ class OutputCoalescer:
         self._tokens, self._text, self._first_ts, self._last = 0, [], None, None
 
     def _emit(self, n: int, text: str, chunk: StageChunk, last: StageChunk) -> None:
-        self.log.emit_later(StageOutput(
-            session_id=self.log.session_id, ts=last.received_ts, stage_id=self.stage_id,
-            request_id=self.request_id, num_new_tokens=n, text_delta=text or None,
-            audio_frames=n * self.frames_per_token, finished=chunk.finished, finish_reason=chunk.finish_reason))
+        self.log.emit_later(
+            StageOutput(
+                session_id=self.log.session_id,
+                ts=last.received_ts,
+                stage_id=self.stage_id,
+                request_id=self.request_id,
+                num_new_tokens=n,
+                text_delta=text or None,
+                audio_frames=n * self.frames_per_token,
+                finished=chunk.finished,
+                finish_reason=chunk.finish_reason,
+            )
+        )

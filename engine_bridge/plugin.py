@@ -18,10 +18,30 @@ from events.types import Capabilities
 Decision = Literal["speak", "listen"]
 
 #: Backchannels and fillers after which a polite voice assistant keeps listening.
-BACKCHANNELS = frozenset({
-    "mm", "mhm", "mm-hmm", "uh-huh", "uh huh", "hmm", "uh", "um", "ok", "okay", "right", "yeah", "yes",
-    "sure", "i see", "go on", "got it", "aha", "ah", "oh",
-})
+BACKCHANNELS = frozenset(
+    {
+        "mm",
+        "mhm",
+        "mm-hmm",
+        "uh-huh",
+        "uh huh",
+        "hmm",
+        "uh",
+        "um",
+        "ok",
+        "okay",
+        "right",
+        "yeah",
+        "yes",
+        "sure",
+        "i see",
+        "go on",
+        "got it",
+        "aha",
+        "ah",
+        "oh",
+    }
+)
 
 
 class ModelPlugin(Protocol):

@@ -92,8 +92,9 @@ class LedgerMetrics:
     audit's idle rule when live (default ``time.time``); offline the audit uses the ts of the
     last applied event, as ``duplex-ledger audit`` does. ``max_idle_s`` as ``audit --max-idle``."""
 
-    def __init__(self, ports: Sequence[Any] | None = None, *, now: Callable[[], float] | None = None,
-                 max_idle_s: float = 30.0) -> None:
+    def __init__(
+        self, ports: Sequence[Any] | None = None, *, now: Callable[[], float] | None = None, max_idle_s: float = 30.0
+    ) -> None:
         names = list(OFFLINE_FAMILIES) + (["duplex_ledger:running_counter_drift"] if ports is not None else [])
         self.sink = PrometheusSink(names)
         self.registry = self.sink.registry
@@ -115,7 +116,7 @@ class LedgerMetrics:
         self.apply_s += time.perf_counter() - start
         self.events_applied += 1
 
-    def apply_all(self, events: Iterable[StoredEvent]) -> "LedgerMetrics":
+    def apply_all(self, events: Iterable[StoredEvent]) -> LedgerMetrics:
         for stored in events:
             self.apply(stored)
         return self

@@ -37,11 +37,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from events.store.leases import Lease, LeaseTable
-from events.store.owners import Owner, session_lifecycles
-
 from engine_bridge.messages import SessionError
 from engine_bridge.takeover import RecoveryReport, take_over_session
+from events.store.leases import Lease, LeaseTable
+from events.store.owners import Owner, session_lifecycles
 
 if TYPE_CHECKING:  # pragma: no cover
     from engine_bridge.engine import SessionEngine
@@ -160,7 +159,7 @@ class OwnerJudge:
 class Replica:
     """The lease and the takeover scans of one engine (see the module doc)."""
 
-    def __init__(self, engine: "SessionEngine", config: ReplicaConfig) -> None:
+    def __init__(self, engine: SessionEngine, config: ReplicaConfig) -> None:
         self.engine = engine
         self.config = config
         self.host = host_key()
@@ -188,22 +187,27 @@ class Replica:
         """Acquire the lease under a new incarnation (idempotent)."""
         if self.lease is None:
             sent = time.monotonic()
-            self.lease = await self.table.acquire(self.config.replica_id, lease_s=self.config.lease_s,
-                                                  engine_pool=self.config.engine_pool, host=self.host,
-                                                  pid=os.getpid())
+            self.lease = await self.table.acquire(
+                self.config.replica_id,
+                lease_s=self.config.lease_s,
+                engine_pool=self.config.engine_pool,
+                host=self.host,
+                pid=os.getpid(),
+            )
             self._last_ok = self._last_full = sent  # start-up recovery is the first full scan
 
     def start_background(self) -> None:
         """Start the renewal and takeover-scan tasks (idempotent)."""
         if not self._tasks:
             loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._every(self.config.renew_s, self.renew)),
-                           loop.create_task(self._every(self.config.scan_s, self.scan))]
+            self._tasks = [
+                loop.create_task(self._every(self.config.renew_s, self.renew)),
+                loop.create_task(self._every(self.config.scan_s, self.scan)),
+            ]
 
     def valid(self) -> bool:
         """The lease is held and, by this process's monotonic clock, cannot have expired."""
-        return (self.lease is not None and not self.superseded
-                and time.monotonic() - self._last_ok < self.config.lease_s)
+        return self.lease is not None and not self.superseded and time.monotonic() - self._last_ok < self.config.lease_s
 
     async def ensure_writable(self, session_id: str) -> None:
         """Before opening a session: hold a lease that is surely live (renewing first when in
@@ -213,8 +217,11 @@ class Replica:
         if not self.valid() or time.monotonic() - self._last_ok > self.config.renew_s:
             await self.renew()
         if self.superseded or self.lease is None:
-            raise SessionError("replica_superseded", f"replica {self.config.replica_id!r} was started again elsewhere",
-                               session_id=session_id)
+            raise SessionError(
+                "replica_superseded",
+                f"replica {self.config.replica_id!r} was started again elsewhere",
+                session_id=session_id,
+            )
 
     async def renew(self) -> None:
         """Renew once; on a lost lease fence every session and (unless superseded) start a new
@@ -235,8 +242,10 @@ class Replica:
         _, leases = await self.table.snapshot()
         row = leases.get(self.config.replica_id)
         self.superseded = row is not None and row.incarnation != old.incarnation
-        self.fence_all(f"replica {old} lost its lease"
-                       + (" (started again elsewhere)" if self.superseded else "; the session is taken over"))
+        self.fence_all(
+            f"replica {old} lost its lease"
+            + (" (started again elsewhere)" if self.superseded else "; the session is taken over")
+        )
         log.warning("replica %s lost its lease%s", old, " (superseded)" if self.superseded else "")
         if self.superseded:
             return
@@ -272,16 +281,16 @@ class Replica:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a background loop logs and carries on
-                log.warning("replica %s: %s failed: %s: %s", self.me, getattr(step, "__name__", step),
-                            type(exc).__name__, exc)
+                log.warning(
+                    "replica %s: %s failed: %s: %s", self.me, getattr(step, "__name__", step), type(exc).__name__, exc
+                )
                 if self.lease is not None and not self.valid() and not self.superseded:
                     self.fence_all(f"replica {self.me} could not renew its lease")
 
     # ------------------------------------------------------------------ takeover
     async def judge(self) -> OwnerJudge:
         now, leases = await self.table.snapshot()
-        return OwnerJudge(now, leases, self.me, self.config.engine_pool, self.host,
-                          self.config.probe_local_processes)
+        return OwnerJudge(now, leases, self.me, self.config.engine_pool, self.host, self.config.probe_local_processes)
 
     async def scan(self, full: bool = False) -> RecoveryReport | None:
         """One takeover scan: take over every open session whose owner is dead. Skipped (None)
@@ -291,8 +300,11 @@ class Replica:
             return None
         self.stats["scans"] += 1
         judge = await self.judge()
-        pending = [lease for lease in judge.leases.values()
-                   if lease.reaped_at_us is None and judge.dead_lease(lease) is not None]
+        pending = [
+            lease
+            for lease in judge.leases.values()
+            if lease.reaped_at_us is None and judge.dead_lease(lease) is not None
+        ]
         due = time.monotonic() - self._last_full >= self.config.full_scan_every_s
         if not (pending or full or due):
             return None
@@ -318,6 +330,14 @@ class Replica:
 
     async def take_over(self, session_id: str, judge: OwnerJudge, report: RecoveryReport) -> bool:
         """Take over one session if its owner is dead (see :mod:`engine_bridge.takeover`)."""
-        return await take_over_session(self.engine.store, self.engine.ports, session_id, me=self.me,
-                                       judge=judge.dead_reason, shared=judge.shared, ticker=self.engine._ticker,
-                                       report=report, on_applied=self.engine.metrics.apply)
+        return await take_over_session(
+            self.engine.store,
+            self.engine.ports,
+            session_id,
+            me=self.me,
+            judge=judge.dead_reason,
+            shared=judge.shared,
+            ticker=self.engine._ticker,
+            report=report,
+            on_applied=self.engine.metrics.apply,
+        )

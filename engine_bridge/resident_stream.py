@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-
 from engine_bridge.client_feed import ClientFeed
 from engine_bridge.ports import StageChunk, StagePort, StagePortError
 
@@ -16,8 +15,9 @@ class ResidentStream:
     """``route(request_id)``: the chunk queue of the turn that owns ``request_id``'s current
     segment, or None (the chunk is dropped: no turn reads it)."""
 
-    def __init__(self, port: StagePort, feed: ClientFeed,
-                 route: Callable[[str], "asyncio.Queue[StageChunk | None] | None"]) -> None:
+    def __init__(
+        self, port: StagePort, feed: ClientFeed, route: Callable[[str], asyncio.Queue[StageChunk | None] | None]
+    ) -> None:
         self.port = port
         self.feed = feed
         self.route = route
@@ -54,5 +54,3 @@ class ResidentStream:
         finally:
             if self.request_id == request_id:
                 self.request_id = None
-
-

@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from events.stats import StageRequestStats
-
 from engine_bridge.metrics_map import stage_stats_from_outputs
 from engine_bridge.ports import EngineMetrics, FinishedStats, StageChunk
+from events.stats import StageRequestStats
 
 
 @dataclass
@@ -46,14 +45,25 @@ class SegmentRecorder:
     def stats(self, finished: FinishedStats | None) -> tuple[StageRequestStats, dict[str, Any]]:
         """(stats, engine-stamp fields for StageMetricsReported)."""
         seg = stage_stats_from_outputs(
-            num_prompt_tokens=self.num_prompt_tokens, num_output_tokens=self.tokens, metrics=self.metrics,
-            finished=finished, submit_wall_s=self.submit_ts, first_output_wall_s=self.first_output_ts,
-            last_output_wall_s=self.last_output_ts, receipts=self.receipts, resident=self.resident,
-            finish_reason=self.finish_reason, frames_per_token=self.frames_per_token,
-            sample_rate=self.sample_rate_hz)
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=self.tokens,
+            metrics=self.metrics,
+            finished=finished,
+            submit_wall_s=self.submit_ts,
+            first_output_wall_s=self.first_output_ts,
+            last_output_wall_s=self.last_output_ts,
+            receipts=self.receipts,
+            resident=self.resident,
+            finish_reason=self.finish_reason,
+            frames_per_token=self.frames_per_token,
+            sample_rate=self.sample_rate_hz,
+        )
         stats = seg.stats
         if self.rx_bytes is not None:
             stats = stats.model_copy(update={"rx_transfer_bytes": self.rx_bytes})
-        stamps = {"engine_submit_ts": seg.engine_submit_ts, "engine_first_token_ts": seg.engine_first_token_ts,
-                  "engine_last_token_ts": seg.engine_last_token_ts}
+        stamps = {
+            "engine_submit_ts": seg.engine_submit_ts,
+            "engine_first_token_ts": seg.engine_first_token_ts,
+            "engine_last_token_ts": seg.engine_last_token_ts,
+        }
         return stats, stamps

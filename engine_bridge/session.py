@@ -25,6 +25,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_bridge.cleanup import CleanupFailed, cleanup_id
+from engine_bridge.client_feed import ClientFeed
+from engine_bridge.conversation import Conversation
+from engine_bridge.messages import ClientEvent, EngineConfig, SessionError
+from engine_bridge.plugin import ModelPlugin
+from engine_bridge.ports import StagePort
+from engine_bridge.session_log import SessionLog
+from engine_bridge.turn_runner import TurnRun, TurnRunner
 from events.types import Fence
 from projections.session_rules import (
     Append,
@@ -57,15 +65,6 @@ from projections.session_rules import (
     decide,
 )
 
-from engine_bridge.cleanup import CleanupFailed, cleanup_id
-from engine_bridge.client_feed import ClientFeed
-from engine_bridge.conversation import Conversation
-from engine_bridge.messages import ClientEvent, EngineConfig, SessionError
-from engine_bridge.plugin import ModelPlugin
-from engine_bridge.ports import StagePort
-from engine_bridge.session_log import SessionLog
-from engine_bridge.turn_runner import TurnRun, TurnRunner
-
 
 @dataclass
 class _Execution:
@@ -81,8 +80,17 @@ class Session:
     """A session of a :class:`engine_bridge.engine.SessionEngine`. Commands raise
     :class:`SessionError` (a refusal of an open session is also logged as ``CommandRejected``)."""
 
-    def __init__(self, session_id: str, *, log: SessionLog, ports: list[StagePort], plugin: ModelPlugin,
-                 config: EngineConfig, auto_response: bool, log_stats: bool) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        log: SessionLog,
+        ports: list[StagePort],
+        plugin: ModelPlugin,
+        config: EngineConfig,
+        auto_response: bool,
+        log_stats: bool,
+    ) -> None:
         """The session's incarnation, epoch and turn are those its log folds (``state``): the
         engine records ``SessionOpened`` before :meth:`start`."""
         self.session_id = session_id
@@ -93,14 +101,21 @@ class Session:
         self.auto_response = auto_response
         self.log_stats = log_stats
         self.taken_over = False  # fenced: another replica owns the session now (issue 14); never in the log
-        self.state = SessionState(session_id, log.projector.resources,
-                                  SessionRules(auto_response, config.overlap_short_ack_ms))
+        self.state = SessionState(
+            session_id, log.projector.resources, SessionRules(auto_response, config.overlap_short_ack_ms)
+        )
         self.client = ClientFeed(session_id)
         self.conversation = Conversation(config.system_prompt)
-        self.runner = TurnRunner(log=log, ports=ports, config=config, feed=self.client,
-                                 conversation=self.conversation, resident=self.resident,
-                                 run=lambda command, turn: self._run(command, _Execution("turn", turn)),
-                                 on_done=self._promote_deferred)
+        self.runner = TurnRunner(
+            log=log,
+            ports=ports,
+            config=config,
+            feed=self.client,
+            conversation=self.conversation,
+            resident=self.resident,
+            run=lambda command, turn: self._run(command, _Execution("turn", turn)),
+            on_done=self._promote_deferred,
+        )
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ queries
@@ -153,8 +168,12 @@ class Session:
         """Open: the Stage0 id of fence turn 0 is reserved, durably with ``SessionOpened``."""
         await self._run(Reserve(time.time()), _Execution("open", None))
         await self.log.flush()
-        self.client.send("session.created", incarnation=self.incarnation,
-                         capabilities=self.capabilities.model_dump(), auto_response=self.auto_response)
+        self.client.send(
+            "session.created",
+            incarnation=self.incarnation,
+            capabilities=self.capabilities.model_dump(),
+            auto_response=self.auto_response,
+        )
 
     async def append_text(self, text: str, *, is_speech: bool = True, fence: Fence | None = None) -> None:
         """Append a text chunk (a transcript unit) to the input buffer. ``fence``: the fence the
@@ -162,37 +181,69 @@ class Session:
         fields = dict(input_kind="text", text=text, size_bytes=len(text.encode()))
         await self._command("append", lambda: Append(time.time(), fields, text, is_speech, fence))
 
-    async def append_audio(self, pcm: bytes, *, audio_format: str = "pcm16", sample_rate_hz: int = 16_000,
-                           transcript: str | None = None, is_speech: bool = True, store_payload: bool = False,
-                           fence: Fence | None = None) -> None:
+    async def append_audio(
+        self,
+        pcm: bytes,
+        *,
+        audio_format: str = "pcm16",
+        sample_rate_hz: int = 16_000,
+        transcript: str | None = None,
+        is_speech: bool = True,
+        store_payload: bool = False,
+        fence: Fence | None = None,
+    ) -> None:
         """Append an audio chunk. Recorded by format, duration (16-bit mono), size and sha256
         digest; the payload itself only with ``store_payload``. ``transcript`` is what the
         text model hears. ``fence`` as in :meth:`append_text`."""
         duration_ms = len(pcm) / 2 / sample_rate_hz * 1000.0 if audio_format == "pcm16" else None
-        fields = dict(input_kind="audio", text=transcript, audio_format=audio_format, sample_rate_hz=sample_rate_hz,
-                      duration_ms=duration_ms, size_bytes=len(pcm), digest_sha256=hashlib.sha256(pcm).hexdigest(),
-                      payload_b64=base64.b64encode(pcm).decode() if store_payload else None)
+        fields = dict(
+            input_kind="audio",
+            text=transcript,
+            audio_format=audio_format,
+            sample_rate_hz=sample_rate_hz,
+            duration_ms=duration_ms,
+            size_bytes=len(pcm),
+            digest_sha256=hashlib.sha256(pcm).hexdigest(),
+            payload_b64=base64.b64encode(pcm).decode() if store_payload else None,
+        )
         await self._command("append", lambda: Append(time.time(), fields, transcript or "", is_speech, fence))
 
-    async def commit(self, *, create_response: bool = True, overlap_speech_ms: float = 0.0,
-                     fence: Fence | None = None) -> str:
+    async def commit(
+        self, *, create_response: bool = True, overlap_speech_ms: float = 0.0, fence: Fence | None = None
+    ) -> str:
         """input_audio_buffer.commit. Returns the commit action taken: START_AUTO_RESPONSE,
         COMMIT_ONLY, DEFER_ACTIVE_RESPONSE or LISTEN (silent commit). Raises SessionError
         ``input_audio_buffer_empty`` on an empty buffer, ``runtime_append_failed`` when the
         stale id's abort failed (R3), ``prompt_too_long`` when the model refuses the prompt,
         ``stale_fence`` for a ``fence`` of another incarnation or an older epoch."""
         c = self.conversation
-        return await self._command("commit", lambda: Commit(
-            time.time(), create_response, overlap_speech_ms, c.input_chunks, c.input_speech,
-            self.runner.active is not None, secrets.token_hex(4), fence))
+        return await self._command(
+            "commit",
+            lambda: Commit(
+                time.time(),
+                create_response,
+                overlap_speech_ms,
+                c.input_chunks,
+                c.input_speech,
+                self.runner.active is not None,
+                secrets.token_hex(4),
+                fence,
+            ),
+        )
 
     async def create_response(self) -> str:
         """response.create: start a response from committed input. Returns the response_id.
         Raises SessionError ``conversation_already_has_active_response`` or
         ``input_audio_buffer_empty``."""
-        return await self._command("response.create", lambda: CreateResponse(
-            time.time(), self.runner.active.request_id if self.runner.active else None,
-            bool(self.conversation.pending), secrets.token_hex(4)))
+        return await self._command(
+            "response.create",
+            lambda: CreateResponse(
+                time.time(),
+                self.runner.active.request_id if self.runner.active else None,
+                bool(self.conversation.pending),
+                secrets.token_hex(4),
+            ),
+        )
 
     async def barge_in(self) -> bool:
         """User speech over the response: cancel it with source ``barge_in``."""
@@ -213,15 +264,20 @@ class Session:
         return await self._cancel("output_audio_buffer.clear", "output_audio_buffer_clear")
 
     async def _cancel(self, command: str, source: str) -> bool:
-        return await self._command(command, lambda: CancelResponse(
-            time.time(), command, source, self.runner.active.ref if self.runner.active else None))
+        return await self._command(
+            command,
+            lambda: CancelResponse(
+                time.time(), command, source, self.runner.active.ref if self.runner.active else None
+            ),
+        )
 
     async def close(self, reason: str = "session_close") -> None:
         """Close (irreversible): record it, snapshot held ids before dropping anything, cancel
         the active response, abort submitted ids, release the rest. A failed abort keeps its
         keys (restored) and is reported; the session is closed all the same."""
-        await self._command("close", lambda: Close(
-            time.time(), reason, self.runner.active.ref if self.runner.active else None))
+        await self._command(
+            "close", lambda: Close(time.time(), reason, self.runner.active.ref if self.runner.active else None)
+        )
 
     def fence_out(self, message: str) -> None:
         """Drop the session without writing (issue 14 fencing): another replica took it over,
@@ -242,9 +298,12 @@ class Session:
         if not self.conversation.deferred or self.runner.active is not None or self.closed:
             return
         async with self._lock:
-            await self._run(PromoteDeferred(time.time(), bool(self.conversation.deferred),
-                                            self.runner.active is not None, secrets.token_hex(4)),
-                            _Execution("commit", None))
+            await self._run(
+                PromoteDeferred(
+                    time.time(), bool(self.conversation.deferred), self.runner.active is not None, secrets.token_hex(4)
+                ),
+                _Execution("commit", None),
+            )
 
     # ------------------------------------------------------------------ execution
     async def _command(self, name: str, command: Callable[[], Any]) -> Any:
@@ -252,8 +311,11 @@ class Session:
         it inside the lock (what it observes is current). A cleanup the command needed that
         failed refuses it (``runtime_append_failed``, R3)."""
         if self.taken_over:
-            raise SessionError("session_taken_over", f"{name}: the session was taken over by another replica",
-                               session_id=self.session_id)
+            raise SessionError(
+                "session_taken_over",
+                f"{name}: the session was taken over by another replica",
+                session_id=self.session_id,
+            )
         async with self._lock:
             run = _Execution(name, self.runner.active)
             try:
@@ -346,7 +408,7 @@ class Session:
             raise
         prompt, num_tokens_in = self.conversation.prompt(self.ports[0], text, resident=self.resident)
         now = time.time()
-        turn, kind = await self._run(Submit(now, step.response_id, step.commit_ts, num_tokens_in,
-                                            self.runner.stream.request_id), run)
-        self.runner.start(turn, kind, text=text, speak=speak, prompt=prompt, num_tokens_in=num_tokens_in,
-                          submit_ts=now)
+        turn, kind = await self._run(
+            Submit(now, step.response_id, step.commit_ts, num_tokens_in, self.runner.stream.request_id), run
+        )
+        self.runner.start(turn, kind, text=text, speak=speak, prompt=prompt, num_tokens_in=num_tokens_in, submit_ts=now)

@@ -37,15 +37,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from engine_bridge.messages import SessionError
 from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
 from events.store.store import EventStore
 from events.types import EventBase
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
-
-from engine_bridge.messages import SessionError
-
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,12 +70,12 @@ def _chain(task: asyncio.Task[None], done: asyncio.Future[None]) -> None:
 class _Gated:
     """The async iterator of :meth:`SessionLog.gated`."""
 
-    def __init__(self, log: "SessionLog", stream: AsyncIterator[T], *, wait_first: bool) -> None:
+    def __init__(self, log: SessionLog, stream: AsyncIterator[T], *, wait_first: bool) -> None:
         self._log = log
         self._stream = stream
         self._wait_first = wait_first
 
-    def __aiter__(self) -> "_Gated":
+    def __aiter__(self) -> _Gated:
         return self
 
     def __anext__(self) -> Any:
@@ -122,7 +120,7 @@ class FlushTicker:
         self._due: dict[int, SessionLog] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def schedule(self, log: "SessionLog") -> None:
+    def schedule(self, log: SessionLog) -> None:
         self._due[id(log)] = log
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._tick())
@@ -148,9 +146,18 @@ class SessionLog:
     #: ``update_stream`` is sent at once either way.
     pipelined = True
 
-    def __init__(self, store: EventStore, session_id: str, version: int, *, flush_interval_s: float = 0.02,
-                 on_turn: Callable[[TurnTables], None] | None = None, projector: Projector | None = None,
-                 ticker: FlushTicker | None = None, on_applied: Callable[[StoredEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        session_id: str,
+        version: int,
+        *,
+        flush_interval_s: float = 0.02,
+        on_turn: Callable[[TurnTables], None] | None = None,
+        projector: Projector | None = None,
+        ticker: FlushTicker | None = None,
+        on_applied: Callable[[StoredEvent], None] | None = None,
+    ) -> None:
         """``ticker``: the clock shared by the engine's sessions (a private one by default,
         ticking every ``flush_interval_s``). ``on_applied``: called with every event as it is
         applied (the engine's metrics fold, issue 16); its failures are swallowed (DOMAIN §5.5)."""
@@ -226,8 +233,9 @@ class SessionLog:
                 self.durable_wait_s += time.perf_counter() - start
         failure = ahead.exception()
         if failure is not None:  # a new error each time: the commit's own is raised nowhere twice
-            raise SessionLogBroken(f"session {self.session_id!r}: a pipelined intent was not committed: "
-                                   f"{failure}") from failure
+            raise SessionLogBroken(
+                f"session {self.session_id!r}: a pipelined intent was not committed: {failure}"
+            ) from failure
         if self._ahead is ahead:
             self._ahead = None  # commits run in order: every earlier intent is in too
 
@@ -261,13 +269,12 @@ class SessionLog:
                     self.on_applied(stored)
                 except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
                     logger.exception("session %s: metrics hook failed on %s", self.session_id, event.type)
-        for turn in (self.projector.turns.take_finalized() if self.projector.turns.finalized else ()):
+        for turn in self.projector.turns.take_finalized() if self.projector.turns.finalized else ():
             if self.on_turn is not None:  # handed on, not kept: a long-lived session stays flat
                 try:
                     self.on_turn(turn)
                 except Exception:  # noqa: BLE001 - DOMAIN §5.5: printing failures never block
-                    logger.exception("session %s: printing the tables of %s failed", self.session_id,
-                                     turn.response_id)
+                    logger.exception("session %s: printing the tables of %s failed", self.session_id, turn.response_id)
 
     async def _write(self) -> None:
         batch, self._pending = self._pending, []
@@ -279,8 +286,9 @@ class SessionLog:
             self._broken = exc
             if self.on_fenced is not None:
                 self.on_fenced(exc)
-            raise SessionError("session_taken_over", f"another writer appended to the stream: {exc}",
-                               session_id=self.session_id) from exc
+            raise SessionError(
+                "session_taken_over", f"another writer appended to the stream: {exc}", session_id=self.session_id
+            ) from exc
         except BaseException as exc:
             self._broken = exc
             raise

@@ -24,16 +24,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from engine_bridge.cleanup import CleanupFailed, cleanup_id
+from engine_bridge.messages import SessionError
+from engine_bridge.ports import AbortFailed, StagePort
+from engine_bridge.session_log import FlushTicker, SessionLog
 from events.records import StoredEvent
 from events.store.owners import Owner, lifecycle_of
 from events.store.store import EventStore
 from events.types import AbortResult, SessionClosed, SessionTakenOver, StageRequestLost, StageRequestReleased
 from projections.projector import Projector
-
-from engine_bridge.cleanup import CleanupFailed, cleanup_id
-from engine_bridge.messages import SessionError
-from engine_bridge.ports import AbortFailed, StagePort
-from engine_bridge.session_log import FlushTicker, SessionLog
 
 TAKEN_OVER = "session_taken_over"  # SessionError code of a refused append (the stream moved on)
 
@@ -52,10 +51,19 @@ class RecoveryReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-async def take_over_session(store: EventStore, ports: Sequence[StagePort], session_id: str, *, me: Owner,
-                            judge: Callable[[Owner], str | None], shared: Callable[[Owner], bool],
-                            ticker: FlushTicker, report: RecoveryReport, attempts: int = 5,
-                            on_applied: Callable[[StoredEvent], None] | None = None) -> bool:
+async def take_over_session(
+    store: EventStore,
+    ports: Sequence[StagePort],
+    session_id: str,
+    *,
+    me: Owner,
+    judge: Callable[[Owner], str | None],
+    shared: Callable[[Owner], bool],
+    ticker: FlushTicker,
+    report: RecoveryReport,
+    attempts: int = 5,
+    on_applied: Callable[[StoredEvent], None] | None = None,
+) -> bool:
     """Take over ``session_id`` (see the module doc). ``judge(owner)``: why that owner is dead
     (``SessionTakenOver.detected``), or None when it is alive — then nothing is written and
     False is returned (also when the session holds nothing to do). ``shared(owner)``: whether
@@ -79,11 +87,18 @@ async def take_over_session(store: EventStore, ports: Sequence[StagePort], sessi
         try:
             if life.open:
                 now = time.time()
-                await log.emit(SessionTakenOver(session_id=session_id, ts=now, replica_id=me.replica_id or "?",
-                                                replica_incarnation=me.incarnation or 0,
-                                                previous_replica_id=life.owner.replica_id,
-                                                previous_incarnation=life.owner.incarnation, detected=detected),
-                               SessionClosed(session_id=session_id, ts=now, reason="recovered_after_crash"))
+                await log.emit(
+                    SessionTakenOver(
+                        session_id=session_id,
+                        ts=now,
+                        replica_id=me.replica_id or "?",
+                        replica_incarnation=me.incarnation or 0,
+                        previous_replica_id=life.owner.replica_id,
+                        previous_incarnation=life.owner.incarnation,
+                        detected=detected,
+                    ),
+                    SessionClosed(session_id=session_id, ts=now, reason="recovered_after_crash"),
+                )
                 report.closed_sessions.append(session_id)
                 report.taken_over.append((session_id, str(life.owner)))
             await _clean(log, ports, shared(life.owner), report)
@@ -111,15 +126,23 @@ async def _clean(log: SessionLog, ports: Sequence[StagePort], shared: bool, repo
         for stage_id, _ in sorted(k for k in held if k[1] == request_id):
             binding = held[(stage_id, request_id)]
             event_cls = StageRequestLost if binding.submitted else StageRequestReleased
-            log.emit_later(event_cls(session_id=sid, ts=time.time(), stage_id=stage_id, request_id=request_id,
-                                     cause="recovered_after_crash"))
+            log.emit_later(
+                event_cls(
+                    session_id=sid,
+                    ts=time.time(),
+                    stage_id=stage_id,
+                    request_id=request_id,
+                    cause="recovered_after_crash",
+                )
+            )
             if binding.submitted:
                 report.lost.append((sid, stage_id, request_id))
     await _settle_interrupted_aborts(log, ports, shared, live, report)
 
 
-async def _settle_interrupted_aborts(log: SessionLog, ports: Sequence[StagePort], shared: bool, live: set[str],
-                                     report: RecoveryReport) -> None:
+async def _settle_interrupted_aborts(
+    log: SessionLog, ports: Sequence[StagePort], shared: bool, live: set[str], report: RecoveryReport
+) -> None:
     """An id whose keys the dead owner dropped and whose abort it logged but never saw
     answered (it died between ``AbortRequested`` and ``AbortResult``): on engines this replica
     reaches, the abort is sent again and answered per pool; on the dead owner's own engines
@@ -141,10 +164,25 @@ async def _settle_interrupted_aborts(log: SessionLog, ports: Sequence[StagePort]
                 except AbortFailed as exc:
                     outcome, error = "failed", str(exc)
                     report.failed.append(str(exc))
-                log.emit_later(AbortResult(session_id=sid, ts=time.time(), request_ids=[request_id],
-                                           stage_id=port.stage_id, outcome=outcome, error=error))
+                log.emit_later(
+                    AbortResult(
+                        session_id=sid,
+                        ts=time.time(),
+                        request_ids=[request_id],
+                        stage_id=port.stage_id,
+                        outcome=outcome,
+                        error=error,
+                    )
+                )
             continue
         for stage_id in pending:
-            log.emit_later(StageRequestLost(session_id=sid, ts=time.time(), stage_id=stage_id, request_id=request_id,
-                                            cause="recovered_after_crash"))
+            log.emit_later(
+                StageRequestLost(
+                    session_id=sid,
+                    ts=time.time(),
+                    stage_id=stage_id,
+                    request_id=request_id,
+                    cause="recovered_after_crash",
+                )
+            )
             report.lost.append((sid, stage_id, request_id))

@@ -14,6 +14,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_bridge.client_feed import ClientFeed
+from engine_bridge.conversation import Conversation
+from engine_bridge.messages import EngineConfig
+from engine_bridge.outputs import OutputCoalescer
+from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment
+from engine_bridge.resident_stream import ResidentStream
+from engine_bridge.segments import SegmentRecorder
+from engine_bridge.session_log import SessionLog
 from events.types import StageMetricsReported, StageRequestFinished, TransferTx
 from projections.session_rules import (
     EndTurn,
@@ -25,15 +33,6 @@ from projections.session_rules import (
     Stage0Done,
     TurnRef,
 )
-
-from engine_bridge.client_feed import ClientFeed
-from engine_bridge.conversation import Conversation
-from engine_bridge.messages import EngineConfig
-from engine_bridge.outputs import OutputCoalescer
-from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment
-from engine_bridge.resident_stream import ResidentStream
-from engine_bridge.segments import SegmentRecorder
-from engine_bridge.session_log import SessionLog
 
 
 @dataclass
@@ -69,9 +68,18 @@ class TurnRunner:
     """``run(command, turn)``: decide a command of the turn and execute its steps (the
     session's executor); ``on_done``: called when a turn ends uncancelled (deferred input)."""
 
-    def __init__(self, *, log: SessionLog, ports: list[StagePort], config: EngineConfig, feed: ClientFeed,
-                 conversation: Conversation, resident: bool, run: Callable[[Any, "TurnRun | None"], Awaitable[Any]],
-                 on_done: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        *,
+        log: SessionLog,
+        ports: list[StagePort],
+        config: EngineConfig,
+        feed: ClientFeed,
+        conversation: Conversation,
+        resident: bool,
+        run: Callable[[Any, TurnRun | None], Awaitable[Any]],
+        on_done: Callable[[], Awaitable[None]],
+    ) -> None:
         self.log = log
         self.ports = ports
         self.config = config
@@ -85,19 +93,21 @@ class TurnRunner:
         self.idle.set()
         self.stream = ResidentStream(ports[0], feed, self._route)
 
-    def _route(self, request_id: str) -> "asyncio.Queue[StageChunk | None] | None":
+    def _route(self, request_id: str) -> asyncio.Queue[StageChunk | None] | None:
         turn = self.active
         return turn.chunks if turn is not None and turn.request_id == request_id else None
 
     # ------------------------------------------------------------------ control
-    def start(self, ref: TurnRef, kind: str, *, text: str, speak: bool, prompt: str, num_tokens_in: int,
-              submit_ts: float) -> None:
+    def start(
+        self, ref: TurnRef, kind: str, *, text: str, speak: bool, prompt: str, num_tokens_in: int, submit_ts: float
+    ) -> None:
         """Run the submitted turn ``ref`` (``kind``: initial / update of the resident stream)."""
         turn = TurnRun(ref, text, speak)
         self.active = turn
         self.idle.clear()
-        recorder = SegmentRecorder(stage_id=0, submit_ts=submit_ts, num_prompt_tokens=num_tokens_in,
-                                   resident=self.resident)
+        recorder = SegmentRecorder(
+            stage_id=0, submit_ts=submit_ts, num_prompt_tokens=num_tokens_in, resident=self.resident
+        )
         turn.task = asyncio.get_running_loop().create_task(self._turn(turn, prompt, kind, recorder))
 
     @staticmethod
@@ -216,16 +226,37 @@ class TurnRunner:
         tx_start = time.perf_counter()
         forwarded_ts = time.time()
         await self._run(Forward(forwarded_ts, turn.ref), turn)
-        stream = self.log.gated(port1.generate(turn.request_id, text or " ", generation_params(config, budget, stage_id=1)))
+        stream = self.log.gated(
+            port1.generate(turn.request_id, text or " ", generation_params(config, budget, stage_id=1))
+        )
         tx_ms = (time.perf_counter() - tx_start) * 1000.0
-        self.log.emit_later(TransferTx(session_id=sid, ts=time.time(), from_stage=0, to_stage=1,
-                                       request_id=turn.request_id, size_bytes=payload_bytes, tx_time_ms=tx_ms))
-        recorder = SegmentRecorder(stage_id=1, submit_ts=forwarded_ts, num_prompt_tokens=n_text_tokens,
-                                   frames_per_token=config.frames_per_talker_token,
-                                   sample_rate_hz=config.audio_sample_rate_hz, rx_bytes=payload_bytes)
+        self.log.emit_later(
+            TransferTx(
+                session_id=sid,
+                ts=time.time(),
+                from_stage=0,
+                to_stage=1,
+                request_id=turn.request_id,
+                size_bytes=payload_bytes,
+                tx_time_ms=tx_ms,
+            )
+        )
+        recorder = SegmentRecorder(
+            stage_id=1,
+            submit_ts=forwarded_ts,
+            num_prompt_tokens=n_text_tokens,
+            frames_per_token=config.frames_per_talker_token,
+            sample_rate_hz=config.audio_sample_rate_hz,
+            rx_bytes=payload_bytes,
+        )
         last: StageChunk | None = None
-        turn.outputs = OutputCoalescer(self.log, 1, turn.request_id, window_s=config.flush_interval_s,
-                                       frames_per_token=config.frames_per_talker_token)
+        turn.outputs = OutputCoalescer(
+            self.log,
+            1,
+            turn.request_id,
+            window_s=config.flush_interval_s,
+            frames_per_token=config.frames_per_talker_token,
+        )
         async for chunk in stream:
             if turn.cancelled:
                 continue
@@ -233,8 +264,12 @@ class TurnRunner:
             turn.outputs.add(chunk)
             frames = len(chunk.new_token_ids) * config.frames_per_talker_token
             if frames:
-                self.feed.send("response.audio.delta", response_id=turn.ref.response_id, frames=frames,
-                               sample_rate_hz=config.audio_sample_rate_hz)
+                self.feed.send(
+                    "response.audio.delta",
+                    response_id=turn.ref.response_id,
+                    frames=frames,
+                    sample_rate_hz=config.audio_sample_rate_hz,
+                )
             last = chunk
         turn.outputs.flush()
         if turn.cancelled or (last is not None and last.finish_reason == "abort"):
@@ -242,8 +277,22 @@ class TurnRunner:
         stats, stamps = recorder.stats(port1.pop_finished_stats(turn.request_id))
         now = time.time()
         self.log.emit_later(
-            StageMetricsReported(session_id=sid, ts=now, stage_id=1, request_id=turn.request_id, stats=stats,
-                                 stage_submit_ts=forwarded_ts, **stamps),
-            StageRequestFinished(session_id=sid, ts=now, stage_id=1, request_id=turn.request_id,
-                                 finish_reason=last.finish_reason if last else None, model_turn_id=turn.ref.turn_id,
-                                 end_of_turn=True))
+            StageMetricsReported(
+                session_id=sid,
+                ts=now,
+                stage_id=1,
+                request_id=turn.request_id,
+                stats=stats,
+                stage_submit_ts=forwarded_ts,
+                **stamps,
+            ),
+            StageRequestFinished(
+                session_id=sid,
+                ts=now,
+                stage_id=1,
+                request_id=turn.request_id,
+                finish_reason=last.finish_reason if last else None,
+                model_turn_id=turn.ref.turn_id,
+                end_of_turn=True,
+            ),
+        )

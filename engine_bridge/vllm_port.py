@@ -82,9 +82,15 @@ def _load_vllm() -> SimpleNamespace:
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     return SimpleNamespace(
-        SamplingParams=SamplingParams, AsyncEngineArgs=AsyncEngineArgs, StreamingInput=StreamingInput,
-        VLLMError=VLLMError, VLLMValidationError=VLLMValidationError, RequestOutputKind=RequestOutputKind,
-        AsyncLLM=AsyncLLM, EngineDeadError=EngineDeadError, StatLoggerBase=StatLoggerBase,
+        SamplingParams=SamplingParams,
+        AsyncEngineArgs=AsyncEngineArgs,
+        StreamingInput=StreamingInput,
+        VLLMError=VLLMError,
+        VLLMValidationError=VLLMValidationError,
+        RequestOutputKind=RequestOutputKind,
+        AsyncLLM=AsyncLLM,
+        EngineDeadError=EngineDeadError,
+        StatLoggerBase=StatLoggerBase,
     )
 
 
@@ -142,8 +148,9 @@ def _stat_logger_factory(base: type, sink: OrderedDict[str, FinishedStats], coun
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if iteration_stats is None:
                 return
             counters.iterations += 1
@@ -185,9 +192,18 @@ class VllmStagePort:
     :meth:`start`; attributes ``stage_id``, ``name``, ``max_model_len``, ``model_dir``,
     ``counters`` (:class:`EngineCounters`)."""
 
-    def __init__(self, engine: Any, v: SimpleNamespace, *, stage_id: int, name: str, model_dir: Path,
-                 max_model_len: int, finished: OrderedDict[str, FinishedStats],
-                 counters: EngineCounters | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        v: SimpleNamespace,
+        *,
+        stage_id: int,
+        name: str,
+        model_dir: Path,
+        max_model_len: int,
+        finished: OrderedDict[str, FinishedStats],
+        counters: EngineCounters | None = None,
+    ) -> None:
         self.stage_id = stage_id
         self.name = name
         self.model_dir = model_dir
@@ -200,9 +216,17 @@ class VllmStagePort:
         self._tokenizer = engine.get_tokenizer()
 
     @classmethod
-    async def start(cls, model_dir: str | Path, *, stage_id: int, name: str, max_model_len: int = 1024,
-                    kv_cache_memory_bytes: int = 64 * 2**20, dtype: str = "float16",
-                    load_progress: bool = True) -> VllmStagePort:
+    async def start(
+        cls,
+        model_dir: str | Path,
+        *,
+        stage_id: int,
+        name: str,
+        max_model_len: int = 1024,
+        kv_cache_memory_bytes: int = 64 * 2**20,
+        dtype: str = "float16",
+        load_progress: bool = True,
+    ) -> VllmStagePort:
         """Start an engine on ``model_dir`` (a prepared HF directory, see reports.model_prep).
 
         Blocks the event loop while vLLM starts (its constructor is synchronous; ~6-20 s on
@@ -213,13 +237,26 @@ class VllmStagePort:
         finished: OrderedDict[str, FinishedStats] = OrderedDict()
         counters = EngineCounters()
         args = v.AsyncEngineArgs(
-            model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
-            kv_cache_memory_bytes=kv_cache_memory_bytes, disable_log_stats=True, use_tqdm_on_load=load_progress,
+            model=str(model_dir),
+            dtype=dtype,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            disable_log_stats=True,
+            use_tqdm_on_load=load_progress,
         )
         logger = _stat_logger_factory(v.StatLoggerBase, finished, counters)
         engine = v.AsyncLLM.from_engine_args(args, stat_loggers=[logger])
-        port = cls(engine, v, stage_id=stage_id, name=name, model_dir=Path(model_dir),
-                   max_model_len=max_model_len, finished=finished, counters=counters)
+        port = cls(
+            engine,
+            v,
+            stage_id=stage_id,
+            name=name,
+            model_dir=Path(model_dir),
+            max_model_len=max_model_len,
+            finished=finished,
+            counters=counters,
+        )
         # vllm's import machinery keeps the first importing frame chain (this frame) alive; a
         # local ``engine`` here would keep the AsyncLLM alive past shutdown() (__del__ at exit).
         del engine
@@ -234,7 +271,10 @@ class VllmStagePort:
 
     def _sampling(self, p: GenerationParams) -> Any:
         return self._v.SamplingParams(
-            max_tokens=p.max_tokens, temperature=p.temperature, ignore_eos=p.ignore_eos, seed=p.seed,
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            ignore_eos=p.ignore_eos,
+            seed=p.seed,
             output_kind=self._v.RequestOutputKind.DELTA,
         )
 
@@ -268,8 +308,9 @@ class VllmStagePort:
     def _request_id_of(out: Any) -> str:
         return str(out.request_id)
 
-    async def _pump(self, gen: Any, request_id: str, *, resident: bool, st: _Stream | None = None
-                    ) -> AsyncIterator[StageChunk]:
+    async def _pump(
+        self, gen: Any, request_id: str, *, resident: bool, st: _Stream | None = None
+    ) -> AsyncIterator[StageChunk]:
         """Copy every output of vLLM's iterator into StageChunks; close the iterator at the end."""
         errors = (self._v.VLLMError, self._v.EngineDeadError)
         try:
@@ -297,9 +338,16 @@ class VllmStagePort:
                 if chunk.finished:
                     return
             if resident:  # input ended while idle: vLLM's iterator stops without finished=True
-                yield StageChunk(request_id=request_id, stage_id=self.stage_id, new_token_ids=(),
-                                 text_delta="", segment_done=False, finished=True, finish_reason=None,
-                                 received_ts=time.time())
+                yield StageChunk(
+                    request_id=request_id,
+                    stage_id=self.stage_id,
+                    new_token_ids=(),
+                    text_delta="",
+                    segment_done=False,
+                    finished=True,
+                    finish_reason=None,
+                    received_ts=time.time(),
+                )
         finally:
             if st is not None:
                 st.ended = True
@@ -411,7 +459,8 @@ class VllmStagePort:
         when the tokenizer has none."""
         if getattr(self._tokenizer, "chat_template", None):
             return self._tokenizer.apply_chat_template(
-                [dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+                [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+            )
         return plain_chat_prompt(messages)
 
     async def shutdown(self) -> None:

@@ -43,28 +43,68 @@ _sha256 = hashlib.sha256
 Pieces = tuple[bytes, bytes, bytes]
 
 
-def canonical_bytes(position: int, stream_id: str, version: int, event_id: str, type_: str, schema_version: int,
-                    ts_us: int, recorded_at_us: int, data: str) -> bytes:
+def canonical_bytes(
+    position: int,
+    stream_id: str,
+    version: int,
+    event_id: str,
+    type_: str,
+    schema_version: int,
+    ts_us: int,
+    recorded_at_us: int,
+    data: str,
+) -> bytes:
     """The row's canonical bytes (module docstring). Raises struct.error for an integer
     outside the signed 64-bit range."""
     s, e, t, d = stream_id.encode(), event_id.encode(), type_.encode(), data.encode()
-    return b"".join((_QI.pack(position, len(s)), s, _QI.pack(version, len(e)), e, _I.pack(len(t)), t,
-                     _QQQI.pack(schema_version, ts_us, recorded_at_us, len(d)), d))
+    return b"".join(
+        (
+            _QI.pack(position, len(s)),
+            s,
+            _QI.pack(version, len(e)),
+            e,
+            _I.pack(len(t)),
+            t,
+            _QQQI.pack(schema_version, ts_us, recorded_at_us, len(d)),
+            d,
+        )
+    )
 
 
-def row_hash(previous: bytes, position: int, stream_id: str, version: int, event_id: str, type_: str,
-             schema_version: int, ts_us: int, recorded_at_us: int, data: str) -> bytes:
+def row_hash(
+    previous: bytes,
+    position: int,
+    stream_id: str,
+    version: int,
+    event_id: str,
+    type_: str,
+    schema_version: int,
+    ts_us: int,
+    recorded_at_us: int,
+    data: str,
+) -> bytes:
     """``SHA-256(previous ‖ canonical_bytes(...))``, 32 bytes."""
     h = _sha256(previous)
-    h.update(canonical_bytes(position, stream_id, version, event_id, type_, schema_version, ts_us,
-                             recorded_at_us, data))
+    h.update(
+        canonical_bytes(position, stream_id, version, event_id, type_, schema_version, ts_us, recorded_at_us, data)
+    )
     return h.digest()
 
 
 def hash_of(previous: bytes, row: Any) -> bytes:
     """:func:`row_hash` of any object with the row's nine fields as attributes (``StoredRow``)."""
-    return row_hash(previous, row.position, row.stream_id, row.version, row.event_id, row.type,
-                    row.schema_version, row.ts_us, row.recorded_at_us, row.data)
+    return row_hash(
+        previous,
+        row.position,
+        row.stream_id,
+        row.version,
+        row.event_id,
+        row.type,
+        row.schema_version,
+        row.ts_us,
+        row.recorded_at_us,
+        row.data,
+    )
 
 
 def row_pieces(stream_id: str, event_id: str, type_: str, schema_version: int, ts_us: int, data: str) -> Pieces:
@@ -72,8 +112,11 @@ def row_pieces(stream_id: str, event_id: str, type_: str, schema_version: int, t
     runs between them: ``str(stream_id)``; ``str(event_id) ‖ str(type) ‖ i64(schema_version) ‖
     i64(ts_us)``; ``str(data)``. Raises struct.error for an integer outside signed 64 bits."""
     s, e, t, d = stream_id.encode(), event_id.encode(), type_.encode(), data.encode()
-    return (_I.pack(len(s)) + s, b"".join((_I.pack(len(e)), e, _I.pack(len(t)), t, _QQ.pack(schema_version, ts_us))),
-            _I.pack(len(d)) + d)
+    return (
+        _I.pack(len(s)) + s,
+        b"".join((_I.pack(len(e)), e, _I.pack(len(t)), t, _QQ.pack(schema_version, ts_us))),
+        _I.pack(len(d)) + d,
+    )
 
 
 def link(previous: bytes, position: int, version: int, recorded_at_us: int, pieces: Pieces) -> bytes:

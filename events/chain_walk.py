@@ -55,11 +55,13 @@ class Digest:
     def to_json(self) -> str:
         """One JSON object; ``recorded_at`` in epoch seconds with exactly 6 decimals."""
         us = self.recorded_at_us
-        return (f'{{"position":{self.position},"hash":"{self.hash.hex()}",'
-                f'"recorded_at":{us // 1_000_000}.{us % 1_000_000:06d},"algorithm":{json.dumps(self.algorithm)}}}')
+        return (
+            f'{{"position":{self.position},"hash":"{self.hash.hex()}",'
+            f'"recorded_at":{us // 1_000_000}.{us % 1_000_000:06d},"algorithm":{json.dumps(self.algorithm)}}}'
+        )
 
     @classmethod
-    def from_json(cls, text: str) -> "Digest":
+    def from_json(cls, text: str) -> Digest:
         """Parse :meth:`to_json` output. Raises ValueError naming what is wrong (not JSON, a
         missing or malformed key, another algorithm)."""
         try:
@@ -82,8 +84,18 @@ class Digest:
 
 
 def _hash_at(previous: bytes, row: Any, position: int) -> bytes:
-    return row_hash(previous, position, row.stream_id, row.version, row.event_id, row.type, row.schema_version,
-                    row.ts_us, row.recorded_at_us, row.data)
+    return row_hash(
+        previous,
+        position,
+        row.stream_id,
+        row.version,
+        row.event_id,
+        row.type,
+        row.schema_version,
+        row.ts_us,
+        row.recorded_at_us,
+        row.data,
+    )
 
 
 def _valid(digest: Any) -> bool:
@@ -116,14 +128,18 @@ class ChainWalker:
                     return False
                 continue
             if row.position != self.next_position:
-                self.fault = ChainFault(self.next_position, "missing",
-                                        f"positions {self.next_position}..{row.position - 1} are absent "
-                                        f"(rows deleted); the log goes on at {row.position}")
+                self.fault = ChainFault(
+                    self.next_position,
+                    "missing",
+                    f"positions {self.next_position}..{row.position - 1} are absent "
+                    f"(rows deleted); the log goes on at {row.position}",
+                )
                 return False
             stored = row.hash
             if not _valid(stored):
-                self.fault = ChainFault(row.position, "inserted",
-                                        "the row has no chain hash: it was written around the store")
+                self.fault = ChainFault(
+                    row.position, "inserted", "the row has no chain hash: it was written around the store"
+                )
                 return False
             if _hash_at(self.previous, row, row.position) != bytes(stored):
                 self._suspect.append(row)
@@ -139,8 +155,10 @@ class ChainWalker:
     def _settle(self) -> None:
         bad, *after = self._suspect
         p = bad.position
-        detail = (f"its content does not give its stored hash (stream {bad.stream_id!r} version {bad.version}, "
-                  f"{bad.type}): the row was edited")
+        detail = (
+            f"its content does not give its stored hash (stream {bad.stream_id!r} version {bad.version}, "
+            f"{bad.type}): the row was edited"
+        )
         kind: FaultKind = "edited"
         if after and after[0].position == p + 1 and _valid(after[0].hash):
             nxt = after[0]
@@ -152,8 +170,13 @@ class ChainWalker:
                 if back == bytes(bad.hash):
                     kind, detail = "reordered", f"the rows at {p} and {p + 1} were swapped"
                 else:
-                    kind, detail = "inserted", (f"a row was inserted at {p} (stream {bad.stream_id!r}, {bad.type}); "
-                                                "the rows after it were shifted up by one")
+                    kind, detail = (
+                        "inserted",
+                        (
+                            f"a row was inserted at {p} (stream {bad.stream_id!r}, {bad.type}); "
+                            "the rows after it were shifted up by one"
+                        ),
+                    )
         self.fault = ChainFault(p, kind, detail)
         self._suspect = []
 
@@ -166,13 +189,18 @@ class ChainWalker:
             return self.fault
         head = self.next_position - 1
         if digest.position > head:
-            return ChainFault(head + 1, "missing",
-                              f"the log ends at position {head}, but the digest names position {digest.position} "
-                              "(tail truncated)")
+            return ChainFault(
+                head + 1,
+                "missing",
+                f"the log ends at position {head}, but the digest names position {digest.position} (tail truncated)",
+            )
         if self.watched.get(digest.position) != digest.hash:
-            return ChainFault(digest.position, "rewritten",
-                              f"the chain is consistent but its hash at position {digest.position} is not the "
-                              "digest's: the history was rewritten and rehashed")
+            return ChainFault(
+                digest.position,
+                "rewritten",
+                f"the chain is consistent but its hash at position {digest.position} is not the "
+                "digest's: the history was rewritten and rehashed",
+            )
         return None
 
     def digest(self) -> Digest:
@@ -196,8 +224,10 @@ class Segment:
     watched: dict[int, bytes]
 
 
-_SEGMENT_SQL = ("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data, "
-                "hash FROM events WHERE position >= ? AND position <= ? ORDER BY position")
+_SEGMENT_SQL = (
+    "SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data, "
+    "hash FROM events WHERE position >= ? AND position <= ? ORDER BY position"
+)
 
 
 def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = ()) -> Segment:
@@ -219,9 +249,12 @@ def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = 
             previous = bytes(first[9])
         while batch := cursor.fetchmany(20_000):
             for position, sid, version, eid, type_, schema, ts_us, recorded_us, data, stored in batch:
-                if position != expected or not _valid(stored) or \
-                        row_hash(previous, position, sid, version, eid, type_, schema, ts_us, recorded_us,
-                                 data) != stored:
+                if (
+                    position != expected
+                    or not _valid(stored)
+                    or row_hash(previous, position, sid, version, eid, type_, schema, ts_us, recorded_us, data)
+                    != stored
+                ):
                     return Segment(lo, hi, False, rows, previous, recorded, watched)
                 previous, expected, recorded = bytes(stored), expected + 1, recorded_us
                 rows += 1

@@ -135,7 +135,9 @@ def _load(text: str | bytes, lineno: int) -> Any:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise JsonlError([LineError(lineno, "", f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1}")]) from None
+            raise JsonlError(
+                [LineError(lineno, "", f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1}")]
+            ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -262,8 +264,18 @@ def _recomputed(row: ImportRow, position: int, previous: ChainClaim | None) -> b
     r = row.record
     assert row.version is not None and row.recorded_at_us is not None  # CHAIN_FIELDS are present
     data = row.data_json if row.data_json is not None else dump_data(r.data)
-    return row_hash(before, position, r.stream_id, row.version, str(r.event_id), r.type,
-                    r.schema_version, r.ts_us, row.recorded_at_us, data)
+    return row_hash(
+        before,
+        position,
+        r.stream_id,
+        row.version,
+        str(r.event_id),
+        r.type,
+        r.schema_version,
+        r.ts_us,
+        row.recorded_at_us,
+        data,
+    )
 
 
 def _check_link(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, lineno: int) -> LineError | None:
@@ -271,8 +283,12 @@ def _check_link(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, 
     expected = _recomputed(row, claim.position, previous)
     if expected is None or expected == claim.hash:
         return None
-    return LineError(lineno, "hash", f"does not match the line and the chain before it (expected {expected.hex()}): "
-                                     "the export was edited, or lines were inserted, dropped or reordered")
+    return LineError(
+        lineno,
+        "hash",
+        f"does not match the line and the chain before it (expected {expected.hex()}): "
+        "the export was edited, or lines were inserted, dropped or reordered",
+    )
 
 
 def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
@@ -301,9 +317,15 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
             if claim is not None:  # recompute it, so that the next line's link is checked
                 claim = ChainClaim(claim.position, _recomputed(row, claim.position, previous))
         if claim is not None and previous is not None and claim.position <= previous.position:
-            errors.append(LineError(lineno, "position", f"{claim.position} after {previous.position}: the lines of "
-                                                        "an export are in position order (reordered?)"))
-        elif has_hash and (bad := _check_link(row, claim, previous, lineno)) is not None:
+            errors.append(
+                LineError(
+                    lineno,
+                    "position",
+                    f"{claim.position} after {previous.position}: the lines of "
+                    "an export are in position order (reordered?)",
+                )
+            )
+        elif has_hash and claim is not None and (bad := _check_link(row, claim, previous, lineno)) is not None:
             errors.append(bad)
         previous = claim
         eid = row.record.event_id
@@ -313,8 +335,14 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
         first_line[eid] = lineno
         rows.append(row)
     if hashless and (chained or any(e.field == "hash" for e in errors)):
-        errors += [LineError(n, "hash", "missing, while other lines carry one (an export writes a hash on every "
-                                        "line): the line was edited") for n in hashless]
+        errors += [
+            LineError(
+                n,
+                "hash",
+                "missing, while other lines carry one (an export writes a hash on every line): the line was edited",
+            )
+            for n in hashless
+        ]
         errors.sort(key=lambda e: e.line)
     if errors:
         raise JsonlError(errors)

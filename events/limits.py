@@ -42,7 +42,9 @@ def check_value(value: Any, where: str = "", depth: int = 0) -> Any:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ValueError(f"text{_at(where)} cannot be stored as UTF-8 ({exc.reason} at index {exc.start})") from None
+                raise ValueError(
+                    f"text{_at(where)} cannot be stored as UTF-8 ({exc.reason} at index {exc.start})"
+                ) from None
     elif kind is int:
         if not INT64_MIN <= value <= INT64_MAX:
             raise ValueError(f"integer{_at(where)} {short_number(value)} does not fit in 64 bits (signed)")
@@ -93,7 +95,7 @@ class LimitedRecord(_Closed):
     per-field way). The ValidationError's location is the model; its message names the field."""
 
     @model_validator(mode="after")
-    def _storable(self) -> "LimitedRecord":
+    def _storable(self) -> LimitedRecord:
         for name, value in self.__dict__.items():
             if value is not None and type(value) is not float and type(value) is not bool:
                 check_value(value, name)

@@ -67,8 +67,12 @@ def _stage_downstream(value: Any) -> Any:
 # (model validator name) -> the replay of it on the decoded value; None: covered otherwise
 # (``_storable``: the D12 text scan; ``_normalise_ts`` / ``_no_nul``: the envelope checks).
 _REPLAYED: dict[str, Callable[[Any], Any] | None] = {
-    "_storable": None, "_normalise_ts": None, "_no_nul": None,
-    "_norm_submit": _ts_field, "_norm_commit": _ts_field, "_downstream": _stage_downstream,
+    "_storable": None,
+    "_normalise_ts": None,
+    "_no_nul": None,
+    "_norm_submit": _ts_field,
+    "_norm_commit": _ts_field,
+    "_downstream": _stage_downstream,
 }
 
 
@@ -77,9 +81,15 @@ class _Plan:
 
     __slots__ = ("cls", "fields_set", "nested", "replays", "ints", "deep")
 
-    def __init__(self, cls: type[BaseModel], fields_set: set[str], nested: list[tuple[str, "_Plan"]],
-                 replays: list[tuple[str, Callable[[Any], Any]]], ints: tuple[str, ...],
-                 deep: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        cls: type[BaseModel],
+        fields_set: set[str],
+        nested: list[tuple[str, _Plan]],
+        replays: list[tuple[str, Callable[[Any], Any]]],
+        ints: tuple[str, ...],
+        deep: tuple[str, ...],
+    ) -> None:
         self.cls, self.fields_set, self.nested, self.replays = cls, fields_set, nested, replays
         self.ints, self.deep = ints, deep
 
@@ -150,7 +160,11 @@ def plan_of(cls: type[BaseModel], *, top: bool = True) -> _Plan | None:
     in :data:`_REPLAYED`, a model validator other than ``_storable``, a model in a container,
     a post-init hook)."""
     decorators = cls.__pydantic_decorators__
-    if (set(decorators.model_validators) - {"_storable"} or cls.__pydantic_post_init__ or any(name not in _REPLAYED for name in decorators.field_validators)):
+    if (
+        set(decorators.model_validators) - {"_storable"}
+        or cls.__pydantic_post_init__
+        or any(name not in _REPLAYED for name in decorators.field_validators)
+    ):
         return None
     names = tuple(cls.model_fields)
     nested: list[tuple[str, _Plan]] = []
@@ -166,9 +180,12 @@ def plan_of(cls: type[BaseModel], *, top: bool = True) -> _Plan | None:
     annotations = {name: info.annotation for name, info in cls.model_fields.items()}
     ints = tuple(n for n, a in annotations.items() if _is_int(a))
     deep = tuple(n for n, a in annotations.items() if n not in ints and _holds(a, (int, Any)))
-    replays = [(field, replay)
-               for name, dec in decorators.field_validators.items()
-               if (replay := _REPLAYED[name]) is not None for field in dec.info.fields]
+    replays = [
+        (field, replay)
+        for name, dec in decorators.field_validators.items()
+        if (replay := _REPLAYED[name]) is not None
+        for field in dec.info.fields
+    ]
     fields_set = {n for n in names if not (top and n == "schema_version")}
     return _Plan(cls, fields_set, nested, replays, ints, deep)
 
@@ -178,15 +195,22 @@ _PLANS: dict[tuple[str, int], _Plan] = {
 }
 
 
-def model_from_row(type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int,
-                   data_json: str) -> EventBase | None:
+def model_from_row(
+    type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
+) -> EventBase | None:
     """The model of a current-version stored row, built without pydantic validation, or None
     when the row must be validated (module doc: any doubt means None)."""
     key = (type_name, schema_version)
     plan = _PLANS.get(key)
-    if (plan is None or not MIN_TS_US <= ts_us <= MAX_TS_US or not stream_id or "\x00" in stream_id
-            or data_json.count("[") + data_json.count("{") > MAX_DEPTH
-            or "\\u" in data_json and _SURROGATE_ESCAPE.search(data_json)):
+    if (
+        plan is None
+        or not MIN_TS_US <= ts_us <= MAX_TS_US
+        or not stream_id
+        or "\x00" in stream_id
+        or data_json.count("[") + data_json.count("{") > MAX_DEPTH
+        or "\\u" in data_json
+        and _SURROGATE_ESCAPE.search(data_json)
+    ):
         return None
     uuid = _uuid(event_id)
     if uuid is None:
@@ -214,8 +238,7 @@ def _uuid(text: str) -> UUID | None:
     if len(text) != 36 or text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
         return None
     digits = text.replace("-", "")
-    if len(digits) != 32 or not (digits.isascii() and digits.isalnum()) or digits[1] == "x" \
-            or digits.lower() != digits:
+    if len(digits) != 32 or not (digits.isascii() and digits.isalnum()) or digits[1] == "x" or digits.lower() != digits:
         return None
     try:
         value = int(digits, 16)

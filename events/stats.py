@@ -32,7 +32,6 @@ class StageRequestStats(LimitedRecord):
     """One stage segment snapshot (DOMAIN §5.1 field catalogue). Numbers are finite and ints
     fit in 64 bits, ``extra`` included (DOMAIN §5.7 D12)."""
 
-
     batch_id: int | None = None
     batch_size: int | None = None
     num_tokens_in: int | None = None

@@ -25,7 +25,8 @@ checkpoints hold some of them).
 from __future__ import annotations
 
 import types
-from typing import Annotated, Any, Callable, Literal, Union, cast, get_args, get_origin
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, Union, cast, get_args, get_origin
 
 import annotated_types as at
 import msgspec
@@ -38,8 +39,12 @@ _META_KEYS = {at.Ge: "ge", at.Gt: "gt", at.Le: "le", at.Lt: "lt", at.MinLen: "mi
 _TWINS: dict[type[BaseModel], type[msgspec.Struct]] = {}
 # Envelope fields come from the row's columns; in a twin they default to UNSET, so a payload
 # that carries one is told apart from one that does not (decode_payload refuses it).
-_ENVELOPE: dict[str, Any] = {"event_id": Union[str, msgspec.UnsetType], "session_id": Union[str, msgspec.UnsetType],
-                             "ts": Union[float, msgspec.UnsetType]}
+# Runtime unions handed to msgspec (typing.Union, as the other constructed types below).
+_ENVELOPE: dict[str, Any] = {
+    "event_id": Union[str, msgspec.UnsetType],  # noqa: UP007
+    "session_id": Union[str, msgspec.UnsetType],  # noqa: UP007
+    "ts": Union[float, msgspec.UnsetType],  # noqa: UP007
+}
 
 
 def _twin_type(annotation: Any) -> Any:
@@ -51,7 +56,7 @@ def _twin_type(annotation: Any) -> Any:
         return annotation
     args = tuple(_twin_type(a) for a in get_args(annotation))
     if origin in (Union, types.UnionType):
-        return Union[args]  # type: ignore[return-value]
+        return Union[args]  # type: ignore[return-value]  # noqa: UP007
     if origin is Annotated:
         return Annotated[args]  # type: ignore[return-value]
     return origin[args] if origin in (list, dict, tuple) else annotation
@@ -70,7 +75,7 @@ def _meta(metadata: list[Any]) -> msgspec.Meta | None:
 def _constrained(tp: Any, meta: msgspec.Meta) -> Any:
     """``tp`` with ``meta`` applied (to each member of an optional, as msgspec requires)."""
     if get_origin(tp) in (Union, types.UnionType):
-        return Union[tuple(a if a is type(None) else Annotated[a, meta] for a in get_args(tp))]
+        return Union[tuple(a if a is type(None) else Annotated[a, meta] for a in get_args(tp))]  # noqa: UP007
     return Annotated[tp, meta]
 
 
@@ -112,8 +117,15 @@ def twin_of(model: type[BaseModel]) -> type[msgspec.Struct]:
     namespace = _methods(model)
     if issubclass(model, EventBase):
         namespace["SCHEMA_VERSION"] = model.SCHEMA_VERSION
-    twin = msgspec.defstruct(model.__name__, fields, namespace=namespace, module=__name__, frozen=True,
-                             kw_only=True, forbid_unknown_fields=True)
+    twin = msgspec.defstruct(
+        model.__name__,
+        fields,
+        namespace=namespace,
+        module=__name__,
+        frozen=True,
+        kw_only=True,
+        forbid_unknown_fields=True,
+    )
     globals()[model.__name__] = twin
     _TWINS[model] = twin
     return twin
@@ -124,8 +136,9 @@ _DECODERS: dict[tuple[str, int], msgspec.json.Decoder[Any]] = {
 }
 
 
-def decode_payload(type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int,
-                   data_json: str) -> Any | None:
+def decode_payload(
+    type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
+) -> Any | None:
     """The twin of a current-version row (envelope columns + payload JSON), or None when the
     row does not decode as one (unknown type, older version, wrong types, broken JSON, an
     envelope key inside the payload…): the caller then takes the pydantic path (upcasters,

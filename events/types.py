@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from uuid import UUID
 
@@ -53,7 +53,7 @@ def ts_from_any(value: Any) -> float:
         if value.tzinfo is None:
             raise ValueError(f"ts {value.isoformat()!r} has no timezone; give an offset such as +00:00")
         try:
-            delta = value.astimezone(timezone.utc) - _EPOCH
+            delta = value.astimezone(UTC) - _EPOCH
         except OverflowError:  # an offset that moves year 1 or 9999 out of datetime's range
             raise ValueError(f"ts {value.isoformat()!r} is outside {_TS_RANGE}") from None
         us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
@@ -69,7 +69,7 @@ def ts_from_any(value: Any) -> float:
     raise ValueError(f"ts must be epoch seconds or an ISO-8601 time, got {value!r}")
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TS_RANGE = "1970-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z"
 
 
@@ -100,7 +100,7 @@ def ts_to_datetime(ts: float) -> datetime:
     us = ts_to_us(ts)
     from datetime import timedelta
 
-    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
 _rng = random.Random(random.SystemRandom().getrandbits(128))
@@ -517,7 +517,7 @@ EVENT_TYPES: tuple[type[EventBase], ...] = (
 )
 EVENT_CLASSES: dict[str, type[EventBase]] = {cls.model_fields["type"].default: cls for cls in EVENT_TYPES}
 
-Event = Annotated[Union[tuple(EVENT_TYPES)], Field(discriminator="type")]  # type: ignore[valid-type]
+Event = Annotated[Union[tuple(EVENT_TYPES)], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 _EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)  # type: ignore[arg-type]  # a runtime-built union
 
 
@@ -529,9 +529,7 @@ def event_class(type_name: str) -> type[EventBase]:
     try:
         return EVENT_CLASSES[type_name]
     except KeyError:
-        raise UnknownEventType(
-            f"unknown event type {type_name!r}; known: {', '.join(sorted(EVENT_CLASSES))}"
-        ) from None
+        raise UnknownEventType(f"unknown event type {type_name!r}; known: {', '.join(sorted(EVENT_CLASSES))}") from None
 
 
 def parse_event(data: dict[str, Any]) -> EventBase:

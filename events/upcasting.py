@@ -24,7 +24,9 @@ class MissingUpcaster(ValueError):
     """No upcaster from an old version (a bug in this code)."""
 
 
-def register(type_name: str, from_version: int) -> Callable[[Callable[[Payload], Payload]], Callable[[Payload], Payload]]:
+def register(
+    type_name: str, from_version: int
+) -> Callable[[Callable[[Payload], Payload]], Callable[[Payload], Payload]]:
     def deco(fn: Callable[[Payload], Payload]) -> Callable[[Payload], Payload]:
         _UPCASTERS[(type_name, from_version)] = fn
         return fn

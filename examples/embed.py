@@ -12,9 +12,9 @@ import os
 
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
-from reports.model_prep import resolve_model
 from engine_bridge.vllm_port import VllmStagePort
 from projections.runner import project_as_of
+from reports.model_prep import resolve_model
 from reports.render_text import turn_log_messages
 
 
@@ -23,8 +23,9 @@ async def main(model: str, db: str) -> int:
     talker = await VllmStagePort.start(resolve_model("tiny"), stage_id=1, name="talker")
     try:
         config = EngineConfig(max_tokens=24, ignore_eos=model == "tiny")
-        async with await SessionEngine.open(db, [thinker, talker], config=config,
-                                            stats_renderer=turn_log_messages) as engine:  # --log-stats layout
+        async with await SessionEngine.open(
+            db, [thinker, talker], config=config, stats_renderer=turn_log_messages
+        ) as engine:  # --log-stats layout
             session = await engine.open_session("embed-demo")
             for question in ("What is the capital of France?", "And what is it famous for?"):
                 await session.append_text(question)

@@ -10,5 +10,5 @@ if not getattr(_events, "DUPLEX_LEDGER_EVENTS", False):
     raise ImportError(
         f"the top-level module 'events' at {getattr(_events, '__file__', '?')} is not duplex-ledger's: another "
         "package named 'events' (PyPI's) shadows it in this environment. Install duplex-ledger in an environment "
-        "of its own (see docs/design.md, \"The top-level name events\")."
+        'of its own (see docs/design.md, "The top-level name events").'
     )

@@ -55,7 +55,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, cast, get_args, get_origin
 
 import msgspec
 from pydantic import BaseModel
@@ -96,8 +96,11 @@ def _name(cls: type) -> str:
 def _projection_modules() -> list[types.ModuleType]:
     import projections
 
-    return [importlib.import_module(f"projections.{m.name}") for m in pkgutil.iter_modules(projections.__path__)
-            if m.name != "checkpoint"]
+    return [
+        importlib.import_module(f"projections.{m.name}")
+        for m in pkgutil.iter_modules(projections.__path__)
+        if m.name != "checkpoint"
+    ]
 
 
 def _plain_classes(root: object, found: dict[type, None]) -> None:
@@ -109,8 +112,11 @@ def _plain_classes(root: object, found: dict[type, None]) -> None:
     found[cls] = None
     for value in vars(root).values():
         vcls = type(value)
-        if vcls.__module__.startswith("projections.") and not dataclasses.is_dataclass(vcls) \
-                and hasattr(value, "__dict__"):
+        if (
+            vcls.__module__.startswith("projections.")
+            and not dataclasses.is_dataclass(vcls)
+            and hasattr(value, "__dict__")
+        ):
             _plain_classes(value, found)
 
 
@@ -185,8 +191,10 @@ class _Encoder:
             return fn(v)
         found = self.reg.by_type.get(type(v))
         if found is None:
-            raise ValueError(f"checkpoint cannot hold a {type(v).__module__}.{type(v).__qualname__} "
-                             "(not in projections.checkpoint.registry)")
+            raise ValueError(
+                f"checkpoint cannot hold a {type(v).__module__}.{type(v).__qualname__} "
+                "(not in projections.checkpoint.registry)"
+            )
         kind, name = found
         if kind == "D":
             frozen = v.__dataclass_params__.frozen
@@ -250,7 +258,7 @@ class _Decoder:
         if tag == "O":
             return self._plain(cls, v[2])
         if tag == "P":
-            return cls.model_validate(self.dec(v[2]))
+            return cast(type[BaseModel], cls).model_validate(self.dec(v[2]))
         return msgspec.convert(self.dec(v[2]), cls)
 
     def _fields(self, cls: type, table: Any, names: Sequence[str]) -> dict[str, Any]:
@@ -262,7 +270,7 @@ class _Decoder:
     def _dataclass(self, cls: type, table: Any) -> Any:
         values = self._fields(cls, table, [f.name for f in dataclasses.fields(cls)])
         hints = _hints(cls)
-        obj = object.__new__(cls)
+        obj: Any = object.__new__(cls)
         for name, value in values.items():
             hint = hints.get(name)
             if hint is not None and not _conforms(value, hint):
@@ -275,8 +283,7 @@ class _Decoder:
         fresh = {k: x for k, x in vars(obj).items() if not _is_handler_table(x)}
         for name, value in self._fields(cls, table, list(fresh)).items():
             expected = type(fresh[name])
-            if not (isinstance(value, expected) or (expected is float and type(value) is int)
-                    or (fresh[name] is None)):
+            if not (isinstance(value, expected) or (expected is float and type(value) is int) or (fresh[name] is None)):
                 raise CheckpointRefused(f"{_name(cls)}.{name}: {type(value).__name__} instead of {expected.__name__}")
             setattr(obj, name, value)
         return obj
@@ -319,6 +326,7 @@ def _conforms(value: Any, hint: Any) -> bool:
     if not isinstance(origin, type) or not isinstance(value, origin):
         return not isinstance(origin, type)
     if origin is tuple:
+        assert isinstance(value, tuple)
         if len(args) == 2 and args[1] is Ellipsis:
             return all(_conforms(x, args[0]) for x in value)
         return not args or (len(args) == len(value) and all(_conforms(x, a) for x, a in zip(value, args)))

@@ -138,7 +138,7 @@ class StageCollapse:
     tpot_weight: float = 0.0
 
     @classmethod
-    def from_snapshot(cls, snap: Any, overrides: Mapping[str, Any] | None = None) -> "StageCollapse":
+    def from_snapshot(cls, snap: Any, overrides: Mapping[str, Any] | None = None) -> StageCollapse:
         """Accumulator of exactly one segment. ``snap`` is a ``StageRequestStats`` or its read-side
         twin (read by attribute only, so both paths run this same code); ``overrides`` replace
         fields (engine-stamp TTFT/TPOT). Maps extra ``audio_frames`` onto
@@ -149,7 +149,7 @@ class StageCollapse:
         return cls._from_values({f: getattr(snap, f) for f in STAT_FIELDS}, snap.extra)
 
     @classmethod
-    def from_values(cls, **values: Any) -> "StageCollapse":
+    def from_values(cls, **values: Any) -> StageCollapse:
         """Accumulator of one segment given as ``STAT_FIELDS`` keywords (missing = None)."""
         unknown = set(values) - set(STAT_FIELDS)
         if unknown:
@@ -157,7 +157,7 @@ class StageCollapse:
         return cls._from_values({f: values.get(f) for f in STAT_FIELDS}, {})
 
     @classmethod
-    def _from_values(cls, v: Mapping[str, Any], extra: Mapping[str, Any]) -> "StageCollapse":
+    def _from_values(cls, v: Mapping[str, Any], extra: Mapping[str, Any]) -> StageCollapse:
         sums = {f: v[f] for f in SUM_FIELDS}
         for key, value in extra.items():
             target = EXTRA_KEY_MAP.get(key)
@@ -181,7 +181,7 @@ class StageCollapse:
             tpot_weight=weight,
         )
 
-    def combine(self, later: "StageCollapse") -> "StageCollapse":
+    def combine(self, later: StageCollapse) -> StageCollapse:
         """Accumulator of ``self``'s segments followed by ``later``'s (associative)."""
         if self.segments == 0:
             return later

@@ -52,20 +52,25 @@ class StoredModels:
 
 def load_models(conn: Connection) -> StoredModels:
     """Read every read-model row and the checkpoint (a sync read function)."""
+
     def rows(table: sa.Table) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in conn.execute(sa.select(table))]
 
-    return StoredModels(rows(readmodels.turn_tables), rows(readmodels.request_resources),
-                        rows(readmodels.audit_findings),
-                        readmodels.load_checkpoint(conn, "ledger"))
+    return StoredModels(
+        rows(readmodels.turn_tables),
+        rows(readmodels.request_resources),
+        rows(readmodels.audit_findings),
+        readmodels.load_checkpoint(conn, "ledger"),
+    )
 
 
 class FreshFold:
     """A projector fed stored rows with position <= ``until`` (the checkpoint's position),
     collecting the turn rows as the runner writes them."""
 
-    def __init__(self, until: int, projector: Projector | None = None,
-                 turn_rows: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, until: int, projector: Projector | None = None, turn_rows: list[dict[str, Any]] | None = None
+    ) -> None:
         """A fold to be fed, or (``projector``, ``turn_rows``) already folded to ``until``."""
         self.until = until
         self.projector = Projector() if projector is None else projector
@@ -80,8 +85,9 @@ class FreshFold:
         self.turn_rows.extend(turn_rows)
 
 
-def _diff_rows(what: str, key_cols: Sequence[str], found: Iterable[Mapping[str, Any]],
-               fresh: Iterable[Mapping[str, Any]]) -> Mismatch | None:
+def _diff_rows(
+    what: str, key_cols: Sequence[str], found: Iterable[Mapping[str, Any]], fresh: Iterable[Mapping[str, Any]]
+) -> Mismatch | None:
     def keyed(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], Mapping[str, Any]]:
         return {tuple(r[c] for c in key_cols): r for r in rows}
 
@@ -95,7 +101,9 @@ def _diff_rows(what: str, key_cols: Sequence[str], found: Iterable[Mapping[str, 
         cols = [c for c in want[key] if have[key].get(c) != want[key][c]]
         if cols:
             c = cols[0]
-            return Mismatch(what, shown, f"{c} is {_short(have[key].get(c))}, a fresh fold gives {_short(want[key][c])}")
+            return Mismatch(
+                what, shown, f"{c} is {_short(have[key].get(c))}, a fresh fold gives {_short(want[key][c])}"
+            )
     return None
 
 
@@ -104,17 +112,19 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "…"
 
 
-def compare(found: StoredModels, fresh: FreshFold, *, fold_version: int, log_hash: bytes,
-            max_idle_s: float = 30.0) -> Mismatch | None:
+def compare(
+    found: StoredModels, fresh: FreshFold, *, fold_version: int, log_hash: bytes, max_idle_s: float = 30.0
+) -> Mismatch | None:
     """The first difference between ``found`` and ``fresh`` (module docstring), else None.
     ``log_hash``: the log's chain hash at the checkpoint position."""
     projector = fresh.projector
     resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
     findings = readmodels.finding_rows(projector.findings(max_idle_s))
-    mismatch = (_diff_rows("rm_turn_tables", ("session_id", "response_id"), found.turns, fresh.turn_rows)
-                or _diff_rows("rm_request_resources", ("session_id", "stage_id", "request_id"),
-                              found.resources, resources)
-                or _diff_rows("rm_audit_findings", ("finding_no",), found.findings, findings))
+    mismatch = (
+        _diff_rows("rm_turn_tables", ("session_id", "response_id"), found.turns, fresh.turn_rows)
+        or _diff_rows("rm_request_resources", ("session_id", "stage_id", "request_id"), found.resources, resources)
+        or _diff_rows("rm_audit_findings", ("finding_no",), found.findings, findings)
+    )
     if mismatch is not None or found.checkpoint is None:
         return mismatch
     position, _, blob = found.checkpoint
@@ -123,14 +133,17 @@ def compare(found: StoredModels, fresh: FreshFold, *, fold_version: int, log_has
     except checkpoint.CheckpointRefused as exc:
         return Mismatch("checkpoint", "", f"refused: {exc}")
     if sealed.position != position or sealed.log_hash != log_hash:
-        return Mismatch("checkpoint", "", f"bound to another log (position {sealed.position}, "
-                                          f"hash {sealed.log_hash.hex()[:16]}…)")
+        return Mismatch(
+            "checkpoint", "", f"bound to another log (position {sealed.position}, hash {sealed.log_hash.hex()[:16]}…)"
+        )
     return _diff_state(sealed.state, projector)
 
 
 def _diff_state(found: Projector, fresh: Projector) -> Mismatch | None:
-    for name, a, b in (("resources", found.resources.sessions, fresh.resources.sessions),
-                       ("turns", found.turns.sessions, fresh.turns.sessions)):
+    for name, a, b in (
+        ("resources", found.resources.sessions, fresh.resources.sessions),
+        ("turns", found.turns.sessions, fresh.turns.sessions),
+    ):
         for sid in sorted(a.keys() | b.keys()):
             if sid not in a or sid not in b or not checkpoint.same_state(a[sid], b[sid]):
                 return Mismatch("checkpoint", f"({name}, {sid})", "fold state differs from a fresh fold")

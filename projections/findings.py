@@ -37,7 +37,7 @@ WARNING_KINDS: dict[str, str] = {
     "abort_after_finish": "abort of an id whose every binding had finished",
     "abort_of_unknown_id": "abort of an id the session never held",
     "stale_finalize": "a terminal event (end, finalize, cancel) or begin naming a response the session does not "
-                      "hold: a second terminal of a finalized response, or an unknown response (D9)",
+    "hold: a second terminal of a finalized response, or an unknown response (D9)",
     "clock_domain_mismatch": "metrics snapshot mixes wall-clock and engine-monotonic stamps; ignored (CASE-08)",
     "command_rejected": "the session engine refused a command",
     "stale_fence": "submit or append under a fence (or id) of another incarnation or an older epoch was refused (D9)",
@@ -45,14 +45,14 @@ WARNING_KINDS: dict[str, str] = {
     "output_after_release": "output, metrics, finish or listen unit of a released id; ignored (D1/D9)",
     "output_of_stale_id": "fact of an id the session never held or of an older epoch/incarnation; ignored (D1/D9)",
     "output_outside_segment": "fact of a held id outside its current segment (after its turn ended, or not the "
-                              "session's current id); joins no turn (D1)",
+    "session's current id); joins no turn (D1)",
     "duplicate_ack": "abort result with no abort pending for that pool; releases nothing (D10)",
     "append_after_release": "append naming a Stage0 id the session no longer holds; ignored (D9)",
     "begin_of_unheld_id": "a begin naming an id with no live segment in a log that records submits: the "
-                          "response opens without an engine request (D1/D9, a D8 row)",
+    "response opens without an engine request (D1/D9, a D8 row)",
     "after_close": "a response begun after its session closed (and before it was opened again); ignored (D9)",
     "session_taken_over": "the session's replica died (lease expired) and another replica closed it and settled "
-                          "its ids (issue 14)",
+    "its ids (issue 14)",
 }
 
 
@@ -71,8 +71,13 @@ class Finding:
     severity: Severity = field(default="leak")
 
     def sort_key(self) -> tuple[Any, ...]:
-        return (self.first_position, self.session_id, self.stage_id if self.stage_id is not None else -1,
-                self.request_id or "", self.kind)
+        return (
+            self.first_position,
+            self.session_id,
+            self.stage_id if self.stage_id is not None else -1,
+            self.request_id or "",
+            self.kind,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

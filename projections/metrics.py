@@ -75,14 +75,70 @@ from projections.turn_tables import TurnTables
 
 FamilyKind = Literal["counter", "gauge", "histogram"]
 
-E2E_BUCKETS_S: tuple[float, ...] = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+E2E_BUCKETS_S: tuple[float, ...] = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 """vLLM's ``vllm:e2e_request_latency_seconds`` buckets (s)."""
-TTFP_BUCKETS_S: tuple[float, ...] = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                                     5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFP_BUCKETS_S: tuple[float, ...] = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 """vLLM's time-to-first-token buckets (s), used for time to first audio packet."""
-SESSION_DURATION_BUCKETS_S: tuple[float, ...] = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-                                                 7200.0, 14400.0, 86400.0)
+SESSION_DURATION_BUCKETS_S: tuple[float, ...] = (
+    1.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    14400.0,
+    86400.0,
+)
 SESSION_TURNS_BUCKETS: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0, 144.0)
 UNKNOWN_MODEL = "unknown"
 """``model_name`` of a session whose ``SessionOpened`` names no model."""
@@ -100,35 +156,83 @@ class Family:
     help: str = ""
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("vllm_omni:requests_success_total", "counter", ("model_name", "finished_reason"),
-           help="Finalized duplex turns (one per response_id) by finished reason (DOMAIN §2.4)."),
-    Family("vllm_omni:e2e_request_latency_s", "histogram", ("model_name",), E2E_BUCKETS_S,
-           help="Turn arrival to finalize, seconds, wall clock; every reason except abort."),
-    Family("vllm_omni:prompt_tokens_total", "counter", ("model_name",),
-           help="Stage0 prompt tokens of finalized turns."),
-    Family("vllm_omni:generation_tokens_total", "counter", ("model_name",),
-           help="Output tokens of every stage of finalized turns."),
-    Family("vllm_omni:audio_ttfp_s", "histogram", ("model_name", "stage"), TTFP_BUCKETS_S,
-           help="Turn arrival to the turn's first audio output, seconds, server wall clock; one per turn."),
-    Family("duplex_ledger:listen_units_total", "counter",
-           help="Listen-only units (ResponseListened): the model kept listening."),
-    Family("duplex_ledger:listen_only_turns_total", "counter",
-           help="Turns that listened and ended without beginning a response."),
-    Family("duplex_ledger:sessions_admitted", "gauge", help="Sessions opened and not closed."),
-    Family("duplex_ledger:sessions_cleanup_pending", "gauge",
-           help="Closed sessions whose request ids are still held (close cleanup pending or failed)."),
-    Family("duplex_ledger:request_ids_leaked", "gauge", help="Distinct request ids with a leak finding (audit)."),
-    Family("duplex_ledger:abort_failures_total", "counter", ("stage",), help="Failed aborts, one per pool call."),
-    Family("duplex_ledger:session_duration_s", "histogram", (), SESSION_DURATION_BUCKETS_S,
-           help="SessionOpened to SessionClosed, seconds, wall clock."),
-    Family("duplex_ledger:session_turns", "histogram", (), SESSION_TURNS_BUCKETS,
-           help="Turn tables (finalized responses) per closed session."),
-    Family("duplex_ledger:sessions_closed_total", "counter", ("reason",),
-           help="Closed sessions that hold nothing any more, by close reason."),
-    Family("duplex_ledger:running_counter_drift", "gauge",
-           help="Request ids the log says are running minus the ids the engines hold (live only)."),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "vllm_omni:requests_success_total",
+            "counter",
+            ("model_name", "finished_reason"),
+            help="Finalized duplex turns (one per response_id) by finished reason (DOMAIN §2.4).",
+        ),
+        Family(
+            "vllm_omni:e2e_request_latency_s",
+            "histogram",
+            ("model_name",),
+            E2E_BUCKETS_S,
+            help="Turn arrival to finalize, seconds, wall clock; every reason except abort.",
+        ),
+        Family(
+            "vllm_omni:prompt_tokens_total", "counter", ("model_name",), help="Stage0 prompt tokens of finalized turns."
+        ),
+        Family(
+            "vllm_omni:generation_tokens_total",
+            "counter",
+            ("model_name",),
+            help="Output tokens of every stage of finalized turns.",
+        ),
+        Family(
+            "vllm_omni:audio_ttfp_s",
+            "histogram",
+            ("model_name", "stage"),
+            TTFP_BUCKETS_S,
+            help="Turn arrival to the turn's first audio output, seconds, server wall clock; one per turn.",
+        ),
+        Family(
+            "duplex_ledger:listen_units_total",
+            "counter",
+            help="Listen-only units (ResponseListened): the model kept listening.",
+        ),
+        Family(
+            "duplex_ledger:listen_only_turns_total",
+            "counter",
+            help="Turns that listened and ended without beginning a response.",
+        ),
+        Family("duplex_ledger:sessions_admitted", "gauge", help="Sessions opened and not closed."),
+        Family(
+            "duplex_ledger:sessions_cleanup_pending",
+            "gauge",
+            help="Closed sessions whose request ids are still held (close cleanup pending or failed).",
+        ),
+        Family("duplex_ledger:request_ids_leaked", "gauge", help="Distinct request ids with a leak finding (audit)."),
+        Family("duplex_ledger:abort_failures_total", "counter", ("stage",), help="Failed aborts, one per pool call."),
+        Family(
+            "duplex_ledger:session_duration_s",
+            "histogram",
+            (),
+            SESSION_DURATION_BUCKETS_S,
+            help="SessionOpened to SessionClosed, seconds, wall clock.",
+        ),
+        Family(
+            "duplex_ledger:session_turns",
+            "histogram",
+            (),
+            SESSION_TURNS_BUCKETS,
+            help="Turn tables (finalized responses) per closed session.",
+        ),
+        Family(
+            "duplex_ledger:sessions_closed_total",
+            "counter",
+            ("reason",),
+            help="Closed sessions that hold nothing any more, by close reason.",
+        ),
+        Family(
+            "duplex_ledger:running_counter_drift",
+            "gauge",
+            help="Request ids the log says are running minus the ids the engines hold (live only).",
+        ),
+    )
+}
 OFFLINE_FAMILIES: tuple[str, ...] = tuple(n for n in FAMILIES if n != "duplex_ledger:running_counter_drift")
 """Families the log alone determines (everything but the engine-side drift)."""
 
@@ -172,7 +276,7 @@ class Distribution:
     p99: float | None
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "Distribution":
+    def of(cls, values: Sequence[float]) -> Distribution:
         if not values:
             return cls(0, None, None, None)
         ordered = sorted(values)
@@ -242,9 +346,13 @@ def holds_slot(resources: Any) -> bool:
     was not yet acknowledged (close drops the keys before it asks for the abort, R1)?"""
     if resources.holds_anything():
         return True
-    return any(life.submitted and not life.cleanup_ok and life.keys_dropped_at is not None
-               and not (0 in life.finished_stages and not life.abort_failed and not life.abort_pending)
-               for life in resources.lives.values())
+    return any(
+        life.submitted
+        and not life.cleanup_ok
+        and life.keys_dropped_at is not None
+        and not (0 in life.finished_stages and not life.abort_failed and not life.abort_pending)
+        for life in resources.lives.values()
+    )
 
 
 class MetricsFold:
@@ -261,18 +369,20 @@ class MetricsFold:
         self.admitted = 0
         self.cleanup_pending = 0
         self._models: set[str] = set()
-        self._handlers = dispatch_table({
-            SessionOpened: self._opened,
-            SessionClosed: self._closed,
-            ResponseListened: self._listened,
-            ResponseBegun: self._begun,
-            TurnCommitted: self._committed,
-            TurnCompleted: self._turn_completed,
-            StageRequestSubmitted: self._segment,
-            StageRequestForwarded: self._segment,
-            StageOutput: self._output,
-            AbortResult: self._abort_result,
-        })
+        self._handlers = dispatch_table(
+            {
+                SessionOpened: self._opened,
+                SessionClosed: self._closed,
+                ResponseListened: self._listened,
+                ResponseBegun: self._begun,
+                TurnCommitted: self._committed,
+                TurnCompleted: self._turn_completed,
+                StageRequestSubmitted: self._segment,
+                StageRequestForwarded: self._segment,
+                StageOutput: self._output,
+                AbortResult: self._abort_result,
+            }
+        )
         sink.set("duplex_ledger:sessions_admitted", (), 0)
         sink.set("duplex_ledger:sessions_cleanup_pending", (), 0)
 
@@ -296,7 +406,7 @@ class MetricsFold:
             self._settle(event.session_id, s)
         return turns
 
-    def apply_all(self, events: Sequence[StoredEvent] | Any) -> "MetricsFold":
+    def apply_all(self, events: Sequence[StoredEvent] | Any) -> MetricsFold:
         for stored in events:
             self.apply(stored)
         return self
@@ -376,8 +486,11 @@ class MetricsFold:
             self.sink.observe("vllm_omni:e2e_request_latency_s", (model,), t.e2e["e2e_total_ms"] / 1000.0)
         stage0 = t.stages.get(0, {})
         self.sink.inc("vllm_omni:prompt_tokens_total", (model,), stage0.get("num_tokens_in") or 0)
-        self.sink.inc("vllm_omni:generation_tokens_total", (model,),
-                      sum(row.get("num_tokens_out") or 0 for row in t.stages.values()))
+        self.sink.inc(
+            "vllm_omni:generation_tokens_total",
+            (model,),
+            sum(row.get("num_tokens_out") or 0 for row in t.stages.values()),
+        )
         if stage0.get("vllm_ttft_ms") is not None:
             s.ttft_ms.append(stage0["vllm_ttft_ms"])
         if (stage0.get("vllm_tpot_ms") or 0) > 0:
@@ -409,12 +522,22 @@ class MetricsFold:
     # ------------------------------------------------------------------ close
     def _rollup(self, session_id: str, s: _Session, st: StoredEvent, e: SessionClosed) -> None:
         wall_ms = span_ms(s.opened_ts, e.ts) if s.opened_ts is not None else None
-        self.rollups.append(SessionRollup(
-            session_id=session_id, model_name=s.model_name, close_reason=e.reason, opened_ts=s.opened_ts,
-            closed_ts=e.ts, closed_position=st.position,
-            turns_by_reason={r: s.reasons.get(r, 0) for r in FINISHED_REASONS},
-            ttft_ms=Distribution.of(s.ttft_ms), ttfp_ms=Distribution.of(s.ttfp_ms), tpot_ms=Distribution.of(s.tpot_ms),
-            listen_units=s.listen_units, session_wall_ms=wall_ms))
+        self.rollups.append(
+            SessionRollup(
+                session_id=session_id,
+                model_name=s.model_name,
+                close_reason=e.reason,
+                opened_ts=s.opened_ts,
+                closed_ts=e.ts,
+                closed_position=st.position,
+                turns_by_reason={r: s.reasons.get(r, 0) for r in FINISHED_REASONS},
+                ttft_ms=Distribution.of(s.ttft_ms),
+                ttfp_ms=Distribution.of(s.ttfp_ms),
+                tpot_ms=Distribution.of(s.tpot_ms),
+                listen_units=s.listen_units,
+                session_wall_ms=wall_ms,
+            )
+        )
         if wall_ms is not None:
             self.sink.observe("duplex_ledger:session_duration_s", (), wall_ms / 1000.0)
         self.sink.observe("duplex_ledger:session_turns", (), float(sum(s.reasons.values())))

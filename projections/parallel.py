@@ -29,11 +29,11 @@ import heapq
 import os
 import pickle
 import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from events.store.rows import StoredRow, decode_rows
@@ -45,8 +45,10 @@ PARALLEL_MIN_EVENTS = 200_000
 
 # ``+stream_id``: no index for this term, so SQLite scans the table in position order (one
 # pass, no sort) and checks each row against the temporary table in C.
-_SELECT = ("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data, hash "
-           "FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition ORDER BY position")
+_SELECT = (
+    "SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data, hash "
+    "FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition ORDER BY position"
+)
 
 
 def _read_only(db_path: str) -> sqlite3.Connection:
@@ -104,8 +106,9 @@ class PartitionResult:
     events: int
 
 
-def fold_partition(db_path: str, part: int, sessions: Sequence[str], until_position: int, spool_dir: str,
-                   batch_size: int = 20_000) -> bytes:
+def fold_partition(
+    db_path: str, part: int, sessions: Sequence[str], until_position: int, spool_dir: str, batch_size: int = 20_000
+) -> bytes:
     """Worker: fold the events of ``sessions`` (partition number ``part``) with position <=
     ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``;
     returns a pickled :class:`PartitionResult`. Raises what decoding raises (the caller sees

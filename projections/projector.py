@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from events.records import StoredEvent
-
 from projections.findings import Finding
 from projections.resources import ResourcesFold
 from projections.turn_tables import TurnTables
 from projections.turns import TurnsFold
-
 
 SWEEP_EVERY = 4096
 """Log positions between two sweeps of forgettable closed sessions (see the module doc)."""
@@ -46,7 +44,7 @@ class Projector:
         self.turns.apply(stored, verdict.accepted)
         self.position = stored.position
 
-    def apply_all(self, events: Iterable[StoredEvent]) -> "Projector":
+    def apply_all(self, events: Iterable[StoredEvent]) -> Projector:
         for stored in events:
             self.apply(stored)
         self.turn_tables.extend(self.turns.take_finalized())
@@ -61,7 +59,7 @@ class Projector:
         return [f for f in self.findings(max_idle_s, as_of_ts) if f.severity == "leak"]
 
     @classmethod
-    def merged(cls, parts: Iterable["Projector"]) -> "Projector":
+    def merged(cls, parts: Iterable[Projector]) -> Projector:
         """One projector from projectors that folded DISJOINT sets of sessions of the same log
         (projections.parallel): per-session state is united, findings and turn tables are put
         back in log order, and the log-wide position and "now" (ts) come from the part that

@@ -25,9 +25,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from events.types import ts_to_us
 from events.records import StoredEvent
 from events.store.schema import events as events_table
+from events.types import ts_to_us
 from projections import checkpoint
 from projections.findings import Finding
 from projections.projector import Projector
@@ -37,7 +37,8 @@ from projections.turn_tables import TransferEdge, TurnTables
 metadata = sa.MetaData()
 
 checkpoints = sa.Table(
-    "projection_checkpoints", metadata,
+    "projection_checkpoints",
+    metadata,
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("position", sa.BigInteger, nullable=False),
     sa.Column("fold_version", sa.Integer, nullable=False),
@@ -45,7 +46,8 @@ checkpoints = sa.Table(
     sa.Column("updated_at_us", sa.BigInteger, nullable=False),
 )
 request_resources = sa.Table(
-    "rm_request_resources", metadata,
+    "rm_request_resources",
+    metadata,
     sa.Column("session_id", sa.Text, primary_key=True),
     sa.Column("stage_id", sa.Integer, primary_key=True),
     sa.Column("request_id", sa.Text, primary_key=True),
@@ -57,7 +59,8 @@ request_resources = sa.Table(
     sa.Column("since_ts_us", sa.BigInteger, nullable=False),
 )
 audit_findings = sa.Table(
-    "rm_audit_findings", metadata,
+    "rm_audit_findings",
+    metadata,
     sa.Column("finding_no", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("severity", sa.Text, nullable=False),
     sa.Column("kind", sa.Text, nullable=False),
@@ -72,7 +75,8 @@ audit_findings = sa.Table(
     sa.Column("detail", sa.Text, nullable=False),
 )
 turn_tables = sa.Table(
-    "rm_turn_tables", metadata,
+    "rm_turn_tables",
+    metadata,
     sa.Column("session_id", sa.Text, primary_key=True),
     sa.Column("response_id", sa.Text, primary_key=True),
     sa.Column("request_id", sa.Text, nullable=False),
@@ -109,14 +113,21 @@ def turn_from_json(text: str) -> TurnTables:
 
 def turn_row(t: TurnTables, position: int) -> dict[str, Any]:
     return {
-        "session_id": t.session_id, "response_id": t.response_id, "request_id": t.request_id or "",
-        "turn_id": t.turn_id, "finished_reason": t.finished_reason, "arrival_ts_us": ts_to_us(t.arrival_ts),
-        "finalize_ts_us": ts_to_us(t.finalize_ts), "finalize_position": position, "tables_json": turn_to_json(t),
+        "session_id": t.session_id,
+        "response_id": t.response_id,
+        "request_id": t.request_id or "",
+        "turn_id": t.turn_id,
+        "finished_reason": t.finished_reason,
+        "arrival_ts_us": ts_to_us(t.arrival_ts),
+        "finalize_ts_us": ts_to_us(t.finalize_ts),
+        "finalize_position": position,
+        "tables_json": turn_to_json(t),
     }
 
 
-def fold_batch(projector: Projector, events: Iterable[StoredEvent], *,
-               after_position: int = 0) -> tuple[list[dict[str, Any]], dict[str, None]]:
+def fold_batch(
+    projector: Projector, events: Iterable[StoredEvent], *, after_position: int = 0
+) -> tuple[list[dict[str, Any]], dict[str, None]]:
     """Apply ``events`` (those after ``after_position``: redelivered ones are skipped) and
     return the turn rows finalized on the way and the sessions touched (in first-seen order)."""
     turn_rows: list[dict[str, Any]] = []
@@ -140,18 +151,40 @@ def resource_rows(fold: ResourcesFold, session_ids: Iterable[str]) -> list[dict[
             continue
         for (stage_id, request_id), b in sorted(s.bindings.items()):
             inc, epoch, turn = b.fence if b.fence is not None else (None, None, None)
-            rows.append({"session_id": sid, "stage_id": stage_id, "request_id": request_id, "state": b.state,
-                         "fence_incarnation": inc, "fence_epoch": epoch, "fence_turn_id": turn,
-                         "since_position": b.since_position, "since_ts_us": ts_to_us(b.since_ts)})
+            rows.append(
+                {
+                    "session_id": sid,
+                    "stage_id": stage_id,
+                    "request_id": request_id,
+                    "state": b.state,
+                    "fence_incarnation": inc,
+                    "fence_epoch": epoch,
+                    "fence_turn_id": turn,
+                    "since_position": b.since_position,
+                    "since_ts_us": ts_to_us(b.since_ts),
+                }
+            )
     return rows
 
 
 def finding_rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
-    return [{"finding_no": i, "severity": f.severity, "kind": f.kind, "session_id": f.session_id,
-             "stage_id": f.stage_id, "request_id": f.request_id, "first_position": f.first_position,
-             "first_ts_us": ts_to_us(f.first_ts), "last_position": f.last_position, "last_ts_us": ts_to_us(f.last_ts),
-             "evidence_positions": json.dumps(list(f.evidence)), "detail": f.detail}
-            for i, f in enumerate(findings, 1)]
+    return [
+        {
+            "finding_no": i,
+            "severity": f.severity,
+            "kind": f.kind,
+            "session_id": f.session_id,
+            "stage_id": f.stage_id,
+            "request_id": f.request_id,
+            "first_position": f.first_position,
+            "first_ts_us": ts_to_us(f.first_ts),
+            "last_position": f.last_position,
+            "last_ts_us": ts_to_us(f.last_ts),
+            "evidence_positions": json.dumps(list(f.evidence)),
+            "detail": f.detail,
+        }
+        for i, f in enumerate(findings, 1)
+    ]
 
 
 # ---------------------------------------------------------------- batch write
@@ -166,9 +199,19 @@ def _insert_keeping_first(conn: Connection, table: sa.Table) -> Any:
     return table.insert().prefix_with("OR IGNORE")
 
 
-def write_batch(conn: Connection, *, name: str, position: int, fold_version: int, state: bytes,
-                turns: Iterable[dict[str, Any]], touched: Sequence[str], resources: Sequence[dict[str, Any]],
-                findings: Sequence[dict[str, Any]], before_checkpoint: Any = None) -> None:
+def write_batch(
+    conn: Connection,
+    *,
+    name: str,
+    position: int,
+    fold_version: int,
+    state: bytes,
+    turns: Iterable[dict[str, Any]],
+    touched: Sequence[str],
+    resources: Sequence[dict[str, Any]],
+    findings: Sequence[dict[str, Any]],
+    before_checkpoint: Any = None,
+) -> None:
     """One transaction: rows of the batch, then the checkpoint: ``state`` (the body from
     :func:`projections.checkpoint.encode_state`) sealed with ``position``, ``fold_version`` and
     the log's chain hash at ``position``, read in this transaction.
@@ -187,7 +230,7 @@ def write_batch(conn: Connection, *, name: str, position: int, fold_version: int
     if chunk:
         conn.execute(insert_turns, chunk)
     for chunk_start in range(0, len(touched), 500):
-        ids = list(touched[chunk_start:chunk_start + 500])
+        ids = list(touched[chunk_start : chunk_start + 500])
         conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(ids)))
     if resources:
         conn.execute(request_resources.insert(), list(resources))
@@ -196,11 +239,17 @@ def write_batch(conn: Connection, *, name: str, position: int, fold_version: int
         conn.execute(audit_findings.insert(), list(findings))
     if before_checkpoint is not None:
         before_checkpoint()
-    blob = checkpoint.seal(state, fold_version=fold_version, position=position,
-                           log_hash=log_hash_at(conn, position))
+    blob = checkpoint.seal(state, fold_version=fold_version, position=position, log_hash=log_hash_at(conn, position))
     conn.execute(checkpoints.delete().where(checkpoints.c.name == name))
-    conn.execute(checkpoints.insert().values(name=name, position=position, fold_version=fold_version, state=blob,
-                                             updated_at_us=int(time.time() * 1_000_000)))
+    conn.execute(
+        checkpoints.insert().values(
+            name=name,
+            position=position,
+            fold_version=fold_version,
+            state=blob,
+            updated_at_us=int(time.time() * 1_000_000),
+        )
+    )
 
 
 def log_hash_at(conn: Connection, position: int) -> bytes:
@@ -216,13 +265,17 @@ def clear_read_models(conn: Connection) -> None:
 
 
 def load_checkpoint(conn: Connection, name: str) -> tuple[int, int, bytes] | None:
-    row = conn.execute(sa.select(checkpoints.c.position, checkpoints.c.fold_version, checkpoints.c.state)
-                       .where(checkpoints.c.name == name)).first()
+    row = conn.execute(
+        sa.select(checkpoints.c.position, checkpoints.c.fold_version, checkpoints.c.state).where(
+            checkpoints.c.name == name
+        )
+    ).first()
     return None if row is None else (row.position, row.fold_version, row.state)
 
 
-def load_turns(conn: Connection, session_id: str | None = None, response_id: str | None = None,
-               until_position: int | None = None) -> list[TurnTables]:
+def load_turns(
+    conn: Connection, session_id: str | None = None, response_id: str | None = None, until_position: int | None = None
+) -> list[TurnTables]:
     q = sa.select(turn_tables.c.tables_json).order_by(turn_tables.c.finalize_position, turn_tables.c.session_id)
     if session_id is not None:
         q = q.where(turn_tables.c.session_id == session_id)

@@ -15,9 +15,9 @@ negative (CASE-01). The session engine makes its live decisions with this same f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable
 
 from events import ids as rid
 from events.records import StoredEvent
@@ -149,9 +149,18 @@ class SessionResources:
         """Closed, holding nothing, no retarget pending and no id whose keys were dropped
         without a clean-up (that would still be a ``counter_not_decremented`` leak): forgetting
         it changes no finding."""
-        return (self.closed_at is not None and self.pending_retarget is None and not self.holds_anything()
-                and not any(not life.cleanup_ok and life.submitted and life.keys_dropped_at is not None
-                            and 0 not in life.finished_stages for life in self.lives.values()))
+        return (
+            self.closed_at is not None
+            and self.pending_retarget is None
+            and not self.holds_anything()
+            and not any(
+                not life.cleanup_ok
+                and life.submitted
+                and life.keys_dropped_at is not None
+                and 0 not in life.finished_stages
+                for life in self.lives.values()
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +198,8 @@ def stale_before_submit(s: SessionResources, new_id: str) -> list[StaleId]:
         keys = tuple(sorted(k for k in s.bindings if k[1] == request_id))
         bindings = [s.bindings[k] for k in keys]
         if s.capabilities.supports_concurrent_turn_requests and any(
-                x.stage_id >= 1 and not x.finished for x in bindings):
+            x.stage_id >= 1 and not x.finished for x in bindings
+        ):
             continue  # still draining under concurrent turn requests (R4 exception)
         out.append(StaleId(request_id, keys, all(x.finished for x in bindings if x.submitted)))
     return out
@@ -211,30 +221,32 @@ class ResourcesFold:
         self.point_findings: list[Finding] = []
         self.position = 0
         self.ts = 0.0
-        self._handlers = dispatch_table({
-            SessionOpened: self._opened,
-            SessionClosed: self._closed,
-            StageRequestReserved: self._reserved,
-            StageRequestSubmitted: self._submitted,
-            StageRequestForwarded: self._forwarded,
-            StageOutput: self._output,
-            StageRequestFinished: self._finished,
-            StageRequestReleased: self._released,
-            StageRequestRestored: self._restored,
-            StageRequestLost: self._lost,
-            AbortRequested: self._abort_requested,
-            AbortResult: self._abort_result,
-            ReleaseRequested: self._release_requested,
-            ReleaseResult: self._release_result,
-            ActiveRequestBound: self._active_bound,
-            CommandRejected: self._rejected,
-            EpochAdvanced: self._epoch_advanced,
-            TurnCompleted: self._turn_completed,
-            InputAppended: self._appended,
-            StageMetricsReported: self._metrics,
-            ResponseListened: self._listened,
-            SessionTakenOver: self._taken_over,
-        })
+        self._handlers = dispatch_table(
+            {
+                SessionOpened: self._opened,
+                SessionClosed: self._closed,
+                StageRequestReserved: self._reserved,
+                StageRequestSubmitted: self._submitted,
+                StageRequestForwarded: self._forwarded,
+                StageOutput: self._output,
+                StageRequestFinished: self._finished,
+                StageRequestReleased: self._released,
+                StageRequestRestored: self._restored,
+                StageRequestLost: self._lost,
+                AbortRequested: self._abort_requested,
+                AbortResult: self._abort_result,
+                ReleaseRequested: self._release_requested,
+                ReleaseResult: self._release_result,
+                ActiveRequestBound: self._active_bound,
+                CommandRejected: self._rejected,
+                EpochAdvanced: self._epoch_advanced,
+                TurnCompleted: self._turn_completed,
+                InputAppended: self._appended,
+                StageMetricsReported: self._metrics,
+                ResponseListened: self._listened,
+                SessionTakenOver: self._taken_over,
+            }
+        )
 
     # ------------------------------------------------------------------ apply
     def apply(self, stored: StoredEvent) -> Verdict:
@@ -273,18 +285,39 @@ class ResourcesFold:
                 del s.lives[old]
                 s.reported = {key for key in s.reported if key[1] != old}
 
-    def _point(self, session: SessionResources, kind: str, stage_id: int | None, request_id: str | None,
-               stored: StoredEvent, evidence: Iterable[int], detail: str, first: tuple[int, float] | None = None,
-               once: bool = False) -> None:
+    def _point(
+        self,
+        session: SessionResources,
+        kind: str,
+        stage_id: int | None,
+        request_id: str | None,
+        stored: StoredEvent,
+        evidence: Iterable[int],
+        detail: str,
+        first: tuple[int, float] | None = None,
+        once: bool = False,
+    ) -> None:
         key = (kind, request_id or "", stage_id)
         if once:
             if key in session.reported:
                 return
             session.reported.add(key)
         first_pos, first_ts = first if first is not None else (stored.position, stored.event.ts)
-        self.point_findings.append(Finding(
-            session.session_id, stage_id, request_id, kind, first_pos, first_ts, stored.position,
-            stored.event.ts, tuple(sorted(set(evidence) | {stored.position})), detail, severity_of(kind)))
+        self.point_findings.append(
+            Finding(
+                session.session_id,
+                stage_id,
+                request_id,
+                kind,
+                first_pos,
+                first_ts,
+                stored.position,
+                stored.event.ts,
+                tuple(sorted(set(evidence) | {stored.position})),
+                detail,
+                severity_of(kind),
+            )
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def _opened(self, s: SessionResources, st: StoredEvent, e: SessionOpened) -> Verdict:
@@ -337,8 +370,9 @@ class ResourcesFold:
                 return f"id of epoch {parsed.epoch}; the session is at epoch {s.epoch}"
         return None
 
-    def _gate_fact(self, s: SessionResources, st: StoredEvent, stage_id: int | None, request_id: str | None,
-                   what: str) -> Verdict:
+    def _gate_fact(
+        self, s: SessionResources, st: StoredEvent, stage_id: int | None, request_id: str | None, what: str
+    ) -> Verdict:
         """DOMAIN §5.7 D1/D9: a fact (output, metrics snapshot, finish, listen unit) of an id the
         session does not hold — aborted, released, or of an older epoch/incarnation — changes
         nothing and is one warning. Ids the log never bound (logs that record no submits) pass:
@@ -352,9 +386,15 @@ class ResourcesFold:
             closed = life.closed_stages.get(stage_id) if life is not None and stage_id is not None else None
             if closed is None:
                 return ACCEPTED  # a stage the log never bound (no forwards recorded): attributed by id
-            self._point(s, closed, stage_id, request_id, st, [life.last_position] if life else [],
-                        f"{what} of an id the session does not hold on stage {stage_id} "
-                        f"({STAGE_CLOSED_WHY[closed]}); ignored")
+            self._point(
+                s,
+                closed,
+                stage_id,
+                request_id,
+                st,
+                [life.last_position] if life else [],
+                f"{what} of an id the session does not hold on stage {stage_id} ({STAGE_CLOSED_WHY[closed]}); ignored",
+            )
             return REFUSED
         stale = self._stale_fence(s, request_id, None)
         if life is None and stale is None:
@@ -365,8 +405,15 @@ class ResourcesFold:
             kind, why = "output_after_release", "the id was released"
         else:
             kind, why = "output_of_stale_id", stale or "the session never held the id"
-        self._point(s, kind, stage_id, request_id, st, [life.last_position] if life else [],
-                    f"{what} of an id the session does not hold ({why}); ignored")
+        self._point(
+            s,
+            kind,
+            stage_id,
+            request_id,
+            st,
+            [life.last_position] if life else [],
+            f"{what} of an id the session does not hold ({why}); ignored",
+        )
         return REFUSED
 
     # ------------------------------------------------------------------ binding
@@ -376,16 +423,24 @@ class ResourcesFold:
         existing = s.bindings.get(key)
         if existing is not None:
             if existing.fence is not None and existing.fence[:2] != fence[:2]:
-                self._point(s, "reserve_conflict", e.stage_id, e.request_id, st, [existing.since_position],
-                            f"held with fence {existing.fence}, reserve asked {fence}")
+                self._point(
+                    s,
+                    "reserve_conflict",
+                    e.stage_id,
+                    e.request_id,
+                    st,
+                    [existing.since_position],
+                    f"held with fence {existing.fence}, reserve asked {fence}",
+                )
                 return REFUSED
             return ACCEPTED
         self._life(s, e.request_id, st)
         s.bindings[key] = Binding(e.stage_id, e.request_id, fence, False, False, st.position, e.ts)
         return ACCEPTED
 
-    def _bind(self, s: SessionResources, st: StoredEvent, stage_id: int, request_id: str,
-              fence: Fence | None) -> IdLife:
+    def _bind(
+        self, s: SessionResources, st: StoredEvent, stage_id: int, request_id: str, fence: Fence | None
+    ) -> IdLife:
         key = (stage_id, request_id)
         life = self._life(s, request_id, st)
         life.submitted = True
@@ -404,17 +459,38 @@ class ResourcesFold:
         ephemeral = rid.is_ephemeral(e.request_id)
         stale = self._stale_fence(s, e.request_id, e.fence)
         if stale is not None:
-            self._point(s, "stale_fence", e.stage_id, e.request_id, st, [],
-                        f"submit ({e.kind}) refused: {stale} (DOMAIN §2.1, §5.7 D9)")
+            self._point(
+                s,
+                "stale_fence",
+                e.stage_id,
+                e.request_id,
+                st,
+                [],
+                f"submit ({e.kind}) refused: {stale} (DOMAIN §2.1, §5.7 D9)",
+            )
             return REFUSED
         if e.kind == "update":
             if ephemeral:
-                self._point(s, "update_on_ephemeral", e.stage_id, e.request_id, st, [],
-                            "submit_update on an ephemeral (turn-scoped) id is refused (DOMAIN §3.4, E10)")
+                self._point(
+                    s,
+                    "update_on_ephemeral",
+                    e.stage_id,
+                    e.request_id,
+                    st,
+                    [],
+                    "submit_update on an ephemeral (turn-scoped) id is refused (DOMAIN §3.4, E10)",
+                )
                 return REFUSED
             if existing is None or not existing.submitted:
-                self._point(s, "append_to_unknown_id", e.stage_id, e.request_id, st, [],
-                            "submit_update of an id that was never submitted")
+                self._point(
+                    s,
+                    "append_to_unknown_id",
+                    e.stage_id,
+                    e.request_id,
+                    st,
+                    [],
+                    "submit_update of an id that was never submitted",
+                )
                 return REFUSED
             self._life(s, e.request_id, st)
             existing.finished = False
@@ -422,8 +498,15 @@ class ResourcesFold:
             return ACCEPTED
         if existing is not None and existing.submitted:
             state = existing.state
-            self._point(s, "duplicate_submit", e.stage_id, e.request_id, st, [existing.since_position],
-                        f"id still held ({state} since position {existing.since_position}); submit refused")
+            self._point(
+                s,
+                "duplicate_submit",
+                e.stage_id,
+                e.request_id,
+                st,
+                [existing.since_position],
+                f"id still held ({state} since position {existing.since_position}); submit refused",
+            )
             return REFUSED
         self._bind(s, st, e.stage_id, e.request_id, e.fence)
         if e.stage_id == 0 and ephemeral:
@@ -434,18 +517,33 @@ class ResourcesFold:
         """R3 and R4 at the submit of a new ephemeral Stage0 id (DOMAIN §4.2)."""
         for life in list(s.lives.values()):
             if life.request_id != new_id and not life.cleanup_ok and life.abort_failed:
-                self._point(s, "submit_after_failed_abort", None, life.request_id, st,
-                            [p for p, _ in life.abort_failed.values()],
-                            f"{new_id} submitted while the abort of {life.request_id} had failed (R3)", once=True)
+                self._point(
+                    s,
+                    "submit_after_failed_abort",
+                    None,
+                    life.request_id,
+                    st,
+                    [p for p, _ in life.abort_failed.values()],
+                    f"{new_id} submitted while the abort of {life.request_id} had failed (R3)",
+                    once=True,
+                )
         for stale in stale_before_submit(s, new_id):
             if stale.request_id in s.lives and s.lives[stale.request_id].abort_failed:
                 continue  # reported above
             stage0 = s.bindings[(0, stale.request_id)]
             keys = [s.bindings[k] for k in stale.keys]
             kind = "finished_not_released" if stale.finished else "stale_not_aborted"
-            self._point(s, kind, 0, stale.request_id, st, [b.since_position for b in keys],
-                        f"still held ({', '.join(f'({b.stage_id}, {b.state})' for b in keys)}) when {new_id} was submitted",
-                        first=(stage0.since_position, stage0.since_ts), once=True)
+            self._point(
+                s,
+                kind,
+                0,
+                stale.request_id,
+                st,
+                [b.since_position for b in keys],
+                f"still held ({', '.join(f'({b.stage_id}, {b.state})' for b in keys)}) when {new_id} was submitted",
+                first=(stage0.since_position, stage0.since_ts),
+                once=True,
+            )
         active = s.active_request_id
         if active is not None and active != new_id and (0, active) not in s.bindings:
             s.pending_retarget = (st.position, st.event.ts, active, new_id)
@@ -454,8 +552,17 @@ class ResourcesFold:
         pos, ts, stale, new = s.pending_retarget  # type: ignore[misc]
         s.pending_retarget = None
         if s.active_request_id == stale:
-            self._point(s, "active_not_retargeted", 0, stale, st, [pos],
-                        f"active request still {stale} after {new} was submitted (R5)", first=(pos, ts), once=True)
+            self._point(
+                s,
+                "active_not_retargeted",
+                0,
+                stale,
+                st,
+                [pos],
+                f"active request still {stale} after {new} was submitted (R5)",
+                first=(pos, ts),
+                once=True,
+            )
 
     def _forwarded(self, s: SessionResources, st: StoredEvent, e: StageRequestForwarded) -> Verdict:
         stale = self._stale_fence(s, e.request_id, e.fence)
@@ -514,13 +621,21 @@ class ResourcesFold:
             return ACCEPTED
         life = s.lives.get(e.request_id)
         kind = "append_after_release" if life is not None else "append_to_unknown_id"
-        self._point(s, kind, 0, e.request_id, st, [life.last_position] if life else [],
-                    "append names a Stage0 id the session does not hold; ignored")
+        self._point(
+            s,
+            kind,
+            0,
+            e.request_id,
+            st,
+            [life.last_position] if life else [],
+            "append names a Stage0 id the session does not hold; ignored",
+        )
         return REFUSED
 
     # ------------------------------------------------------------------ removal
-    def _drop(self, s: SessionResources, key: tuple[int, str], st: StoredEvent,
-              kind: str = "output_after_release") -> None:
+    def _drop(
+        self, s: SessionResources, key: tuple[int, str], st: StoredEvent, kind: str = "output_after_release"
+    ) -> None:
         """End the binding ``key``; a later fact of that stage of the id is one ``kind`` warning."""
         if s.bindings.pop(key, None) is None:
             return
@@ -544,16 +659,26 @@ class ResourcesFold:
     def _taken_over(self, s: SessionResources, st: StoredEvent, e: SessionTakenOver) -> Verdict:
         """Issue 14: the owner died and another replica closed the session; reported (a
         warning naming both replicas), its ids are settled by the events that follow."""
-        previous = "no replica" if e.previous_replica_id is None else f"{e.previous_replica_id}#{e.previous_incarnation}"
-        self._point(s, "session_taken_over", None, None, st, [], f"owner {previous} dead ({e.detected}); "
-                    f"taken over by {e.replica_id}#{e.replica_incarnation}")
+        previous = (
+            "no replica" if e.previous_replica_id is None else f"{e.previous_replica_id}#{e.previous_incarnation}"
+        )
+        self._point(
+            s,
+            "session_taken_over",
+            None,
+            None,
+            st,
+            [],
+            f"owner {previous} dead ({e.detected}); taken over by {e.replica_id}#{e.replica_incarnation}",
+        )
         return ACCEPTED
 
     def _restored(self, s: SessionResources, st: StoredEvent, e: StageRequestRestored) -> Verdict:
         life = self._life(s, e.request_id, st)
         fence = e.fence.key() if e.fence is not None else None
         s.bindings[(e.stage_id, e.request_id)] = Binding(
-            e.stage_id, e.request_id, fence, e.submitted, e.stage_id in life.finished_stages, st.position, e.ts)
+            e.stage_id, e.request_id, fence, e.submitted, e.stage_id in life.finished_stages, st.position, e.ts
+        )
         life.keys_dropped_at = None
         life.closed_stages.pop(e.stage_id, None)
         return ACCEPTED
@@ -576,8 +701,15 @@ class ResourcesFold:
             else:
                 keys = [s.bindings[k] for k in s.keys_of(request_id)]
                 if keys and all(b.finished for b in keys if b.submitted) and any(b.submitted for b in keys):
-                    self._point(s, "abort_after_finish", None, request_id, st, [b.since_position for b in keys],
-                                "every binding had finished before the abort")
+                    self._point(
+                        s,
+                        "abort_after_finish",
+                        None,
+                        request_id,
+                        st,
+                        [b.since_position for b in keys],
+                        "every binding had finished before the abort",
+                    )
             stages = set(e.stage_ids) if e.stage_ids is not None else set(range(s.num_stages))
             stages |= {k[0] for k in s.keys_of(request_id)} if e.stage_ids is None else set()
             for stage_id in stages:
@@ -591,9 +723,15 @@ class ResourcesFold:
             life = s.lives.get(request_id)
             if life is None or e.stage_id not in life.abort_pending:
                 # D10: a late or duplicate ack answers no pending abort and releases nothing.
-                self._point(s, "duplicate_ack" if life is not None else "abort_of_unknown_id", e.stage_id,
-                            request_id, st, [life.last_position] if life else [],
-                            f"abort result ({e.outcome}) with no abort pending on stage {e.stage_id}; ignored")
+                self._point(
+                    s,
+                    "duplicate_ack" if life is not None else "abort_of_unknown_id",
+                    e.stage_id,
+                    request_id,
+                    st,
+                    [life.last_position] if life else [],
+                    f"abort result ({e.outcome}) with no abort pending on stage {e.stage_id}; ignored",
+                )
                 continue
             life.touch(st.position, e.ts)
             life.abort_pending.pop(e.stage_id)
@@ -606,7 +744,9 @@ class ResourcesFold:
             life.abort_ok[e.stage_id] = (st.position, e.ts)
             binding = s.bindings.get((e.stage_id, request_id))
             if binding is not None and binding.since_position == snapshot:
-                self._drop(s, (e.stage_id, request_id), st, "output_after_abort")  # only the binding its abort saw (D10)
+                self._drop(
+                    s, (e.stage_id, request_id), st, "output_after_abort"
+                )  # only the binding its abort saw (D10)
             if not s.keys_of(request_id) and not life.abort_failed:
                 life.cleanup_ok = True
                 self._retire(s, life)
@@ -649,14 +789,20 @@ class ResourcesFold:
         if session_id is not None:
             s = self.sessions.get(session_id)
             return {session_id: {k: b.state for k, b in sorted(s.bindings.items())} if s else {}}
-        return {sid: {k: b.state for k, b in sorted(s.bindings.items())}
-                for sid, s in sorted(self.sessions.items()) if s.bindings}
+        return {
+            sid: {k: b.state for k, b in sorted(s.bindings.items())}
+            for sid, s in sorted(self.sessions.items())
+            if s.bindings
+        }
 
     def held(self, session_id: str | None = None) -> int:
         """Orchestrator counter (DOMAIN §3.3): distinct ids with any binding, per session or
         global. Equals :meth:`running` unless finished ids are still held (R4/R6)."""
-        sessions = [self.sessions[session_id]] if session_id in self.sessions else (
-            [] if session_id is not None else list(self.sessions.values()))
+        sessions = (
+            [self.sessions[session_id]]
+            if session_id in self.sessions
+            else ([] if session_id is not None else list(self.sessions.values()))
+        )
         return sum(len({k[1] for k in s.bindings}) for s in sessions)
 
     def running(self, session_id: str | None = None) -> int:
@@ -675,9 +821,21 @@ class ResourcesFold:
             out.extend(self._state_findings(s, now, max_idle_s))
             if s.pending_retarget is not None and s.active_request_id == s.pending_retarget[2]:
                 pos, ts, stale, new = s.pending_retarget
-                out.append(Finding(s.session_id, 0, stale, "active_not_retargeted", pos, ts, s.last_position,
-                                   s.last_ts, (pos,), f"active request still {stale} after {new} was submitted (R5)",
-                                   "leak"))
+                out.append(
+                    Finding(
+                        s.session_id,
+                        0,
+                        stale,
+                        "active_not_retargeted",
+                        pos,
+                        ts,
+                        s.last_position,
+                        s.last_ts,
+                        (pos,),
+                        f"active request still {stale} after {new} was submitted (R5)",
+                        "leak",
+                    )
+                )
         return sorted(out, key=Finding.sort_key)
 
     def _state_findings(self, s: SessionResources, now: float, max_idle_s: float) -> list[Finding]:
@@ -700,10 +858,26 @@ class ResourcesFold:
             elif b.submitted and not b.finished and idle:
                 kind = "orphan"
             if kind is not None:
-                first_pos, first_ts = (s.closed_at if s.closed_at is not None and kind == "held_after_close"
-                                       else (b.since_position, b.since_ts))
-                out.append(Finding(s.session_id, stage_id, request_id, kind, first_pos, first_ts, s.last_position,
-                                   s.last_ts, tuple(sorted(set(life.evidence))), self._detail(b, life), "leak"))
+                first_pos, first_ts = (
+                    s.closed_at
+                    if s.closed_at is not None and kind == "held_after_close"
+                    else (b.since_position, b.since_ts)
+                )
+                out.append(
+                    Finding(
+                        s.session_id,
+                        stage_id,
+                        request_id,
+                        kind,
+                        first_pos,
+                        first_ts,
+                        s.last_position,
+                        s.last_ts,
+                        tuple(sorted(set(life.evidence))),
+                        self._detail(b, life),
+                        "leak",
+                    )
+                )
         for life in s.lives.values():
             if life.cleanup_ok or not life.submitted or s.keys_of(life.request_id) or life.keys_dropped_at is None:
                 continue
@@ -713,9 +887,21 @@ class ResourcesFold:
             if not (closed or now - dropped_ts > max_idle_s):
                 continue
             kind = "abort_failed_not_restored" if life.abort_failed else "counter_not_decremented"
-            out.append(Finding(s.session_id, None, life.request_id, kind, dropped_pos, dropped_ts,
-                               life.last_position, life.last_ts, tuple(sorted(set(life.evidence))),
-                               "bindings dropped but no successful abort/release of the running id", "leak"))
+            out.append(
+                Finding(
+                    s.session_id,
+                    None,
+                    life.request_id,
+                    kind,
+                    dropped_pos,
+                    dropped_ts,
+                    life.last_position,
+                    life.last_ts,
+                    tuple(sorted(set(life.evidence))),
+                    "bindings dropped but no successful abort/release of the running id",
+                    "leak",
+                )
+            )
         return out
 
     @staticmethod

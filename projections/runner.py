@@ -34,8 +34,8 @@ from contextlib import contextmanager
 
 from events.records import StoredEvent
 from events.store.store import EventStore
-from events.types import ts_to_us
 from events.store.url import sqlite_path
+from events.types import ts_to_us
 from projections import checkpoint, consistency, parallel, readmodels
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
@@ -67,9 +67,15 @@ def gc_paused() -> Iterator[None]:
 class ProjectionRunner:
     """Keeps the read models of one store up to date. Not thread-safe; one per process."""
 
-    def __init__(self, store: EventStore, *, batch_size: int = 5000, max_idle_s: float = 30.0,
-                 before_checkpoint: Callable[[], None] | None = None,
-                 note: Callable[[str], None] = note_to_stderr) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        batch_size: int = 5000,
+        max_idle_s: float = 30.0,
+        before_checkpoint: Callable[[], None] | None = None,
+        note: Callable[[str], None] = note_to_stderr,
+    ) -> None:
         self.store = store
         self.note = note
         self.batch_size = batch_size
@@ -112,8 +118,7 @@ class ProjectionRunner:
             raise checkpoint.CheckpointRefused(f"built on another log (the chain hash at position {position} differs)")
         return sealed
 
-    async def rebuild(self, progress: Callable[[int, int], None] | None = None, *,
-                      workers: int | None = None) -> int:
+    async def rebuild(self, progress: Callable[[int, int], None] | None = None, *, workers: int | None = None) -> int:
         """Drop every read-model row and project the whole log again. Returns the position.
 
         ``workers``: worker processes for a SQLite log (:mod:`projections.parallel`); None
@@ -136,8 +141,7 @@ class ProjectionRunner:
             return parallel.default_workers() if head >= parallel.PARALLEL_MIN_EVENTS else 1
         return workers
 
-    async def _rebuild_parallel(self, head: int, workers: int,
-                                progress: Callable[[int, int], None] | None) -> int:
+    async def _rebuild_parallel(self, head: int, workers: int, progress: Callable[[int, int], None] | None) -> int:
         """Drop the read-model rows and write them again from worker processes (see
         projections.parallel). The old rows are deleted on the write thread while the
         workers fold (the delete, and the WAL checkpoint a previous rebuild's rows leave
@@ -157,29 +161,44 @@ class ProjectionRunner:
                 projector = Projector.merged(r.projector for r in results)
                 resources, findings, state = self._snapshot(projector, sorted(projector.resources.sessions))
             spools = sorted(r.turns_path for r in results)
-            await self._run_write(lambda conn: readmodels.write_batch(
-                conn, name=CHECKPOINT_NAME, position=head, fold_version=FOLD_VERSION, state=state,
-                turns=parallel.spooled_turn_rows(spools), touched=[], resources=resources, findings=findings,
-                before_checkpoint=self.before_checkpoint))
+            await self._run_write(
+                lambda conn: readmodels.write_batch(
+                    conn,
+                    name=CHECKPOINT_NAME,
+                    position=head,
+                    fold_version=FOLD_VERSION,
+                    state=state,
+                    turns=parallel.spooled_turn_rows(spools),
+                    touched=[],
+                    resources=resources,
+                    findings=findings,
+                    before_checkpoint=self.before_checkpoint,
+                )
+            )
         self.projector, self.position = projector, head
         return head
 
-    async def _fold_partitions(self, path: str, plan: list[list[str]], head: int, spool_dir: str,
-                               progress: Callable[[int, int], None] | None) -> list[parallel.PartitionResult]:
+    async def _fold_partitions(
+        self, path: str, plan: list[list[str]], head: int, spool_dir: str, progress: Callable[[int, int], None] | None
+    ) -> list[parallel.PartitionResult]:
         loop = asyncio.get_running_loop()
         results: list[parallel.PartitionResult] = []
         with parallel.pool(len(plan)) as pool:
-            pending = [loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir,
-                                            self.batch_size)
-                       for part, sessions in enumerate(plan)]
+            pending = [
+                loop.run_in_executor(
+                    pool, parallel.fold_partition, path, part, sessions, head, spool_dir, self.batch_size
+                )
+                for part, sessions in enumerate(plan)
+            ]
             for done in asyncio.as_completed(pending):
                 results.append(pickle.loads(await done))
                 if progress is not None:
                     progress(head * len(results) // len(plan), head)
         return results
 
-    async def catch_up(self, progress: Callable[[int, int], None] | None = None, *,
-                       until_position: int | None = None) -> int:
+    async def catch_up(
+        self, progress: Callable[[int, int], None] | None = None, *, until_position: int | None = None
+    ) -> int:
         """Fold every event after the checkpoint (up to ``until_position``, default the head),
         one transaction per batch. ``progress(done, head)`` is called after each batch.
         Returns the new checkpoint position."""
@@ -208,8 +227,10 @@ class ProjectionRunner:
         backend = self.store.recorder.backend
         found = await backend.run_read(consistency.load_models)
         if found.checkpoint is not None and found.checkpoint[1] != FOLD_VERSION:
-            self.note(f"the read models were built by fold version {found.checkpoint[1]} (this code: "
-                      f"{FOLD_VERSION}); rebuilding them from the log")
+            self.note(
+                f"the read models were built by fold version {found.checkpoint[1]} (this code: "
+                f"{FOLD_VERSION}); rebuilding them from the log"
+            )
             await self._run_write(readmodels.clear_read_models)
             self.projector, self.position = Projector(), 0
             return await self.catch_up(progress)
@@ -217,22 +238,35 @@ class ProjectionRunner:
         at = min(found.checkpoint[0], head) if found.checkpoint is not None else 0
         fresh = await self.fresh_fold(at)
         log_hash = await backend.run_read(readmodels.log_hash_at, at) if at else b""
-        mismatch = consistency.compare(found, fresh, fold_version=FOLD_VERSION, log_hash=log_hash or b"",
-                                       max_idle_s=self.max_idle_s)
+        mismatch = consistency.compare(
+            found, fresh, fold_version=FOLD_VERSION, log_hash=log_hash or b"", max_idle_s=self.max_idle_s
+        )
         if mismatch is None and found.checkpoint is not None and found.checkpoint[0] > head:
-            mismatch = consistency.Mismatch("checkpoint", "", f"position {found.checkpoint[0]} is beyond the "
-                                                              f"log's head {head}")
+            mismatch = consistency.Mismatch(
+                "checkpoint", "", f"position {found.checkpoint[0]} is beyond the log's head {head}"
+            )
         self.projector, self.position = fresh.projector, at
         if mismatch is not None:
-            self.note(f"derived state in the ledger differs from its log: {mismatch}; it is ignored, "
-                      f"and the read models are rewritten from the log")
+            self.note(
+                f"derived state in the ledger differs from its log: {mismatch}; it is ignored, "
+                f"and the read models are rewritten from the log"
+            )
             await self._run_write(readmodels.clear_read_models)
             if at > 0:
-                resources, findings, state = self._snapshot(fresh.projector,
-                                                            sorted(fresh.projector.resources.sessions))
-                await self._run_write(lambda conn: readmodels.write_batch(
-                    conn, name=CHECKPOINT_NAME, position=at, fold_version=FOLD_VERSION, state=state,
-                    turns=fresh.turn_rows, touched=[], resources=resources, findings=findings))
+                resources, findings, state = self._snapshot(fresh.projector, sorted(fresh.projector.resources.sessions))
+                await self._run_write(
+                    lambda conn: readmodels.write_batch(
+                        conn,
+                        name=CHECKPOINT_NAME,
+                        position=at,
+                        fold_version=FOLD_VERSION,
+                        state=state,
+                        turns=fresh.turn_rows,
+                        touched=[],
+                        resources=resources,
+                        findings=findings,
+                    )
+                )
         if at == 0:
             return await self.catch_up(progress)  # nothing to keep: a full projection, parallel when large
         with gc_paused():
@@ -259,8 +293,9 @@ class ProjectionRunner:
         return consistency.FreshFold(until, projector, turn_rows)
 
     async def _catch_up(self, head: int, progress: Callable[[int, int], None] | None) -> int:
-        batches = self.store.read_batches(self.position + 1, until_position=head, batch_size=self.batch_size,
-                                          as_structs=True)
+        batches = self.store.read_batches(
+            self.position + 1, until_position=head, batch_size=self.batch_size, as_structs=True
+        )
         # Read one batch ahead: the next batch is fetched (in the driver's thread) and decoded
         # (while this task waits on the write) as the current one is folded and written.
         ahead = asyncio.ensure_future(anext(batches, None))
@@ -273,7 +308,7 @@ class ProjectionRunner:
         finally:
             ahead.cancel()
             await asyncio.gather(ahead, return_exceptions=True)
-            await batches.aclose()
+            await batches.aclose()  # type: ignore[attr-defined]  # an async generator
         if progress is not None:
             progress(self.position, head)
         return self.position
@@ -293,10 +328,20 @@ class ProjectionRunner:
         position = max(self.position, batch[-1].position)
         resources, findings, state = self._snapshot(projector, touched)
         try:
-            await self._run_write(lambda conn: readmodels.write_batch(
-                conn, name=CHECKPOINT_NAME, position=position, fold_version=FOLD_VERSION, state=state,
-                turns=turn_rows, touched=list(touched), resources=resources, findings=findings,
-                before_checkpoint=self.before_checkpoint))
+            await self._run_write(
+                lambda conn: readmodels.write_batch(
+                    conn,
+                    name=CHECKPOINT_NAME,
+                    position=position,
+                    fold_version=FOLD_VERSION,
+                    state=state,
+                    turns=turn_rows,
+                    touched=list(touched),
+                    resources=resources,
+                    findings=findings,
+                    before_checkpoint=self.before_checkpoint,
+                )
+            )
         except BaseException:
             self.projector = None  # in-memory state is ahead of the database: reload on next use
             raise
@@ -340,8 +385,9 @@ class ProjectionRunner:
         return await self.store.recorder.backend.run_read(readmodels.load_turns, session_id, response_id)
 
 
-async def project_as_of(store: EventStore, *, until_position: int | None = None,
-                        until_ts: float | None = None, batch_size: int = 5000) -> Projector:
+async def project_as_of(
+    store: EventStore, *, until_position: int | None = None, until_ts: float | None = None, batch_size: int = 5000
+) -> Projector:
     """Fold the log in memory up to ``until_position`` and/or the events with ts <= ``until_ts``
     (time travel; nothing is written). Findings should then be evaluated with
     ``as_of_ts=until_ts``."""

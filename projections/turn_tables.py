@@ -127,8 +127,6 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-
-
 def _edges(
     stages: Mapping[int, Mapping[str, Any]],
     tx_delta: Mapping[tuple[int, int], tuple[float, int, bool]],

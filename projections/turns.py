@@ -114,10 +114,12 @@ class DerivedStage:
         """One segment of the stage (DOMAIN §5.3 decision; CASE-03/09/10), durations in ms from
         integer microseconds."""
         return StageCollapse.from_values(
-            num_tokens_in=self.num_tokens_in, num_tokens_out=self.num_tokens_out,
+            num_tokens_in=self.num_tokens_in,
+            num_tokens_out=self.num_tokens_out,
             stage_gen_time_ms=gen_ms(self.submit_ts, self.last_ts),
             vllm_ttft_ms=ttft_ms(self.submit_ts, self.first_token_ts),
-            vllm_tpot_ms=tpot_ms(self.first_token_ts, self.last_token_ts, self.num_tokens_out))
+            vllm_tpot_ms=tpot_ms(self.first_token_ts, self.last_token_ts, self.num_tokens_out),
+        )
 
 
 @dataclass(slots=True)
@@ -197,28 +199,30 @@ class TurnsFold:
         self.silent: set[str] = set()  # live mode: sessions with log_stats off
         self.finalized: list[TurnTables] = []
         self.findings: list[Finding] = []
-        self._handlers = dispatch_table({
-            InputAppended: self._appended,
-            TurnCommitted: self._committed,
-            ResponseBegun: self._begun,
-            ResponseEnded: self._ended,
-            TurnFinalized: self._turn_finalized,
-            CancelRequested: self._cancel,
-            AbortRequested: self._abort,
-            SessionClosed: self._closed,
-            SessionOpened: self._opened,
-            StageRequestSubmitted: self._submitted,
-            StageRequestForwarded: self._forwarded,
-            StageOutput: self._output,
-            StageRequestFinished: self._finished,
-            StageMetricsReported: self._metrics,
-            ResponseListened: self._listened,
-            StageRequestReleased: self._released,
-            StageRequestLost: self._released,
-            EpochAdvanced: self._epoch_advanced,
-            TransferTx: self._transfer,
-            TurnCompleted: self._turn_completed,
-        })
+        self._handlers = dispatch_table(
+            {
+                InputAppended: self._appended,
+                TurnCommitted: self._committed,
+                ResponseBegun: self._begun,
+                ResponseEnded: self._ended,
+                TurnFinalized: self._turn_finalized,
+                CancelRequested: self._cancel,
+                AbortRequested: self._abort,
+                SessionClosed: self._closed,
+                SessionOpened: self._opened,
+                StageRequestSubmitted: self._submitted,
+                StageRequestForwarded: self._forwarded,
+                StageOutput: self._output,
+                StageRequestFinished: self._finished,
+                StageMetricsReported: self._metrics,
+                ResponseListened: self._listened,
+                StageRequestReleased: self._released,
+                StageRequestLost: self._released,
+                EpochAdvanced: self._epoch_advanced,
+                TransferTx: self._transfer,
+                TurnCompleted: self._turn_completed,
+            }
+        )
 
     def apply(self, stored: StoredEvent, accepted: bool = True) -> None:
         """Apply one event; ``accepted`` False (refused by the resources fold) is skipped."""
@@ -255,8 +259,9 @@ class TurnsFold:
             del self.sessions[sid]
         return gone
 
-    def _warn(self, s: SessionTurns, kind: str, stage_id: int | None, request_id: str | None, st: StoredEvent,
-              detail: str) -> None:
+    def _warn(
+        self, s: SessionTurns, kind: str, stage_id: int | None, request_id: str | None, st: StoredEvent, detail: str
+    ) -> None:
         self.findings.append(_finding(s.session_id, kind, stage_id, request_id, st, detail))
 
     # ------------------------------------------------------------------ lifecycle
@@ -311,18 +316,37 @@ class TurnsFold:
             return  # chat ids never open a turn (M12)
         self._begin(s, st, e.response_id, e.request_id, e.turn_id, e.commit_ts)
 
-    def _begin(self, s: SessionTurns, st: StoredEvent, response_id: str, request_id: str | None,
-               turn_id: int, commit_ts: float | None) -> None:
+    def _begin(
+        self,
+        s: SessionTurns,
+        st: StoredEvent,
+        response_id: str,
+        request_id: str | None,
+        turn_id: int,
+        commit_ts: float | None,
+    ) -> None:
         if s.closed:  # the session is closed: no turn opens until it is opened again (D9)
-            self._warn(s, "after_close", None, response_id, st, f"begin of response {response_id!r} after the "
-                                                                "session closed; ignored")
+            self._warn(
+                s,
+                "after_close",
+                None,
+                response_id,
+                st,
+                f"begin of response {response_id!r} after the session closed; ignored",
+            )
             return
         if request_id is not None and s.current_id is not None and request_id not in s.live:
             # A log that records submits names an id with no live segment (never submitted,
             # aborted, released): the response opens, but no engine request is its (D1, D9, D8).
-            self._warn(s, "begin_of_unheld_id", 0, request_id, st,
-                       f"begin of response {response_id!r} names an id the session does not hold; "
-                       "the response has no engine request")
+            self._warn(
+                s,
+                "begin_of_unheld_id",
+                0,
+                request_id,
+                st,
+                f"begin of response {response_id!r} names an id the session does not hold; "
+                "the response has no engine request",
+            )
             request_id = None
             unheld = True
         else:
@@ -336,8 +360,14 @@ class TurnsFold:
                 return
             self._finalize(s, st, "abort", end_segment=turn.request_id != request_id)  # superseded (M21)
         if response_id in s.terminals:
-            self._warn(s, "stale_finalize", None, response_id, st, f"begin of response {response_id!r}, already "
-                                                                  "finalized; ignored")
+            self._warn(
+                s,
+                "stale_finalize",
+                None,
+                response_id,
+                st,
+                f"begin of response {response_id!r}, already finalized; ignored",
+            )
             return
         caller_ts = commit_ts if commit_ts is not None else s.pending_commit_ts
         if caller_ts is not None:
@@ -386,19 +416,37 @@ class TurnsFold:
             return PENDING if request_id == s.current_id and request_id in s.live else NOWHERE
         return PENDING if s.current_id is None else NOWHERE  # a log without submits
 
-    def _target(self, s: SessionTurns, st: StoredEvent, stage_id: int, request_id: str, what: str,
-                model_turn_id: int | None = None, warn: bool = True) -> str:
+    def _target(
+        self,
+        s: SessionTurns,
+        st: StoredEvent,
+        stage_id: int,
+        request_id: str,
+        what: str,
+        model_turn_id: int | None = None,
+        warn: bool = True,
+    ) -> str:
         where = self._route(s, request_id, model_turn_id)
-        if where != NOWHERE and stage_id > 0 and what != "forward" and s.forward_seen \
-                and stage_id not in s.forwarded.get(request_id, ()):
+        if (
+            where != NOWHERE
+            and stage_id > 0
+            and what != "forward"
+            and s.forward_seen
+            and stage_id not in s.forwarded.get(request_id, ())
+        ):
             where = NOWHERE  # a downstream fact before this segment's forward to that stage
         if where == PENDING and s.pending_request_id != request_id:
             s.clear_pending()
             s.pending_request_id = request_id
         if where == NOWHERE and warn:
-            self._warn(s, "output_outside_segment", stage_id, request_id, st,
-                       f"{what} outside its id's current segment (turn ended, or not the session's current id); "
-                       "joins no turn")
+            self._warn(
+                s,
+                "output_outside_segment",
+                stage_id,
+                request_id,
+                st,
+                f"{what} outside its id's current segment (turn ended, or not the session's current id); joins no turn",
+            )
         return where
 
     def _derived(self, s: SessionTurns, where: str, stage_id: int, request_id: str) -> DerivedStage:
@@ -476,8 +524,14 @@ class TurnsFold:
             return  # chat ids never buffer (M12)
         segment = snapshot_segment(e)
         if segment is None:
-            self._warn(s, "clock_domain_mismatch", e.stage_id, e.request_id, st,
-                       "engine stamps from different clocks; snapshot ignored")
+            self._warn(
+                s,
+                "clock_domain_mismatch",
+                e.stage_id,
+                e.request_id,
+                st,
+                "engine stamps from different clocks; snapshot ignored",
+            )
             return
         where = self._target(s, st, e.stage_id, e.request_id, "metrics snapshot")
         if where == NOWHERE:
@@ -572,12 +626,24 @@ class TurnsFold:
             d_tx, d_size = tx_ms - base[0], size - base[1]
             if d_tx > 0 or d_size > 0:
                 tx_delta[edge] = (max(d_tx, 0.0), max(d_size, 0), shm)
-        self.finalized.append(build_turn_tables(
-            session_id=s.session_id, response_id=turn.response_id, request_id=turn.request_id,
-            turn_id=turn.turn_id, finished_reason=reason, arrival_ts=turn.arrival_ts, finalize_ts=finalize_ts,
-            segments=segments, stage_first_ts=first_ts, stage_last_ts=last_ts, tx_delta=tx_delta,
-            edge_order=list(s.tx_totals), num_stages=s.num_stages,
-            snapshot_stages=frozenset(turn.segments)))
+        self.finalized.append(
+            build_turn_tables(
+                session_id=s.session_id,
+                response_id=turn.response_id,
+                request_id=turn.request_id,
+                turn_id=turn.turn_id,
+                finished_reason=reason,
+                arrival_ts=turn.arrival_ts,
+                finalize_ts=finalize_ts,
+                segments=segments,
+                stage_first_ts=first_ts,
+                stage_last_ts=last_ts,
+                tx_delta=tx_delta,
+                edge_order=list(s.tx_totals),
+                num_stages=s.num_stages,
+                snapshot_stages=frozenset(turn.segments),
+            )
+        )
 
 
 KEPT_PER_SESSION = 256
@@ -616,17 +682,33 @@ def snapshot_segment(e: Any) -> StageCollapse | None:
     if len({v.clock for v in present.values()}) > 1:
         return None
     overrides: dict[str, float] = {}
+
     def stamp(name: str) -> float | None:
         return present[name].s if name in present else None
 
     if stats.vllm_ttft_ms is None and (ttft := ttft_ms(stamp("submit"), stamp("first"))) is not None:
         overrides["vllm_ttft_ms"] = ttft
-    if stats.vllm_tpot_ms is None and (tpot := tpot_ms(stamp("first"), stamp("last"), stats.num_tokens_out)) is not None:
+    if (
+        stats.vllm_tpot_ms is None
+        and (tpot := tpot_ms(stamp("first"), stamp("last"), stats.num_tokens_out)) is not None
+    ):
         overrides["vllm_tpot_ms"] = tpot
     return StageCollapse.from_snapshot(stats, overrides)
 
 
-def _finding(session_id: str, kind: str, stage_id: int | None, request_id: str | None, st: StoredEvent,
-             detail: str) -> Finding:
-    return Finding(session_id, stage_id, request_id, kind, st.position, st.event.ts, st.position, st.event.ts,
-                   (st.position,), detail, severity_of(kind))
+def _finding(
+    session_id: str, kind: str, stage_id: int | None, request_id: str | None, st: StoredEvent, detail: str
+) -> Finding:
+    return Finding(
+        session_id,
+        stage_id,
+        request_id,
+        kind,
+        st.position,
+        st.event.ts,
+        st.position,
+        st.event.ts,
+        (st.position,),
+        detail,
+        severity_of(kind),
+    )

@@ -25,7 +25,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,21 +32,25 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine_bridge.messages import ClientEvent, EngineConfig
-from reports.trace_player import LineOutcome, RunProgress, TraceRunResult
-from reports.traces import Trace, TraceError, TraceLine, parse_traces
 from events.store.url import redact
 from reports import cli_projections
 from reports.cli_errors import checked_url, fail, report
 from reports.cli_errors import run as run_body  # `run` is this module's command
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
 from reports.render_text import turn_log_messages
+from reports.trace_player import LineOutcome, RunProgress, TraceRunResult
+from reports.traces import Trace, TraceError, TraceLine, parse_traces
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 MODEL_HELP = "Stage0 (thinker) model: smollm2, tiny, or a model directory holding config.json."
-DTYPE_HELP = ("Engine dtype: float32 (default; CPUs without native fp16 run float16 ~1.6x slower) or float16 "
-              "(never bfloat16 on CPU).")
-METRICS_PORT_HELP = ("Serve the Prometheus families (vllm_omni:*, duplex_ledger:*) at http://127.0.0.1:PORT/metrics "
-                     "while the trace runs (0 = any free port).")
+DTYPE_HELP = (
+    "Engine dtype: float32 (default; CPUs without native fp16 run float16 ~1.6x slower) or float16 "
+    "(never bfloat16 on CPU)."
+)
+METRICS_PORT_HELP = (
+    "Serve the Prometheus families (vllm_omni:*, duplex_ledger:*) at http://127.0.0.1:PORT/metrics "
+    "while the trace runs (0 = any free port)."
+)
 TABLES_MARK = "== per-turn tables =="
 AUDIT_MARK = "== audit =="
 
@@ -59,13 +62,17 @@ def bundled_traces() -> list[Path]:
     return sorted(EXAMPLES_DIR.glob("*.jsonl"))
 
 
-def engine_config(model: str, max_tokens: Optional[int], talker_model: str = "tiny") -> EngineConfig:
+def engine_config(model: str, max_tokens: int | None, talker_model: str = "tiny") -> EngineConfig:
     """Turn sizes: the tiny random model never stops by itself, so a stage running it uses
     ``ignore_eos`` (exact lengths); a real model stops at its own EOS within ``max_tokens``
     (default 32)."""
     budget = max_tokens or 32
-    return EngineConfig(max_tokens=budget, talker_max_tokens=budget, ignore_eos=_is_tiny(model),
-                        talker_ignore_eos=_is_tiny(talker_model))
+    return EngineConfig(
+        max_tokens=budget,
+        talker_max_tokens=budget,
+        ignore_eos=_is_tiny(model),
+        talker_ignore_eos=_is_tiny(talker_model),
+    )
 
 
 def _is_tiny(model: str) -> bool:
@@ -77,6 +84,7 @@ def _prepare(spec: str, err: Console) -> Path:
     from reports.model_prep import resolve_model
 
     with err.status(escape(f"preparing model {spec!r}…")) as status:
+
         def progress(msg: str) -> None:
             status.update(escape(msg))
             err.print(f"  {msg}", highlight=False, markup=False)
@@ -117,8 +125,14 @@ class _Live:
     """The stderr display: conversation lines above a progress bar."""
 
     def __init__(self, err: Console, trace: Trace) -> None:
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=err)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=err,
+        )
         self.task = self.progress.add_task("trace lines", total=len(trace.lines), status="")
         self.turns = trace.turns
 
@@ -126,9 +140,12 @@ class _Live:
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def on_progress(self, p: RunProgress) -> None:
-        self.progress.update(self.task, completed=p.lines_done,
-                             status=f"sessions closed {p.sessions_closed}/{p.sessions_total} · "
-                                    f"turns ended {p.turns_ended} (answered {p.responses_done})")
+        self.progress.update(
+            self.task,
+            completed=p.lines_done,
+            status=f"sessions closed {p.sessions_closed}/{p.sessions_total} · "
+            f"turns ended {p.turns_ended} (answered {p.responses_done})",
+        )
 
     def on_line(self, line: TraceLine, outcome: LineOutcome) -> None:
         tag = f"[{line.session}]"
@@ -154,12 +171,21 @@ class _Live:
         self.say(omni_timing_line(turn))
 
 
-async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, config: EngineConfig, speed: float,
-                 log_stats: Optional[bool], dtype: str, err: Console,
-                 metrics_port: Optional[int] = None) -> tuple[TraceRunResult, dict[str, float]]:
+async def _drive(
+    trace: Trace,
+    url: str,
+    thinker_dir: Path,
+    talker_dir: Path,
+    config: EngineConfig,
+    speed: float,
+    log_stats: bool | None,
+    dtype: str,
+    err: Console,
+    metrics_port: int | None = None,
+) -> tuple[TraceRunResult, dict[str, float]]:
     from engine_bridge.engine import SessionEngine
-    from reports.trace_player import run_trace
     from engine_bridge.vllm_port import VllmStagePort
+    from reports.trace_player import run_trace
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
@@ -170,21 +196,33 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
     try:
         t1 = time.monotonic()
         with err.status("starting Stage1 (talker) engine…"):
-            ports.append(await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype,
-                                                   load_progress=False))
+            ports.append(
+                await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype, load_progress=False)
+            )
         timings["talker_start_s"] = time.monotonic() - t1
-        err.print(f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
-                  f"{len(trace.lines)} trace lines", highlight=False)
+        err.print(
+            f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
+            f"{len(trace.lines)} trace lines",
+            highlight=False,
+        )
         live = _Live(err, trace)
-        engine = await SessionEngine.open(url, ports, config=config, on_turn=live.on_turn,
-                                          stats_renderer=turn_log_messages)
+        engine = await SessionEngine.open(
+            url, ports, config=config, on_turn=live.on_turn, stats_renderer=turn_log_messages
+        )
         async with engine:
             if metrics_port is not None:  # issue 16: Prometheus families while the trace runs
                 served = engine.metrics.serve(metrics_port)
                 err.print(f"Prometheus metrics on http://127.0.0.1:{served}/metrics", highlight=False)
             with live.progress:
-                result = await run_trace(engine, trace, speed=speed, log_stats=log_stats,
-                                         on_progress=live.on_progress, on_line=live.on_line, on_event=live.on_event)
+                result = await run_trace(
+                    engine,
+                    trace,
+                    speed=speed,
+                    log_stats=log_stats,
+                    on_progress=live.on_progress,
+                    on_line=live.on_line,
+                    on_event=live.on_event,
+                )
         timings["trace_s"] = result.wall_s
     finally:
         for port in reversed(ports):
@@ -192,9 +230,18 @@ async def _drive(trace: Trace, url: str, thinker_dir: Path, talker_dir: Path, co
     return result, timings
 
 
-def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: str, speed: float,
-              log_stats: Optional[bool], max_tokens: Optional[int], dtype: str, verbose: bool,
-              metrics_port: Optional[int] = None) -> None:
+def _live_run(
+    paths: list[Path],
+    db: str | None,
+    model: str,
+    talker_model: str,
+    speed: float,
+    log_stats: bool | None,
+    max_tokens: int | None,
+    dtype: str,
+    verbose: bool,
+    metrics_port: int | None = None,
+) -> None:
     """Shared body of ``demo`` and ``run`` (see the module docstring); raises typer.Exit."""
     err = Console(stderr=True, soft_wrap=True)
     started = time.monotonic()
@@ -215,13 +262,17 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = engine_config(model, max_tokens, talker_model)
     result, timings = run_body(
-        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port), url)
+        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port), url
+    )
     problems = result.problems
     if problems:
         err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]", markup=True)
         for o in problems:
-            err.print(f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}",
-                      markup=False, highlight=False)
+            err.print(
+                f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}",
+                markup=False,
+                highlight=False,
+            )
     typer.echo(TABLES_MARK)
     cli_projections.tables(db=url, session=None, response=None, until_position=None, fmt=TablesFormat.text)
     typer.echo(AUDIT_MARK)
@@ -234,21 +285,23 @@ def _live_run(paths: list[Path], db: Optional[str], model: str, talker_model: st
     prog = program_name()
     typer.echo(f"  {prog} tables --db {redact(url)}")
     typer.echo(f"  {prog} audit --db {redact(url)}")
-    err.print(f"done in {time.monotonic() - started:.1f} s (thinker start {timings.get('thinker_start_s', 0):.1f} s, "
-              f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
-              highlight=False)
+    err.print(
+        f"done in {time.monotonic() - started:.1f} s (thinker start {timings.get('thinker_start_s', 0):.1f} s, "
+        f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
+        highlight=False,
+    )
     raise typer.Exit(code)
 
 
 def demo(
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
     model: str = typer.Option("smollm2", "--model", help=MODEL_HELP),
     talker_model: str = typer.Option("tiny", "--talker-model", help="Stage1 (talker) model; default tiny."),
     speed: float = typer.Option(1.0, "--speed", help="Time scale of the traces (2 = twice as fast)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
 ) -> None:
     """Run the bundled example conversations on live vLLM engines; print tables and audit.
 
@@ -258,16 +311,17 @@ def demo(
 
 def run(
     trace: Path = typer.Argument(..., help="JSONL trace (format: examples/README.md)."),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
     model: str = typer.Option("smollm2", "--model", help=MODEL_HELP),
     talker_model: str = typer.Option("tiny", "--talker-model", help="Stage1 (talker) model; default tiny."),
-    log_stats: Optional[bool] = typer.Option(None, "--log-stats/--no-log-stats",
-                                             help="Override every session's log_stats (default: the trace's)."),
+    log_stats: bool | None = typer.Option(
+        None, "--log-stats/--no-log-stats", help="Override every session's log_stats (default: the trace's)."
+    ),
     speed: float = typer.Option(1.0, "--speed", help="Time scale of the trace (2 = twice as fast)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
 ) -> None:
     """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
 

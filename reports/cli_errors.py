@@ -57,11 +57,19 @@ async def check_session(store: EventStore, session: str | None) -> None:
 
 def rejected_types() -> tuple[type[BaseException], ...]:
     """The exception classes that mean "rejected input" (exit 2)."""
-    from reports.traces import TraceError
     from events.jsonl import JsonlError
+    from reports.traces import TraceError
 
-    return (JsonlError, TraceError, ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError,
-            UnknownSession, ValueError)
+    return (
+        JsonlError,
+        TraceError,
+        ConcurrencyError,
+        EventIdConflict,
+        InvalidRow,
+        SchemaRevisionError,
+        UnknownSession,
+        ValueError,
+    )
 
 
 def exit_code(exc: BaseException) -> int:
@@ -73,8 +81,8 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
     """The lines that say what went wrong: a driver error as its own first line (not
     SQLAlchemy's SQL dump), every line of a JSONL or trace error. An operational error names
     the database (``url``, password masked) it happened on."""
-    from reports.traces import TraceError
     from events.jsonl import JsonlError
+    from reports.traces import TraceError
 
     if isinstance(exc, JsonlError):
         return [*map(str, exc.errors), f"{len(exc.errors)} bad line(s); nothing was imported"]
@@ -139,4 +147,3 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -
         if os.environ.get(DEBUG_ENV):
             raise
         report(exc, url)
-

@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
-from events.store.url import DEFAULT_URL, ENV_VAR, redact
 from events.limits import MAX_POSITION
+from events.store.url import DEFAULT_URL, ENV_VAR, redact
 from reports.cli_errors import check_session, checked_url, run, say
 
 DbOption = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--db",
         envvar=ENV_VAR,
@@ -89,8 +89,10 @@ def db_current(db: DbOption = None) -> None:
     elif status == "current":
         state = "up to date"
     elif status == "newer":
-        state = (f"the database is newer than this code, which knows up to {head}: this duplex-ledger is older "
-                 "than the database; upgrade duplex-ledger (`db upgrade` cannot help)")
+        state = (
+            f"the database is newer than this code, which knows up to {head}: this duplex-ledger is older "
+            "than the database; upgrade duplex-ledger (`db upgrade` cannot help)"
+        )
     else:
         state = f"needs `duplex-ledger db upgrade` (code head {head})"
     typer.echo(f"{now or 'none'} ({state})")
@@ -114,7 +116,9 @@ def db_grant(
 # --- events ------------------------------------------------------------------------------
 @events_app.command("import")
 def events_import(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="JSONL file, one event per line.")],
+    file: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="JSONL file, one event per line.")
+    ],
     db: DbOption = None,
 ) -> None:
     """Import events from a JSONL file. Every line is checked first; any bad line is reported
@@ -125,7 +129,6 @@ def events_import(
     from events import jsonl
     from events.store import EventStore
     from events.store.url import missing_ancestor, missing_sqlite_file, remove_sqlite_file
-
     from reports.progress import shows_progress, stderr_console, track_lines
 
     url = checked_url(db)
@@ -156,14 +159,17 @@ def events_import(
 @events_app.command("export")
 def events_export(
     db: DbOption = None,
-    stream: Annotated[Optional[str], typer.Option("--stream", "-s", help="Only this stream (session id).")] = None,
-    from_position: Annotated[int, typer.Option("--from-position", min=0, max=MAX_POSITION, help="First position (inclusive).")] = 0,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", dir_okay=False, help="Write here instead of stdout.")] = None,
+    stream: Annotated[str | None, typer.Option("--stream", "-s", help="Only this stream (session id).")] = None,
+    from_position: Annotated[
+        int, typer.Option("--from-position", min=0, max=MAX_POSITION, help="First position (inclusive).")
+    ] = 0,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", dir_okay=False, help="Write here instead of stdout.")
+    ] = None,
 ) -> None:
     """Export events as JSONL in log order (format: see README). Exporting a whole log and
     importing it into an empty database reproduces the same export byte for byte."""
     from events import jsonl
-
     from reports.progress import progress_bar
 
     url = checked_url(db)
@@ -176,8 +182,10 @@ def events_export(
                 return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
             total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
             n = 0
-            with output.open("w", encoding="utf-8", newline="\n") as fh, \
-                    progress_bar(f"exporting to {output.name}", total) as advance:  # terminal only
+            with (
+                output.open("w", encoding="utf-8", newline="\n") as fh,
+                progress_bar(f"exporting to {output.name}", total) as advance,
+            ):  # terminal only
                 async for line in jsonl.export_lines(store, stream_id=stream, from_position=from_position):
                     fh.write(line)
                     n += 1
@@ -195,7 +203,10 @@ def events_export(
 def events_tail(
     db: DbOption = None,
     from_position: Annotated[
-        Optional[int], typer.Option("--from-position", min=0, max=MAX_POSITION, help="Start here (inclusive); default: only new events.")
+        int | None,
+        typer.Option(
+            "--from-position", min=0, max=MAX_POSITION, help="Start here (inclusive); default: only new events."
+        ),
     ] = None,
     poll_interval: Annotated[float, typer.Option(help="Seconds between checks for other writers' commits.")] = 0.25,
 ) -> None:

@@ -8,20 +8,17 @@ Exit 0, or 2 for a missing ledger or a data error.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
+from engine_bridge.prometheus import LedgerMetrics
+from events.limits import MAX_POSITION
 from events.store.store import EventStore
 from projections.metrics import SessionRollup
-from events.limits import MAX_POSITION
 from reports.cli_errors import MAX_IDLE_S, checked_url, run
 from reports.cli_projections import DB_HELP
-from engine_bridge.prometheus import LedgerMetrics
 
 
-async def project_metrics(db: Optional[str], until_position: Optional[int] = None,
-                          max_idle_s: float = 30.0) -> LedgerMetrics:
+async def project_metrics(db: str | None, until_position: int | None = None, max_idle_s: float = 30.0) -> LedgerMetrics:
     """Fold the log (up to ``until_position``) into a fresh :class:`LedgerMetrics`."""
     metrics = LedgerMetrics(max_idle_s=max_idle_s)
     async with await EventStore.open(db, read_only=True) as store:
@@ -31,11 +28,13 @@ async def project_metrics(db: Optional[str], until_position: Optional[int] = Non
 
 
 def metrics(
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    until_position: Optional[int] = typer.Option(None, "--until-position", min=0, max=MAX_POSITION,
-                                                 help="Re-project as of this position (time travel)."),
-    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0, max=MAX_IDLE_S,
-                                   help="As audit --max-idle, for duplex_ledger:request_ids_leaked."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    until_position: int | None = typer.Option(
+        None, "--until-position", min=0, max=MAX_POSITION, help="Re-project as of this position (time travel)."
+    ),
+    max_idle: float = typer.Option(
+        30.0, "--max-idle", min=0.0, max=MAX_IDLE_S, help="As audit --max-idle, for duplex_ledger:request_ids_leaked."
+    ),
 ) -> None:
     """Print the Prometheus exposition (vllm_omni:* and duplex_ledger:* families) re-projected
     from the log: the samples the live engine's /metrics gives for the same events."""
@@ -50,10 +49,14 @@ def register(app: typer.Typer) -> None:
     app.command("metrics")(metrics)
 
 
-async def session_rollups(db: Optional[str], session: Optional[str] = None, until_position: Optional[int] = None,
-                          max_idle_s: float = 30.0) -> list[tuple[SessionRollup, list[str]]]:
+async def session_rollups(
+    db: str | None, session: str | None = None, until_position: int | None = None, max_idle_s: float = 30.0
+) -> list[tuple[SessionRollup, list[str]]]:
     """(rollup, leaked request ids) of every session closed in the log up to ``until_position``
     (only ``session`` when given), in close order; leaks as the audit sees them at that point."""
     fold = (await project_metrics(db, until_position, max_idle_s)).fold
-    return [(r, fold.leaked_ids_of(r.session_id, max_idle_s)) for r in fold.rollups
-            if session is None or r.session_id == session]
+    return [
+        (r, fold.leaked_ids_of(r.session_id, max_idle_s))
+        for r in fold.rollups
+        if session is None or r.session_id == session
+    ]

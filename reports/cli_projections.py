@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -26,13 +26,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from events.limits import MAX_POSITION
 from events.store.owners import session_lifecycles
 from events.store.store import EventStore
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.runner import ProjectionRunner, project_as_of
 from projections.turn_tables import TurnTables
-from events.limits import MAX_POSITION
 from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, run
 from reports.printable import printable
 from reports.render_formats import render_csv, render_json, render_markdown
@@ -45,20 +45,19 @@ DETAIL_MAX = 300
 """Characters of a finding's detail the text audit shows (JSON keeps the whole detail)."""
 
 
-class AuditFormat(str, Enum):
+class AuditFormat(str, Enum):  # noqa: UP042 - typer's choice type
     text = "text"
     json = "json"
 
 
-class TablesFormat(str, Enum):
+class TablesFormat(str, Enum):  # noqa: UP042 - typer's choice type
     text = "text"
     json = "json"
     csv = "csv"
     markdown = "markdown"
 
 
-async def _projected(db: Optional[str], until_position: Optional[int],
-                     session: Optional[str] = None) -> tuple[Projector, int]:
+async def _projected(db: str | None, until_position: int | None, session: str | None = None) -> tuple[Projector, int]:
     """The projector at ``until_position`` (in memory), or caught up and persisted. Raises
     UnknownSession for a ``session`` the log does not hold."""
     async with await EventStore.open(db) as store:
@@ -79,7 +78,7 @@ def short_detail(detail: str, limit: int = DETAIL_MAX) -> str:
     return f"{detail[:limit]}… ({len(detail) - limit} more characters; --format json shows all)"
 
 
-async def _replicas_of(url: str, sessions: set[str], until_position: Optional[int]) -> dict[str, str]:
+async def _replicas_of(url: str, sessions: set[str], until_position: int | None) -> dict[str, str]:
     """Session -> the replica that served it (issue 14), for sessions whose log names one."""
     async with await EventStore.open(url, read_only=True) as store:
         lives = await session_lifecycles(store, stream_ids=sessions, until_position=until_position)
@@ -89,26 +88,47 @@ async def _replicas_of(url: str, sessions: set[str], until_position: Optional[in
 def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str] | None = None) -> Table:
     """A rich table of findings; every cell is user data, so it is escaped (not markup)."""
     table = Table(title=title, title_justify="left", show_lines=False)
-    columns = ("kind", "session", *(("replica",) if replicas else ()), "stage", "request_id", "first pos",
-               "first ts", "last pos", "evidence", "detail")
+    columns = (
+        "kind",
+        "session",
+        *(("replica",) if replicas else ()),
+        "stage",
+        "request_id",
+        "first pos",
+        "first ts",
+        "last pos",
+        "evidence",
+        "detail",
+    )
     for col in columns:
         table.add_column(col, overflow="fold", no_wrap=col in ("kind", "stage", "first pos", "last pos"))
     for f in findings:
         replica = (replicas.get(f.session_id, ""),) if replicas else ()
-        cells = (f.kind, f.session_id, *replica, "" if f.stage_id is None else str(f.stage_id), f.request_id or "",
-                 str(f.first_position), f"{f.first_ts:.6f}", str(f.last_position),
-                 ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""), f.detail)
+        cells = (
+            f.kind,
+            f.session_id,
+            *replica,
+            "" if f.stage_id is None else str(f.stage_id),
+            f.request_id or "",
+            str(f.first_position),
+            f"{f.first_ts:.6f}",
+            str(f.last_position),
+            ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""),
+            f.detail,
+        )
         table.add_row(*(escape(printable(short_detail(c))) for c in cells))
     return table
 
 
 def audit(
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    session: Optional[str] = typer.Option(None, "--session", help="Only this session id."),
-    max_idle: float = typer.Option(30.0, "--max-idle", min=0.0, max=MAX_IDLE_S,
-                                   help="Seconds a submitted id may sit idle before it is an orphan."),
-    until_position: Optional[int] = typer.Option(None, "--until-position", min=0, max=MAX_POSITION,
-                                                 help="Audit the log as of this position (time travel)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    session: str | None = typer.Option(None, "--session", help="Only this session id."),
+    max_idle: float = typer.Option(
+        30.0, "--max-idle", min=0.0, max=MAX_IDLE_S, help="Seconds a submitted id may sit idle before it is an orphan."
+    ),
+    until_position: int | None = typer.Option(
+        None, "--until-position", min=0, max=MAX_POSITION, help="Audit the log as of this position (time travel)."
+    ),
     fmt: AuditFormat = typer.Option(AuditFormat.text, "--format", help="text or json."),
 ) -> None:
     """Find leaked engine request ids, with the log positions that prove each leak.
@@ -124,16 +144,27 @@ def audit(
     warnings = [f for f in findings if f.severity == "warning"]
     running = projector.resources.running(session)
     held = projector.resources.held(session)
-    replicas = (run(lambda: _replicas_of(url, {f.session_id for f in findings}, until_position), url)
-                if findings else {})
+    replicas = run(lambda: _replicas_of(url, {f.session_id for f in findings}, until_position), url) if findings else {}
     if fmt is AuditFormat.json:
+
         def doc(f: Finding) -> dict[str, object]:
             return {**f.to_dict(), "replica_id": replicas.get(f.session_id)}
 
-        typer.echo(json.dumps({"position": position, "max_idle_s": max_idle, "session_id": session,
-                               "running": running, "held": held, "clean": not leaks,
-                               "leaks": [doc(f) for f in leaks],
-                               "warnings": [doc(f) for f in warnings]}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "position": position,
+                    "max_idle_s": max_idle,
+                    "session_id": session,
+                    "running": running,
+                    "held": held,
+                    "clean": not leaks,
+                    "leaks": [doc(f) for f in leaks],
+                    "warnings": [doc(f) for f in warnings],
+                },
+                indent=2,
+            )
+        )
     else:
         console = Console(width=None if Console().is_terminal else 240)
         if leaks:
@@ -141,13 +172,18 @@ def audit(
         if warnings:
             console.print(_findings_table(f"Warnings ({len(warnings)})", warnings, replicas))
         verdict = "clean" if not leaks else "LEAKS FOUND"
-        console.print(f"audit at position {position}: {verdict} — {len(leaks)} leak(s), {len(warnings)} warning(s); "
-                      f"running={running} held={held}", highlight=False, markup=False)
+        console.print(
+            f"audit at position {position}: {verdict} — {len(leaks)} leak(s), {len(warnings)} warning(s); "
+            f"running={running} held={held}",
+            highlight=False,
+            markup=False,
+        )
     raise typer.Exit(1 if leaks else 0)
 
 
-async def _turns(db: Optional[str], session: Optional[str], response: Optional[str],
-                 until_position: Optional[int]) -> list[TurnTables]:
+async def _turns(
+    db: str | None, session: str | None, response: str | None, until_position: int | None
+) -> list[TurnTables]:
     async with await EventStore.open(db) as store:
         await check_session(store, session)
         if until_position is not None:
@@ -157,8 +193,11 @@ async def _turns(db: Optional[str], session: Optional[str], response: Optional[s
             runner = ProjectionRunner(store)
             await runner.checked_catch_up()
             turns = await runner.turn_tables(session, response)
-    return [t for t in turns if (session is None or t.session_id == session)
-            and (response is None or t.response_id == response)]
+    return [
+        t
+        for t in turns
+        if (session is None or t.session_id == session) and (response is None or t.response_id == response)
+    ]
 
 
 RENDERERS: dict[TablesFormat, Callable[[list[TurnTables]], str]] = {
@@ -170,15 +209,21 @@ RENDERERS: dict[TablesFormat, Callable[[list[TurnTables]], str]] = {
 
 
 def tables(
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    session: Optional[str] = typer.Option(None, "--session", help="Only this session id."),
-    response: Optional[str] = typer.Option(None, "--response", help="Only this response_id."),
-    until_position: Optional[int] = typer.Option(None, "--until-position", min=0, max=MAX_POSITION,
-                                                 help="Re-project as of this position (time travel)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    session: str | None = typer.Option(None, "--session", help="Only this session id."),
+    response: str | None = typer.Option(None, "--response", help="Only this response_id."),
+    until_position: int | None = typer.Option(
+        None, "--until-position", min=0, max=MAX_POSITION, help="Re-project as of this position (time travel)."
+    ),
     fmt: TablesFormat = typer.Option(TablesFormat.text, "--format", help="text, json, csv or markdown."),
-    summary: Annotated[bool, typer.Option(
-        "--summary", help="Also a [DuplexSessionSummary] per closed session (text: after the turn tables; "
-                          "json: a \"sessions\" list). text and json only.")] = False,
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Also a [DuplexSessionSummary] per closed session (text: after the turn tables; "
+            'json: a "sessions" list). text and json only.',
+        ),
+    ] = False,
 ) -> None:
     """Re-project the per-turn metric tables (vLLM-Omni --log-stats layout) from the log.
 
@@ -192,28 +237,43 @@ def tables(
     url = checked_url(db)
     turns = run(lambda: _turns(url, session, response, until_position), url)
     if not turns:
-        wanted = ", ".join(f"{k} {v!r}" for k, v in (("session", session), ("response", response),
-                                                     ("until position", until_position)) if v is not None)
-        Console(stderr=True, soft_wrap=True).print(f"no turn tables{' for ' + wanted if wanted else ''} "
-                                                   "(listen-only turns, chat ids and log_stats off make none)",
-                                                   highlight=False, markup=False)
+        wanted = ", ".join(
+            f"{k} {v!r}"
+            for k, v in (("session", session), ("response", response), ("until position", until_position))
+            if v is not None
+        )
+        Console(stderr=True, soft_wrap=True).print(
+            f"no turn tables{' for ' + wanted if wanted else ''} "
+            "(listen-only turns, chat ids and log_stats off make none)",
+            highlight=False,
+            markup=False,
+        )
     text = RENDERERS[fmt](turns)
     if summary:  # issue 16: session rollups, from the metrics fold over the same log
         from reports import cli_metrics, render_summary
 
         rollups = run(lambda: cli_metrics.session_rollups(url, session, until_position), url)
-        text = (render_summary.render_json_with_sessions(turns, rollups) if fmt is TablesFormat.json
-                else text + render_summary.render_summaries_text(rollups))
+        text = (
+            render_summary.render_json_with_sessions(turns, rollups)
+            if fmt is TablesFormat.json
+            else text + render_summary.render_summaries_text(rollups)
+        )
     typer.echo(text, nl=not text.endswith("\n"))
 
 
-async def _rebuild(db: Optional[str], quiet: bool, workers: Optional[int]) -> int:
+async def _rebuild(db: str | None, quiet: bool, workers: int | None) -> int:
     async with await EventStore.open(db) as store:
         runner = ProjectionRunner(store)
         if quiet or not Console(stderr=True).is_terminal:  # no bar when stderr is piped (issue 16)
             return await runner.rebuild(workers=workers)
-        with Progress(TextColumn("rebuilding read models"), BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=Console(stderr=True), transient=False) as progress:
+        with Progress(
+            TextColumn("rebuilding read models"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        ) as progress:
             task = progress.add_task("rebuild", total=None)
 
             def report(done: int, head: int) -> None:
@@ -223,14 +283,22 @@ async def _rebuild(db: Optional[str], quiet: bool, workers: Optional[int]) -> in
 
 
 def rebuild(
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    projection: str = typer.Option("all", "--projection",
-                                   help="Projection to rebuild: all, request_resources, audit or turn_tables. "
-                                        "They share one checkpoint, so each rebuilds all three."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    projection: str = typer.Option(
+        "all",
+        "--projection",
+        help="Projection to rebuild: all, request_resources, audit or turn_tables. "
+        "They share one checkpoint, so each rebuilds all three.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1, max=64,
-                                          help="Worker processes for a SQLite log (default: the CPUs available, "
-                                               "at most 8, for logs of 200,000 events or more; 1 = sequential)."),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        max=64,
+        help="Worker processes for a SQLite log (default: the CPUs available, "
+        "at most 8, for logs of 200,000 events or more; 1 = sequential).",
+    ),
 ) -> None:
     """Drop the read models and rebuild them from the log (never touches the events)."""
     if projection not in PROJECTIONS:

@@ -9,7 +9,6 @@ log does not hold, or an unwritable output.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,7 +18,7 @@ from reports.cli_errors import UnknownSession, checked_url, run
 from reports.cli_projections import DB_HELP
 
 
-async def session_events(db: Optional[str], session: str) -> list[StoredEvent]:
+async def session_events(db: str | None, session: str) -> list[StoredEvent]:
     """The session's events in log order; raises UnknownSession when the log has none."""
     async with await EventStore.open(db, read_only=True) as store:
         events = await store.read_stream(session)
@@ -31,7 +30,7 @@ async def session_events(db: Optional[str], session: str) -> list[StoredEvent]:
 def timeline(
     session: str = typer.Option(..., "--session", help="The session id to draw."),
     output: Path = typer.Option(..., "--output", "-o", dir_okay=False, help="HTML file to write."),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Write one session's timeline (speech, commits, each response's span per stage, aborts and
     their results, epochs, listen units, leaks and warnings; hover: event and position) as one

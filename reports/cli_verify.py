@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -29,8 +29,8 @@ from events.store.store import EventStore
 from events.store.url import sqlite_path
 from projections import consistency, parallel
 from projections.runner import FOLD_VERSION, ProjectionRunner
-from reports.cli_projections import DB_HELP
 from reports.cli_errors import describe, say
+from reports.cli_projections import DB_HELP
 
 BATCH = 10_000
 PARALLEL_MIN_CPUS = 4
@@ -64,14 +64,19 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
     if found.checkpoint is not None:
         until = found.checkpoint[0]
         if found.checkpoint[1] != FOLD_VERSION:
-            note = (f"the read models were built by fold version {found.checkpoint[1]} (this code: {FOLD_VERSION}); "
-                    "not compared: the next audit/tables/rebuild rebuilds them")
+            note = (
+                f"the read models were built by fold version {found.checkpoint[1]} (this code: {FOLD_VERSION}); "
+                "not compared: the next audit/tables/rebuild rebuilds them"
+            )
             until = None
     watch = [p for p in (until, digest.position if digest else None) if p]
     head = await store.head_position()
     walker = None
-    if backend.name == "sqlite" and head >= parallel.PARALLEL_MIN_EVENTS and \
-            parallel.default_workers() >= PARALLEL_MIN_CPUS:
+    if (
+        backend.name == "sqlite"
+        and head >= parallel.PARALLEL_MIN_EVENTS
+        and parallel.default_workers() >= PARALLEL_MIN_CPUS
+    ):
         walker, fresh = await _walk_and_fold_in_parallel(store, head, until or 0, watch)
     if walker is None:  # a small or PostgreSQL log, or a chain fault to name: one ordered read
         walker, fresh = ChainWalker(watch=watch), consistency.FreshFold(until or 0)
@@ -83,16 +88,19 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
     mismatch = None
     if fault is None and until is not None:
         if until > walker.next_position - 1:
-            mismatch = consistency.Mismatch("checkpoint", "", f"position {until} is beyond the log's head "
-                                                              f"{walker.next_position - 1}")
+            mismatch = consistency.Mismatch(
+                "checkpoint", "", f"position {until} is beyond the log's head {walker.next_position - 1}"
+            )
         else:
-            mismatch = consistency.compare(found, fresh, fold_version=FOLD_VERSION,
-                                           log_hash=walker.watched.get(until, b""), max_idle_s=max_idle_s)
+            mismatch = consistency.compare(
+                found, fresh, fold_version=FOLD_VERSION, log_hash=walker.watched.get(until, b""), max_idle_s=max_idle_s
+            )
     return Verdict(fault, mismatch, walker.rows, walker.digest(), until, note)
 
 
-async def _walk_and_fold_in_parallel(store: EventStore, head: int, until: int,
-                                     watch: list[int]) -> tuple[ChainWalker | None, consistency.FreshFold]:
+async def _walk_and_fold_in_parallel(
+    store: EventStore, head: int, until: int, watch: list[int]
+) -> tuple[ChainWalker | None, consistency.FreshFold]:
     """A large SQLite log: the chain checked on a thread of this process with plain
     ``sqlite3`` (:func:`events.chain_walk.check_sqlite_segment`) while the runner's partition
     workers fold the log to ``until`` (:meth:`ProjectionRunner.fresh_fold`). The walker is None
@@ -124,7 +132,7 @@ def _read_digest(path: Path) -> Digest:
         raise typer.Exit(2) from None
 
 
-def _run_on(db: Optional[str], body):  # type: ignore[no-untyped-def]
+def _run_on(db: str | None, body):  # type: ignore[no-untyped-def]
     async def run():  # type: ignore[no-untyped-def]
         async with await EventStore.open(db) as store:
             return await body(store)
@@ -138,10 +146,16 @@ def _run_on(db: Optional[str], body):  # type: ignore[no-untyped-def]
 
 
 def verify(
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    digest: Annotated[Optional[Path], typer.Option(
-        "--digest", dir_okay=False, help="A digest printed earlier by `duplex-ledger digest` (JSON file): also "
-                                         "catches a truncated tail or a rewritten, rehashed history.")] = None,
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    digest: Annotated[
+        Path | None,
+        typer.Option(
+            "--digest",
+            dir_okay=False,
+            help="A digest printed earlier by `duplex-ledger digest` (JSON file): also "
+            "catches a truncated tail or a rewritten, rehashed history.",
+        ),
+    ] = None,
 ) -> None:
     """Prove the ledger is unaltered: recompute the hash chain and check that the read models
     and the checkpoint equal a fresh fold of the log.
@@ -157,17 +171,25 @@ def verify(
         out.print(f"TAMPERED: log {verdict.fault}", markup=False)
         raise typer.Exit(1)
     if verdict.mismatch is not None:
-        out.print(f"TAMPERED: read model {verdict.mismatch} (at position {verdict.compared_at}; "
-                  "`duplex-ledger rebuild` recomputes them from the log)", markup=False)
+        out.print(
+            f"TAMPERED: read model {verdict.mismatch} (at position {verdict.compared_at}; "
+            "`duplex-ledger rebuild` recomputes them from the log)",
+            markup=False,
+        )
         raise typer.Exit(1)
-    checked = "" if verdict.compared_at is None else \
-        f"; read models and checkpoint equal a fresh fold at position {verdict.compared_at}"
+    checked = (
+        ""
+        if verdict.compared_at is None
+        else f"; read models and checkpoint equal a fresh fold at position {verdict.compared_at}"
+    )
     against = "" if expected is None else f"; matches the digest at position {expected.position}"
-    out.print(f"intact: hash chain of {verdict.events} event(s), head hash {verdict.head.hash.hex()}"
-              f"{against}{checked}", markup=False)
+    out.print(
+        f"intact: hash chain of {verdict.events} event(s), head hash {verdict.head.hash.hex()}{against}{checked}",
+        markup=False,
+    )
 
 
-def digest(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> None:
+def digest(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """Print the log's head as JSON {position, hash, recorded_at, algorithm}, after checking
     the chain, for the operator to keep elsewhere (`verify --digest FILE` later). Exit 1 when
     the chain is already broken."""

@@ -254,16 +254,27 @@ def build_tiny_model(dest: Path, progress: ProgressFn | None = None) -> Path:
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
-    model = model.to(torch.float16).eval()
+    model = model.to(torch.float16).eval()  # type: ignore[arg-type]  # transformers' stub types dtype moves wrongly
 
-    marker = {"name": "tiny", "architecture": "Qwen2ForCausalLM", "dtype": "float16",
-              "vocab_size": vocab_size, "seed": _TINY_SEED}
-    return _save(model, tokenizer, dest, marker, t0, progress,
-                 hashed=["model.safetensors", "tokenizer.json"])
+    marker = {
+        "name": "tiny",
+        "architecture": "Qwen2ForCausalLM",
+        "dtype": "float16",
+        "vocab_size": vocab_size,
+        "seed": _TINY_SEED,
+    }
+    return _save(model, tokenizer, dest, marker, t0, progress, hashed=["model.safetensors", "tokenizer.json"])
 
 
-def _save(model: Any, tokenizer: Any, dest: Path, marker: dict[str, Any], t0: float,
-          progress: ProgressFn | None, hashed: list[str] | None = None) -> Path:
+def _save(
+    model: Any,
+    tokenizer: Any,
+    dest: Path,
+    marker: dict[str, Any],
+    t0: float,
+    progress: ProgressFn | None,
+    hashed: list[str] | None = None,
+) -> Path:
     """Save model + tokenizer into a staging folder, then publish it at ``dest`` with its
     marker file written last (so a half-written folder is never taken for a model)."""
     name = marker["name"]
@@ -309,9 +320,7 @@ def find_smollm2_gguf() -> Path:
         found = sorted(Path(location).glob("*.gguf"))
         if found:
             return found[0]
-    raise FileNotFoundError(
-        f"no .gguf file in {list(spec.submodule_search_locations)} (package {SMOLLM2_PACKAGE})"
-    )
+    raise FileNotFoundError(f"no .gguf file in {list(spec.submodule_search_locations)} (package {SMOLLM2_PACKAGE})")
 
 
 def prepare_smollm2(dest: Path, progress: ProgressFn | None = None) -> Path:
@@ -356,9 +365,7 @@ def prepare_smollm2(dest: Path, progress: ProgressFn | None = None) -> Path:
 
     src_dir, gguf_name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_name)
-    quantized = AutoModelForCausalLM.from_pretrained(
-        src_dir, gguf_file=gguf_name, dtype=torch.float32
-    )
+    quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_name, dtype=torch.float32)
     _say(progress, "smollm2: rebuilding an unquantized model")
     config_dict = quantized.config.to_dict()
     config_dict.pop("quantization_config", None)
@@ -374,14 +381,17 @@ def prepare_smollm2(dest: Path, progress: ProgressFn | None = None) -> Path:
     # Tied lm_head may be reported as missing; anything else is a real error.
     missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise RuntimeError(
-            f"SmolLM2 state dict mismatch: missing={missing} unexpected={unexpected}"
-        )
+        raise RuntimeError(f"SmolLM2 state dict mismatch: missing={missing} unexpected={unexpected}")
     del state
     fresh = fresh.to(torch.float16).eval()
 
-    marker = {"name": "smollm2", "source": str(gguf_path), "source_bytes": gguf_path.stat().st_size,
-              "architecture": type(fresh).__name__, "dtype": "float16"}
+    marker = {
+        "name": "smollm2",
+        "source": str(gguf_path),
+        "source_bytes": gguf_path.stat().st_size,
+        "architecture": type(fresh).__name__,
+        "dtype": "float16",
+    }
     return _save(fresh, tokenizer, dest, marker, t0, progress)
 
 
@@ -425,6 +435,5 @@ def resolve_model(
     if path.is_dir() and (path / "config.json").is_file():
         return path.resolve()
     raise FileNotFoundError(
-        f"model spec {spec!r} is neither one of {sorted(NAMED_MODELS)} nor a directory "
-        "holding config.json"
+        f"model spec {spec!r} is neither one of {sorted(NAMED_MODELS)} nor a directory holding config.json"
     )

@@ -3,13 +3,12 @@ nothing at all when it is piped or redirected (so scripts and logs stay clean)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeRemainingColumn)
+from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 T = TypeVar("T")
 
@@ -24,8 +23,9 @@ def shows_progress(console: Console | None = None) -> bool:
 
 
 @contextmanager
-def progress_bar(description: str, total: float | None, *, unit: str = "events",
-                 console: Console | None = None) -> Iterator[Callable[[float], None]]:
+def progress_bar(
+    description: str, total: float | None, *, unit: str = "events", console: Console | None = None
+) -> Iterator[Callable[[float], None]]:
     """Yields ``advance(n)``. On a terminal: a transient bar (``unit`` ``events``: N/M
     counts; ``bytes``: sizes). Otherwise ``advance`` does nothing."""
     console = console or stderr_console()
@@ -33,8 +33,9 @@ def progress_bar(description: str, total: float | None, *, unit: str = "events",
         yield lambda n: None
         return
     count = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
-    with Progress(TextColumn(description), BarColumn(), count, TimeRemainingColumn(), console=console,
-                  transient=True) as progress:
+    with Progress(
+        TextColumn(description), BarColumn(), count, TimeRemainingColumn(), console=console, transient=True
+    ) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)
 

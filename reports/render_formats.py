@@ -30,8 +30,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from projections.turn_tables import JSON_RENAMES, TurnTables
-from reports.render_text import Table, has_text_tables, turn_sections
 from reports.printable import printable
+from reports.render_text import Table, has_text_tables, turn_sections
 
 JSON_FORMAT = "duplex-ledger.turn-tables"
 JSON_VERSION = 1
@@ -120,8 +120,10 @@ def render_markdown(turns: Iterable[TurnTables]) -> str:
     sessions each have a turn 0) then each table/line."""
     blocks: list[str] = []
     for t in turns:
-        blocks.append(f"## {_md_escape(t.session_id)} · turn {t.turn_id} — {_md_escape(t.response_id)} "
-                      f"({_md_escape(t.finished_reason)})")
+        blocks.append(
+            f"## {_md_escape(t.session_id)} · turn {t.turn_id} — {_md_escape(t.response_id)} "
+            f"({_md_escape(t.finished_reason)})"
+        )
         if not has_text_tables(t):
             blocks.append("_Ended before any engine request: no `--log-stats` tables (DOMAIN §5.7 D8)._")
             continue

@@ -15,8 +15,11 @@ from events.types import FINISHED_REASONS
 from projections.metrics import Distribution, SessionRollup
 from reports.render_text import Table, format_cell, render_table
 
-DISTRIBUTIONS: tuple[tuple[str, str], ...] = (("vllm_ttft_ms", "ttft_ms"), ("audio_ttfp_ms", "ttfp_ms"),
-                                              ("vllm_tpot_ms", "tpot_ms"))
+DISTRIBUTIONS: tuple[tuple[str, str], ...] = (
+    ("vllm_ttft_ms", "ttft_ms"),
+    ("audio_ttfp_ms", "ttfp_ms"),
+    ("vllm_tpot_ms", "tpot_ms"),
+)
 """(printed name, SessionRollup attribute) of the three latency distributions."""
 
 
@@ -32,8 +35,11 @@ def summary_rows(r: SessionRollup, leaked_ids: Sequence[str]) -> list[tuple[str,
     rows += [(f"turns_{reason}", r.turns_by_reason.get(reason, 0)) for reason in FINISHED_REASONS]
     for name, attr in DISTRIBUTIONS:
         rows += _distribution_rows(name, getattr(r, attr))
-    rows += [("listen_units", r.listen_units), ("session_wall_ms", r.session_wall_ms),
-             ("request_ids_leaked", len(leaked_ids))]
+    rows += [
+        ("listen_units", r.listen_units),
+        ("session_wall_ms", r.session_wall_ms),
+        ("request_ids_leaked", len(leaked_ids)),
+    ]
     rows += [("leaked_request_id", rid) for rid in leaked_ids]
     return [(k, v) for k, v in rows if v is not None]
 
@@ -73,6 +79,10 @@ def render_json_with_sessions(turns: Iterable[Any], sessions: Iterable[tuple[Ses
 
     from reports.render_formats import JSON_FORMAT, JSON_VERSION
 
-    doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "turns": [t.to_dict() for t in turns],
-           "sessions": [summary_to_dict(r, leaked) for r, leaked in sessions]}
+    doc = {
+        "format": JSON_FORMAT,
+        "version": JSON_VERSION,
+        "turns": [t.to_dict() for t in turns],
+        "sessions": [summary_to_dict(r, leaked) for r, leaked in sessions],
+    }
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"

@@ -96,9 +96,7 @@ def _is_blank(value: Any) -> bool:
 def make_table(title: str, columns: Sequence[str], rows: Iterable[tuple[str, Sequence[Any]]]) -> Table:
     """Table from raw cells: drops rows whose cells are all 0/0.0/None/"" and formats the rest."""
     kept = tuple(
-        (name, tuple(format_cell(v) for v in values))
-        for name, values in rows
-        if not all(_is_blank(v) for v in values)
+        (name, tuple(format_cell(v) for v in values)) for name, values in rows if not all(_is_blank(v) for v in values)
     )
     return Table(title, tuple(columns), kept)
 

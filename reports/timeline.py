@@ -21,29 +21,65 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
 from html import escape
 from pathlib import Path
+from typing import cast
+
 import plotly.graph_objects as go
 
 from events.records import StoredEvent
 from events.structs import twin_of
-from events.types import (AbortRequested, AbortResult, EpochAdvanced, EventBase, InputAppended, ReleaseResult,
-                          ResponseListened, SessionClosed, SessionOpened, StageOutput, StageRequestLost,
-                          StageRequestRestored, TurnCommitted)
+from events.types import (
+    AbortRequested,
+    AbortResult,
+    EpochAdvanced,
+    EventBase,
+    InputAppended,
+    ReleaseResult,
+    ResponseListened,
+    SessionClosed,
+    SessionOpened,
+    StageOutput,
+    StageRequestLost,
+    StageRequestRestored,
+    TurnCommitted,
+)
 from projections.dispatch import dispatch_table
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
-REASON_COLOURS: dict[str, str] = {"stop": "#2e7d32", "barge_in": "#ef6c00", "cancel": "#6a1b9a",
-                                  "close": "#546e7a", "abort": "#c62828", "error": "#b71c1c"}
+REASON_COLOURS: dict[str, str] = {
+    "stop": "#2e7d32",
+    "barge_in": "#ef6c00",
+    "cancel": "#6a1b9a",
+    "close": "#546e7a",
+    "abort": "#c62828",
+    "error": "#b71c1c",
+}
 LANES: tuple[str, ...] = ("audit", "session", "cleanup", "listen", "stage 1", "stage 0", "response", "user")
 """Lanes bottom to top as plotly lists categories (the first is drawn lowest)."""
-HOVER_FIELDS: tuple[str, ...] = ("turn_id", "response_id", "request_id", "stage_id", "request_ids", "outcome",
-                                 "reason", "finished_reason", "cause", "source", "action", "num_new_tokens",
-                                 "audio_frames", "text", "duration_ms", "is_speech", "old_epoch", "new_epoch",
-                                 "error")
+HOVER_FIELDS: tuple[str, ...] = (
+    "turn_id",
+    "response_id",
+    "request_id",
+    "stage_id",
+    "request_ids",
+    "outcome",
+    "reason",
+    "finished_reason",
+    "cause",
+    "source",
+    "action",
+    "num_new_tokens",
+    "audio_frames",
+    "text",
+    "duration_ms",
+    "is_speech",
+    "old_epoch",
+    "new_epoch",
+    "error",
+)
 
 
 @dataclass(frozen=True)
@@ -84,14 +120,26 @@ def event_hover(st: StoredEvent) -> str:
 
 def _input_mark(e: InputAppended, x: float, hover: str) -> Mark:
     speech = e.input_kind == "text" or bool(e.is_speech)
-    return Mark("user", x, "circle" if speech else "circle-open", "#1565c0" if speech else "#90a4ae",
-                hover, "input" if speech else "silence")
+    return Mark(
+        "user",
+        x,
+        "circle" if speech else "circle-open",
+        "#1565c0" if speech else "#90a4ae",
+        hover,
+        "input" if speech else "silence",
+    )
 
 
 def _abort_result_mark(e: AbortResult, x: float, hover: str) -> Mark:
     ok = e.outcome != "failed"
-    return Mark("cleanup", x, "triangle-up" if ok else "triangle-down", "#2e7d32" if ok else "#b71c1c",
-                hover, "abort ok" if ok else "abort failed")
+    return Mark(
+        "cleanup",
+        x,
+        "triangle-up" if ok else "triangle-down",
+        "#2e7d32" if ok else "#b71c1c",
+        hover,
+        "abort ok" if ok else "abort failed",
+    )
 
 
 def _fixed(lane: str, symbol: str, colour: str, group: str) -> Callable[[EventBase, float, str], Mark]:
@@ -101,19 +149,21 @@ def _fixed(lane: str, symbol: str, colour: str, group: str) -> Callable[[EventBa
 _STAGE_OUTPUTS: frozenset[type] = frozenset({StageOutput, twin_of(StageOutput)})
 _RELEASE_MARK = _fixed("cleanup", "square-open", "#6d4c41", "release / restore / lost")
 _SESSION_MARK = _fixed("session", "line-ns-open", "#212121", "open / close")
-_MARKS: dict[type, Callable[..., Mark]] = dispatch_table({
-    InputAppended: _input_mark,
-    TurnCommitted: _fixed("user", "diamond", "#0d47a1", "commit"),
-    ResponseListened: _fixed("listen", "star", "#00838f", "listen unit"),
-    AbortRequested: _fixed("cleanup", "x", "#c62828", "abort requested"),
-    AbortResult: _abort_result_mark,
-    ReleaseResult: _RELEASE_MARK,
-    StageRequestLost: _RELEASE_MARK,
-    StageRequestRestored: _RELEASE_MARK,
-    EpochAdvanced: _fixed("session", "hexagon", "#4527a0", "epoch"),
-    SessionOpened: _SESSION_MARK,
-    SessionClosed: _SESSION_MARK,
-})
+_MARKS: dict[type, Callable[..., Mark]] = dispatch_table(
+    {
+        InputAppended: _input_mark,
+        TurnCommitted: _fixed("user", "diamond", "#0d47a1", "commit"),
+        ResponseListened: _fixed("listen", "star", "#00838f", "listen unit"),
+        AbortRequested: _fixed("cleanup", "x", "#c62828", "abort requested"),
+        AbortResult: _abort_result_mark,
+        ReleaseResult: _RELEASE_MARK,
+        StageRequestLost: _RELEASE_MARK,
+        StageRequestRestored: _RELEASE_MARK,
+        EpochAdvanced: _fixed("session", "hexagon", "#4527a0", "epoch"),
+        SessionOpened: _SESSION_MARK,
+        SessionClosed: _SESSION_MARK,
+    }
+)
 """The mark each event class draws, chosen by class (model or read-side twin), as the folds do."""
 
 
@@ -130,11 +180,25 @@ def _finding_marks(findings: Sequence[Finding], t0: float) -> list[Mark]:
     out = []
     for f in findings:
         leak = f.severity == "leak"
-        hover = "<br>".join([f"<b>{escape(f.severity)}: {escape(f.kind)}</b> @ position {f.first_position}",
-                             f"last position {f.last_position}", f"request_id: {escape(f.request_id or '')}",
-                             f"evidence: {', '.join(map(str, f.evidence[:12]))}", escape(f.detail)])
-        out.append(Mark("audit", f.first_ts - t0, "x-thin-open" if leak else "circle-x-open",
-                        "#d50000" if leak else "#ff8f00", hover, "leak" if leak else "warning"))
+        hover = "<br>".join(
+            [
+                f"<b>{escape(f.severity)}: {escape(f.kind)}</b> @ position {f.first_position}",
+                f"last position {f.last_position}",
+                f"request_id: {escape(f.request_id or '')}",
+                f"evidence: {', '.join(map(str, f.evidence[:12]))}",
+                escape(f.detail),
+            ]
+        )
+        out.append(
+            Mark(
+                "audit",
+                f.first_ts - t0,
+                "x-thin-open" if leak else "circle-x-open",
+                "#d50000" if leak else "#ff8f00",
+                hover,
+                "leak" if leak else "warning",
+            )
+        )
     return out
 
 
@@ -145,29 +209,52 @@ def _stage_spans(turn: TurnTables, events: Sequence[StoredEvent], t0: float) -> 
         if type(st.event) not in _STAGE_OUTPUTS:
             continue
         e = cast(StageOutput, st.event)  # the model or its twin: read by attribute only
-        if (e.request_id == turn.request_id and e.num_new_tokens > 0
-                and turn.arrival_ts <= e.ts <= turn.finalize_ts):
+        if e.request_id == turn.request_id and e.num_new_tokens > 0 and turn.arrival_ts <= e.ts <= turn.finalize_ts:
             tokens.setdefault(e.stage_id, []).append(st)
     spans = []
     for stage_id, outs in sorted(tokens.items()):
         first, last = outs[0], outs[-1]
         n = sum(cast(StageOutput, o.event).num_new_tokens for o in outs)
-        hover = "<br>".join([f"<b>stage {stage_id}</b> response {escape(turn.response_id)}",
-                             f"first token @ position {first.position} ts {first.event.ts:.6f}",
-                             f"last token @ position {last.position} ts {last.event.ts:.6f}",
-                             f"tokens {n}, reason {turn.finished_reason}"])
-        spans.append(Span(f"stage {stage_id}", first.event.ts - t0, last.event.ts - t0,
-                          REASON_COLOURS.get(turn.finished_reason, "#757575"), hover, f"stage {stage_id} tokens"))
+        hover = "<br>".join(
+            [
+                f"<b>stage {stage_id}</b> response {escape(turn.response_id)}",
+                f"first token @ position {first.position} ts {first.event.ts:.6f}",
+                f"last token @ position {last.position} ts {last.event.ts:.6f}",
+                f"tokens {n}, reason {turn.finished_reason}",
+            ]
+        )
+        spans.append(
+            Span(
+                f"stage {stage_id}",
+                first.event.ts - t0,
+                last.event.ts - t0,
+                REASON_COLOURS.get(turn.finished_reason, "#757575"),
+                hover,
+                f"stage {stage_id} tokens",
+            )
+        )
     return spans
 
 
 def _response_span(turn: TurnTables, t0: float) -> Span:
-    hover = "<br>".join([f"<b>response {escape(turn.response_id)}</b> turn {turn.turn_id}",
-                         f"reason {turn.finished_reason}", f"request_id {escape(turn.request_id or 'None')}",
-                         f"arrival ts {turn.arrival_ts:.6f}", f"finalize ts {turn.finalize_ts:.6f}",
-                         f"e2e_total_ms {turn.e2e['e2e_total_ms']:,.3f}"])
-    return Span("response", turn.arrival_ts - t0, turn.finalize_ts - t0,
-                REASON_COLOURS.get(turn.finished_reason, "#757575"), hover, f"response: {turn.finished_reason}")
+    hover = "<br>".join(
+        [
+            f"<b>response {escape(turn.response_id)}</b> turn {turn.turn_id}",
+            f"reason {turn.finished_reason}",
+            f"request_id {escape(turn.request_id or 'None')}",
+            f"arrival ts {turn.arrival_ts:.6f}",
+            f"finalize ts {turn.finalize_ts:.6f}",
+            f"e2e_total_ms {turn.e2e['e2e_total_ms']:,.3f}",
+        ]
+    )
+    return Span(
+        "response",
+        turn.arrival_ts - t0,
+        turn.finalize_ts - t0,
+        REASON_COLOURS.get(turn.finished_reason, "#757575"),
+        hover,
+        f"response: {turn.finished_reason}",
+    )
 
 
 def timeline_figure(events: Sequence[StoredEvent], *, title: str | None = None) -> go.Figure:
@@ -178,7 +265,8 @@ def timeline_figure(events: Sequence[StoredEvent], *, title: str | None = None) 
     projector = Projector().apply_all(events)
     t0 = events[0].event.ts
     marks = _event_marks(events, t0) + _finding_marks(
-        [f for f in projector.findings() if f.session_id == session_id], t0)
+        [f for f in projector.findings() if f.session_id == session_id], t0
+    )
     spans: list[Span] = []
     for turn in projector.turn_tables:
         spans.append(_response_span(turn, t0))
@@ -186,36 +274,64 @@ def timeline_figure(events: Sequence[StoredEvent], *, title: str | None = None) 
     fig = go.Figure()
     shown: set[str] = set()
     for span in spans:
-        fig.add_trace(go.Bar(
-            y=[span.lane], x=[max(span.end_s - span.start_s, 0.002)], base=[span.start_s], orientation="h",
-            marker_color=span.colour, hovertext=[span.hover], hoverinfo="text", name=span.group,
-            legendgroup=span.group, showlegend=span.group not in shown, width=0.5))
+        fig.add_trace(
+            go.Bar(
+                y=[span.lane],
+                x=[max(span.end_s - span.start_s, 0.002)],
+                base=[span.start_s],
+                orientation="h",
+                marker_color=span.colour,
+                hovertext=[span.hover],
+                hoverinfo="text",
+                name=span.group,
+                legendgroup=span.group,
+                showlegend=span.group not in shown,
+                width=0.5,
+            )
+        )
         shown.add(span.group)
     groups: dict[str, list[Mark]] = {}
     for mark in marks:
         groups.setdefault(mark.group, []).append(mark)
     for group, ms in groups.items():
-        fig.add_trace(go.Scatter(
-            x=[m.x_s for m in ms], y=[m.lane for m in ms], mode="markers", name=group,
-            marker={"symbol": [m.symbol for m in ms], "color": [m.colour for m in ms], "size": 11,
-                    "line": {"width": 1.5, "color": [m.colour for m in ms]}},
-            hovertext=[m.hover for m in ms], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=[m.x_s for m in ms],
+                y=[m.lane for m in ms],
+                mode="markers",
+                name=group,
+                marker={
+                    "symbol": [m.symbol for m in ms],
+                    "color": [m.colour for m in ms],
+                    "size": 11,
+                    "line": {"width": 1.5, "color": [m.colour for m in ms]},
+                },
+                hovertext=[m.hover for m in ms],
+                hoverinfo="text",
+            )
+        )
     lanes = [lane for lane in LANES if lane in {m.lane for m in marks} | {s.lane for s in spans}]
     extra = sorted({s.lane for s in spans} - set(LANES))
     fig.update_layout(
-        title=title or f"session {session_id} — {len(events)} events, positions "
-                       f"{events[0].position}…{events[-1].position}, {len(projector.turn_tables)} responses",
-        barmode="overlay", template="plotly_white", height=520, hoverlabel={"align": "left"},
+        title=title
+        or f"session {session_id} — {len(events)} events, positions "
+        f"{events[0].position}…{events[-1].position}, {len(projector.turn_tables)} responses",
+        barmode="overlay",
+        template="plotly_white",
+        height=520,
+        hoverlabel={"align": "left"},
         xaxis={"title": "seconds since the session's first event (wall clock)", "zeroline": False},
         yaxis={"categoryorder": "array", "categoryarray": extra + lanes, "title": None},
-        legend={"orientation": "h", "y": -0.18}, margin={"l": 80, "r": 20, "t": 60, "b": 40})
+        legend={"orientation": "h", "y": -0.18},
+        margin={"l": 80, "r": 20, "t": 60, "b": 40},
+    )
     return fig
 
 
 def write_timeline(events: Sequence[StoredEvent], output: Path) -> int:
     """Write the page (plotly.js inline, no network at view time); returns its size in bytes."""
     fig = timeline_figure(events)
-    fig.write_html(str(output), include_plotlyjs=True, full_html=True,
-                   config={"displaylogo": False, "responsive": True})
+    fig.write_html(
+        str(output), include_plotlyjs=True, full_html=True, config={"displaylogo": False, "responsive": True}
+    )
     return output.stat().st_size
-

@@ -88,10 +88,21 @@ class TraceRunResult:
 class _SessionDriver:
     """Runs one session id's lines; watches its client events."""
 
-    def __init__(self, engine: SessionEngine, lines: list[TraceLine], *, start: float, speed: float,
-                 log_stats: bool | None, wait_timeout_s: float, result: TraceRunResult, progress: RunProgress,
-                 notify: Callable[[], None], on_line: Callable[[TraceLine, LineOutcome], None] | None,
-                 on_event: Callable[[ClientEvent], None] | None) -> None:
+    def __init__(
+        self,
+        engine: SessionEngine,
+        lines: list[TraceLine],
+        *,
+        start: float,
+        speed: float,
+        log_stats: bool | None,
+        wait_timeout_s: float,
+        result: TraceRunResult,
+        progress: RunProgress,
+        notify: Callable[[], None],
+        on_line: Callable[[TraceLine, LineOutcome], None] | None,
+        on_event: Callable[[ClientEvent], None] | None,
+    ) -> None:
         self.engine, self.lines, self.start, self.speed = engine, lines, start, speed
         self.on_line, self.on_event = on_line, on_event
         self.log_stats, self.wait_timeout_s = log_stats, wait_timeout_s
@@ -112,11 +123,13 @@ class _SessionDriver:
             last = self.lines[-1]
             await self._wait_for(self.session.wait_idle(), "idle")
             await self._close("session_close")
-            self._record(last.session, last.line_no, "session.close", "ok", "closed at end of trace", last.source,
-                         counted=False)
+            self._record(
+                last.session, last.line_no, "session.close", "ok", "closed at end of trace", last.source, counted=False
+            )
 
-    def _record(self, session: str, line_no: int, type_: str, status: str, detail: str, source: str, *,
-                counted: bool = True) -> LineOutcome:
+    def _record(
+        self, session: str, line_no: int, type_: str, status: str, detail: str, source: str, *, counted: bool = True
+    ) -> LineOutcome:
         outcome = LineOutcome(session, line_no, type_, status, detail, source)
         self.result.outcomes.append(outcome)
         self.progress.lines_done += counted
@@ -129,8 +142,9 @@ class _SessionDriver:
             return True
         except TimeoutError:
             sid = self.session.session_id if self.session else "?"
-            self.result.outcomes.append(LineOutcome(sid, 0, "wait", "error",
-                                                    f"timed out after {self.wait_timeout_s} s waiting for {what}"))
+            self.result.outcomes.append(
+                LineOutcome(sid, 0, "wait", "error", f"timed out after {self.wait_timeout_s} s waiting for {what}")
+            )
             return False
 
     async def _until(self, line: TraceLine) -> None:
@@ -194,8 +208,9 @@ class _SessionDriver:
         if line.type == "session.open":
             plugin = TextPlugin(resumable=line.capabilities.resumable)
             log_stats = line.log_stats if self.log_stats is None else self.log_stats
-            self.session = await self.engine.open_session(line.session, auto_response=line.mode == "auto_response",
-                                                          log_stats=log_stats, plugin=plugin)
+            self.session = await self.engine.open_session(
+                line.session, auto_response=line.mode == "auto_response", log_stats=log_stats, plugin=plugin
+            )
             self.watcher = asyncio.get_running_loop().create_task(self._watch(self.session))
             return "ok", f"incarnation {self.session.incarnation}"
         session = self.session
@@ -205,14 +220,20 @@ class _SessionDriver:
                 await session.append_text(line.text or "", is_speech=line.is_speech)
             else:
                 pcm = synthetic_pcm16(line.audio, is_speech=line.is_speech)
-                await session.append_audio(pcm, audio_format=line.audio.format,
-                                           sample_rate_hz=line.audio.sample_rate_hz, transcript=line.transcript,
-                                           is_speech=line.is_speech, store_payload=line.store_payload)
+                await session.append_audio(
+                    pcm,
+                    audio_format=line.audio.format,
+                    sample_rate_hz=line.audio.sample_rate_hz,
+                    transcript=line.transcript,
+                    is_speech=line.is_speech,
+                    store_payload=line.store_payload,
+                )
             return "ok", ""
         if line.type == "input.commit":
             self.output_seen.clear()
-            action = await session.commit(create_response=line.create_response,
-                                          overlap_speech_ms=line.overlap_speech_ms)
+            action = await session.commit(
+                create_response=line.create_response, overlap_speech_ms=line.overlap_speech_ms
+            )
             return "ok", action
         if line.type == "response.create":
             self.output_seen.clear()
@@ -220,15 +241,26 @@ class _SessionDriver:
         if line.type in ("session.close", "disconnect"):
             await self._close("disconnect" if line.type == "disconnect" else line.reason)
             return "ok", ""
-        cancel = {"response.cancel": session.cancel_response, "input.cancel": session.cancel_input,
-                  "barge_in": session.barge_in, "output_audio.clear": session.clear_output_audio}[line.type]
+        cancel = {
+            "response.cancel": session.cancel_response,
+            "input.cancel": session.cancel_input,
+            "barge_in": session.barge_in,
+            "output_audio.clear": session.clear_output_audio,
+        }[line.type]
         return ("ok", "cancelled the response") if await cancel() else ("no_effect", "no response in progress")
 
 
-async def run_trace(engine: SessionEngine, trace: Trace, *, speed: float = 1.0, log_stats: bool | None = None,
-                    wait_timeout_s: float = 120.0, on_progress: Callable[[RunProgress], None] | None = None,
-                    on_line: Callable[[TraceLine, LineOutcome], None] | None = None,
-                    on_event: Callable[[ClientEvent], None] | None = None) -> TraceRunResult:
+async def run_trace(
+    engine: SessionEngine,
+    trace: Trace,
+    *,
+    speed: float = 1.0,
+    log_stats: bool | None = None,
+    wait_timeout_s: float = 120.0,
+    on_progress: Callable[[RunProgress], None] | None = None,
+    on_line: Callable[[TraceLine, LineOutcome], None] | None = None,
+    on_event: Callable[[ClientEvent], None] | None = None,
+) -> TraceRunResult:
     """Run ``trace`` against ``engine``; returns when every session is closed.
 
     ``speed``: time scale (> 0; 2.0 = offsets halved). ``log_stats``: None keeps each
@@ -250,10 +282,22 @@ async def run_trace(engine: SessionEngine, trace: Trace, *, speed: float = 1.0, 
             on_progress(progress)
 
     start = time.monotonic()
-    drivers = [_SessionDriver(engine, lines, start=start, speed=speed, log_stats=log_stats,
-                              wait_timeout_s=wait_timeout_s, result=result, progress=progress, notify=notify,
-                              on_line=on_line, on_event=on_event)
-               for lines in by_session.values()]
+    drivers = [
+        _SessionDriver(
+            engine,
+            lines,
+            start=start,
+            speed=speed,
+            log_stats=log_stats,
+            wait_timeout_s=wait_timeout_s,
+            result=result,
+            progress=progress,
+            notify=notify,
+            on_line=on_line,
+            on_event=on_event,
+        )
+        for lines in by_session.values()
+    ]
     tasks = [asyncio.get_running_loop().create_task(d.run()) for d in drivers]
     try:
         await asyncio.gather(*tasks)

@@ -42,12 +42,11 @@ import sys
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-__all__ = ["AudioSpec", "Trace", "TraceError", "TraceLine", "parse_trace", "parse_traces",
-           "synthetic_pcm16"]
+__all__ = ["AudioSpec", "Trace", "TraceError", "TraceLine", "parse_trace", "parse_traces", "synthetic_pcm16"]
 
 
 class _Line(BaseModel):
@@ -79,8 +78,9 @@ class SessionUpdate(_Line):
     @model_validator(mode="before")
     @classmethod
     def _refuse(cls, data: object) -> object:
-        raise ValueError("not supported: capabilities and mode are fixed at session.open "
-                         "(the engine has no logged update command)")
+        raise ValueError(
+            "not supported: capabilities and mode are fixed at session.open (the engine has no logged update command)"
+        )
 
 
 class AudioSpec(BaseModel):
@@ -102,7 +102,7 @@ class InputAppend(_Line):
     store_payload: bool = False
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "InputAppend":
+    def _one_kind(self) -> InputAppend:
         if (self.text is None) == (self.audio is None):
             raise ValueError("give exactly one of text or audio")
         if self.text is not None and self.transcript is not None:
@@ -146,13 +146,32 @@ class Disconnect(_Line):
 
 
 TraceLine = Annotated[
-    Union[SessionOpen, SessionUpdate, InputAppend, InputCommit, ResponseCreate, ResponseCancel, InputCancel,
-          BargeIn, OutputAudioClear, SessionClose, Disconnect],
+    SessionOpen
+    | SessionUpdate
+    | InputAppend
+    | InputCommit
+    | ResponseCreate
+    | ResponseCancel
+    | InputCancel
+    | BargeIn
+    | OutputAudioClear
+    | SessionClose
+    | Disconnect,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[TraceLine] = TypeAdapter(TraceLine)
-TYPES = ("session.open", "input.append", "input.commit", "response.create", "response.cancel", "input.cancel",
-         "barge_in", "output_audio.clear", "session.close", "disconnect")
+TYPES = (
+    "session.open",
+    "input.append",
+    "input.commit",
+    "response.create",
+    "response.cancel",
+    "input.cancel",
+    "barge_in",
+    "output_audio.clear",
+    "session.close",
+    "disconnect",
+)
 CLOSING = ("session.close", "disconnect")
 TURN_TYPES = ("input.commit", "response.create")
 
@@ -194,16 +213,21 @@ def _line_problems(exc: ValidationError, no: int, prefix: str) -> list[str]:
         if err["type"] == "union_tag_not_found":
             loc, msg = ("type",), "Field required (one of " + ", ".join(TYPES) + ")"
         elif err["type"] == "union_tag_invalid":
-            loc, msg = ("type",), f"unknown type {err['input'].get('type')!r}" if isinstance(err["input"], dict) else msg
+            loc, msg = (
+                ("type",),
+                f"unknown type {err['input'].get('type')!r}" if isinstance(err["input"], dict) else msg,
+            )
         out.append(f"{prefix}line {no}: {_where(loc)}: {msg}")
     return out
 
 
-def _parse_lines(lines: Iterable[str], source: str = "", *, prefix: str = "") -> tuple[list[TraceLine], list[str]]:
+def _parse_lines(
+    lines: Iterable[str], source: str = "", *, prefix: str = ""
+) -> tuple[list[TraceLine | _BadOpen], list[str]]:
     """Parse raw JSONL lines (blank lines and lines starting with ``#`` are skipped).
     Returns (parsed lines plus a :class:`_BadOpen` per unparsable session.open, problems);
     never raises for bad content."""
-    parsed: list[TraceLine] = []
+    parsed: list[TraceLine | _BadOpen] = []
     problems: list[str] = []
     for no, raw in enumerate(lines, start=1):
         raw = raw.strip()
@@ -215,7 +239,9 @@ def _parse_lines(lines: Iterable[str], source: str = "", *, prefix: str = "") ->
             problems.append(f"{prefix}line {no}: invalid JSON: {exc.msg} (column {exc.colno})")
             continue
         except (RecursionError, ValueError) as exc:  # nested too deeply; an over-long integer
-            problems.append(f"{prefix}line {no}: invalid JSON: {'nested too deeply' if isinstance(exc, RecursionError) else exc}")
+            problems.append(
+                f"{prefix}line {no}: invalid JSON: {'nested too deeply' if isinstance(exc, RecursionError) else exc}"
+            )
             continue
         if not isinstance(data, dict):
             problems.append(f"{prefix}line {no}: line: expected a JSON object, got {type(data).__name__}")
@@ -254,8 +280,7 @@ def _order_problems(lines: list, prefix_of) -> list[str]:  # type: ignore[no-unt
             continue
         where = f"{prefix_of(line)}line {line.line_no}: {line.type}"
         if line.t < last_t.get(line.session, 0.0):
-            problems.append(f"{where}.t: {line.t} is earlier than the session's previous line "
-                            f"({last_t[line.session]})")
+            problems.append(f"{where}.t: {line.t} is earlier than the session's previous line ({last_t[line.session]})")
         last_t[line.session] = max(line.t, last_t.get(line.session, 0.0))
         if line.type == "session.open":
             if is_open.get(line.session):
@@ -303,12 +328,12 @@ def parse_traces(paths: Iterable[str | Path]) -> Trace:
     """Parse several trace files into one trace (run concurrently). With several files each
     problem is prefixed by its file name. A session id may appear in one file only. Raises
     TraceError listing every problem, OSError when a file cannot be read."""
-    paths = [Path(p) for p in paths]
-    several = len(paths) > 1
-    lines: list[TraceLine] = []
+    files = [Path(p) for p in paths]
+    several = len(files) > 1
+    lines: list[TraceLine | _BadOpen] = []
     problems: list[str] = []
     owner: dict[str, str] = {}
-    for path in paths:
+    for path in files:
         prefix = f"{path.name}: " if several else ""
         parsed, bad = _parse_lines(_text_lines(path.read_bytes(), prefix), str(path), prefix=prefix)
         problems += bad
@@ -316,10 +341,12 @@ def parse_traces(paths: Iterable[str | Path]) -> Trace:
             if isinstance(line, _BadOpen):
                 continue
             if owner.setdefault(line.session, str(path)) != str(path):
-                problems.append(f"{prefix}line {line.line_no}: session: {line.session!r} is already used by "
-                                f"{Path(owner[line.session]).name}")
+                problems.append(
+                    f"{prefix}line {line.line_no}: session: {line.session!r} is already used by "
+                    f"{Path(owner[line.session]).name}"
+                )
         lines += parsed
-    by_source = {str(p): (f"{p.name}: " if several else "") for p in paths}
+    by_source = {str(p): (f"{p.name}: " if several else "") for p in files}
     problems += _order_problems(lines, lambda line: by_source.get(line.source, ""))
     if not lines and not problems:
         problems.append("line 0: trace: no events")
@@ -336,8 +363,13 @@ def synthetic_pcm16(audio: AudioSpec, *, is_speech: bool = True) -> bytes:
     if not is_speech:
         return bytes(2 * n)
     rate = audio.sample_rate_hz
-    samples = array("h", (int(8000 * (0.6 + 0.4 * math.sin(2 * math.pi * 3 * i / rate))
-                              * math.sin(2 * math.pi * 220 * i / rate)) for i in range(n)))
+    samples = array(
+        "h",
+        (
+            int(8000 * (0.6 + 0.4 * math.sin(2 * math.pi * 3 * i / rate)) * math.sin(2 * math.pi * 220 * i / rate))
+            for i in range(n)
+        ),
+    )
     if samples.itemsize != 2:  # pragma: no cover - array('h') is 16-bit on every CPython platform
         raise RuntimeError("array('h') is not 16-bit here")
     if sys.byteorder != "little":  # pragma: no cover

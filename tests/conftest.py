@@ -70,5 +70,6 @@ async def _drop_database(admin, name: str) -> None:
 def db_url(request) -> str:
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
+
 # Live vLLM engines (session-scoped, started once; skip when vllm is not installed).
 pytest_plugins = ["tests.engine.fixtures"]

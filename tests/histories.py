@@ -136,8 +136,13 @@ class _Gen:
         if self.chance(0.4):
             pools.reverse()
         for stage_id in pools:
-            self.add(s, "AbortResult", request_ids=[request_id], stage_id=stage_id,
-                     outcome=self.r.choice(["ok", "not_running"]))
+            self.add(
+                s,
+                "AbortResult",
+                request_ids=[request_id],
+                stage_id=stage_id,
+                outcome=self.r.choice(["ok", "not_running"]),
+            )
         s.dead.append(request_id)
         if self.chance(0.25):
             self.inject(s, "duplicate ack", "AbortResult", request_ids=[request_id], stage_id=0, outcome="ok")
@@ -149,14 +154,21 @@ class _Gen:
 
     # ------------------------------------------------------------------ turns
     def open_session(self, s: _Session) -> None:
-        self.add(s, "SessionOpened", incarnation=s.incarnation, auto_response=s.auto, num_stages=s.stages,
-                 capabilities={"supports_core_resumable_request": s.resident})
+        self.add(
+            s,
+            "SessionOpened",
+            incarnation=s.incarnation,
+            auto_response=s.auto,
+            num_stages=s.stages,
+            capabilities={"supports_core_resumable_request": s.resident},
+        )
         self.reserve(s, self.stage0_id(s))
 
     def append(self, s: _Session) -> None:
         self.reserve(s, self.stage0_id(s))
-        _, ts = self.add(s, "InputAppended", input_kind="text", text="hi", request_id=self.stage0_id(s),
-                         fence=self.fence(s))
+        _, ts = self.add(
+            s, "InputAppended", input_kind="text", text="hi", request_id=self.stage0_id(s), fence=self.fence(s)
+        )
         if s.stamp is None:
             s.stamp = ts
 
@@ -177,8 +189,16 @@ class _Gen:
     def submit(self, s: _Session, request_id: str, tokens_in: int) -> None:
         kind = "update" if s.resident and s.resident_submitted else "initial"
         self.add(s, "ActiveRequestBound", request_id=request_id)
-        self.add(s, "StageRequestSubmitted", stage_id=0, request_id=request_id, fence=self.fence(s), kind=kind,
-                 resumable=s.resident, num_tokens_in=tokens_in)
+        self.add(
+            s,
+            "StageRequestSubmitted",
+            stage_id=0,
+            request_id=request_id,
+            fence=self.fence(s),
+            kind=kind,
+            resumable=s.resident,
+            num_tokens_in=tokens_in,
+        )
         s.held[(0, request_id)] = False
         s.resident_submitted = s.resident_submitted or s.resident
         s.__dict__.setdefault("submitted_ids", set()).add(request_id)
@@ -195,8 +215,14 @@ class _Gen:
 
     def snapshot(self, s: _Session, stage_id: int, request_id: str, tokens_out: int, submit_ts: float) -> None:
         if s.metrics:
-            self.add(s, "StageMetricsReported", stage_id=stage_id, request_id=request_id,
-                     stage_submit_ts=submit_ts, stats={"num_tokens_out": tokens_out, "num_tokens_in": 7})
+            self.add(
+                s,
+                "StageMetricsReported",
+                stage_id=stage_id,
+                request_id=request_id,
+                stage_submit_ts=submit_ts,
+                stats={"num_tokens_out": tokens_out, "num_tokens_in": 7},
+            )
 
     def listen(self, s: _Session) -> None:
         """A listen-only unit (auto_response): no response; the id stays bound."""
@@ -221,12 +247,14 @@ class _Gen:
         s.n_resp += 1
         response_id = f"resp-{s.sid}-{s.incarnation}-{s.n_resp}"
         if s.auto:
-            _, commit_ts = self.add(s, "TurnCommitted", turn_id=s.turn, create_response=False,
-                                    action="START_AUTO_RESPONSE")
+            _, commit_ts = self.add(
+                s, "TurnCommitted", turn_id=s.turn, create_response=False, action="START_AUTO_RESPONSE"
+            )
             arrival = s.stamp if s.stamp is not None else commit_ts
         else:
-            _, commit_ts = self.add(s, "TurnCommitted", turn_id=s.turn, create_response=True, action="COMMIT_ONLY",
-                                    response_id=response_id)
+            _, commit_ts = self.add(
+                s, "TurnCommitted", turn_id=s.turn, create_response=True, action="COMMIT_ONLY", response_id=response_id
+            )
             arrival = commit_ts
         request_id = self.stage0_id(s) if s.resident else self.prepare_ephemeral(s)
         self.submit(s, request_id, 11)
@@ -249,8 +277,13 @@ class _Gen:
             _, end_ts = self.add(s, "StageRequestFinished", stage_id=0, request_id=request_id, finish_reason="abort")
             s.held[(0, request_id)] = True
             expected.reason, expected.end_ts = "abort", end_ts
-            self.inject(s, "front end's completed after the engine abort", "ResponseEnded",
-                        response_id=response_id, status="completed")
+            self.inject(
+                s,
+                "front end's completed after the engine abort",
+                "ResponseEnded",
+                response_id=response_id,
+                status="completed",
+            )
             if s.resident:  # the resident request is gone: a new epoch serves the next turn
                 self.release(s, request_id)
                 self.new_epoch_after_loss(s)
@@ -269,20 +302,41 @@ class _Gen:
             s.held[(0, request_id)] = True
         if two:
             if s.turn > 0 and self.chance(0.2):  # a forward under an older turn's fence, then its output
-                self.inject(s, "forward under an older fence", "StageRequestForwarded", stage_id=1,
-                            request_id=request_id, fence=self.fence(s, s.turn - 1), from_stage=0)
-                self.inject(s, "stage-1 output after its forward was refused", "StageOutput", stage_id=1,
-                            request_id=request_id, num_new_tokens=4)
-            _, fwd_ts = self.add(s, "StageRequestForwarded", stage_id=1, request_id=request_id,
-                                 fence=self.fence(s), from_stage=0)
+                self.inject(
+                    s,
+                    "forward under an older fence",
+                    "StageRequestForwarded",
+                    stage_id=1,
+                    request_id=request_id,
+                    fence=self.fence(s, s.turn - 1),
+                    from_stage=0,
+                )
+                self.inject(
+                    s,
+                    "stage-1 output after its forward was refused",
+                    "StageOutput",
+                    stage_id=1,
+                    request_id=request_id,
+                    num_new_tokens=4,
+                )
+            _, fwd_ts = self.add(
+                s, "StageRequestForwarded", stage_id=1, request_id=request_id, fence=self.fence(s), from_stage=0
+            )
             s.held[(1, request_id)] = False
             tokens1 = self.emit_outputs(s, 1, request_id, self.r.randint(1, 3), end_turn=True)
             expected.output_tokens[1] = tokens1
             if s.metrics:
                 self.snapshot(s, 1, request_id, tokens1, fwd_ts)
                 expected.snapshot_tokens[1] = tokens1
-            self.add(s, "StageRequestFinished", stage_id=1, request_id=request_id, finish_reason="length",
-                     model_turn_id=s.turn, end_of_turn=True)
+            self.add(
+                s,
+                "StageRequestFinished",
+                stage_id=1,
+                request_id=request_id,
+                finish_reason="length",
+                model_turn_id=s.turn,
+                end_of_turn=True,
+            )
             s.held[(1, request_id)] = True
         _, end_ts = self.add(s, "ResponseEnded", response_id=response_id, status="completed", cause="model")
         expected.end_ts = end_ts
@@ -294,20 +348,43 @@ class _Gen:
             self.inject(s, "second terminal", "TurnFinalized", response_id=response_id, finished_reason="cancel")
         if s.resident:
             if self.chance(0.3):
-                self.inject(s, "resident tail of a completed turn", "StageOutput", stage_id=0, request_id=request_id,
-                            num_new_tokens=3, model_turn_id=old)
+                self.inject(
+                    s,
+                    "resident tail of a completed turn",
+                    "StageOutput",
+                    stage_id=0,
+                    request_id=request_id,
+                    num_new_tokens=3,
+                    model_turn_id=old,
+                )
         else:
             self.release(s, request_id)
             if self.chance(0.3):
-                self.inject(s, "late snapshot after release", "StageMetricsReported", stage_id=0,
-                            request_id=request_id, stats={"num_tokens_out": 99})
+                self.inject(
+                    s,
+                    "late snapshot after release",
+                    "StageMetricsReported",
+                    stage_id=0,
+                    request_id=request_id,
+                    stats={"num_tokens_out": 99},
+                )
             if self.chance(0.2):
-                self.inject(s, "append to a released id", "InputAppended", input_kind="text", text="x",
-                            request_id=request_id, fence=self.fence(s))
+                self.inject(
+                    s,
+                    "append to a released id",
+                    "InputAppended",
+                    input_kind="text",
+                    text="x",
+                    request_id=request_id,
+                    fence=self.fence(s),
+                )
 
     def cancel(self, s: _Session, response_id: str, request_id: str, expected: Expected, outcome: str) -> None:
-        source = "barge_in" if outcome == "barge_in" else self.r.choice(["response.cancel", "input.cancel",
-                                                                         "output_audio_buffer_clear", "timeout"])
+        source = (
+            "barge_in"
+            if outcome == "barge_in"
+            else self.r.choice(["response.cancel", "input.cancel", "output_audio_buffer_clear", "timeout"])
+        )
         _, ts = self.add(s, "CancelRequested", source=source, response_id=response_id)
         reason = "barge_in" if source == "barge_in" else "cancel"
         expected.reason, expected.end_ts = reason, ts
@@ -317,23 +394,55 @@ class _Gen:
         s.epoch += 1
         self.abort(s, request_id, source)
         if self.chance(0.4):
-            self.inject(s, "late output after the abort", "StageOutput", stage_id=0, request_id=request_id,
-                        num_new_tokens=5)
+            self.inject(
+                s, "late output after the abort", "StageOutput", stage_id=0, request_id=request_id, num_new_tokens=5
+            )
         if self.chance(0.2):
-            self.inject(s, "late snapshot after the abort", "StageMetricsReported", stage_id=0,
-                        request_id=request_id, stats={"num_tokens_out": 5})
+            self.inject(
+                s,
+                "late snapshot after the abort",
+                "StageMetricsReported",
+                stage_id=0,
+                request_id=request_id,
+                stats={"num_tokens_out": 5},
+            )
         if self.chance(0.2):
-            self.inject(s, "late finish after the abort", "StageRequestFinished", stage_id=0, request_id=request_id,
-                        finish_reason="stop")
+            self.inject(
+                s,
+                "late finish after the abort",
+                "StageRequestFinished",
+                stage_id=0,
+                request_id=request_id,
+                finish_reason="stop",
+            )
         if self.chance(0.2):
-            self.inject(s, "stale-fence submit of the aborted id", "StageRequestSubmitted", stage_id=0,
-                        request_id=request_id, fence=old_fence, num_tokens_in=3)
+            self.inject(
+                s,
+                "stale-fence submit of the aborted id",
+                "StageRequestSubmitted",
+                stage_id=0,
+                request_id=request_id,
+                fence=old_fence,
+                num_tokens_in=3,
+            )
         if s.stages == 2 and self.chance(0.2):
-            self.inject(s, "forward of the aborted id", "StageRequestForwarded", stage_id=1, request_id=request_id,
-                        fence=old_fence)
+            self.inject(
+                s,
+                "forward of the aborted id",
+                "StageRequestForwarded",
+                stage_id=1,
+                request_id=request_id,
+                fence=old_fence,
+            )
         if self.chance(0.15):
-            self.inject(s, "completion after the cancel", "ResponseEnded", response_id=response_id,
-                        status="completed", cause="model")
+            self.inject(
+                s,
+                "completion after the cancel",
+                "ResponseEnded",
+                response_id=response_id,
+                status="completed",
+                cause="model",
+            )
         if s.resident:
             s.resident_submitted = False
             s.listen_tokens = 0
@@ -380,14 +489,25 @@ class _Gen:
         s.open = True
         self.open_session(s)
         if old_ids and self.chance(0.5):
-            self.inject(s, "output of a closed incarnation's id", "StageOutput", stage_id=0,
-                        request_id=self.r.choice(old_ids), num_new_tokens=2)
+            self.inject(
+                s,
+                "output of a closed incarnation's id",
+                "StageOutput",
+                stage_id=0,
+                request_id=self.r.choice(old_ids),
+                num_new_tokens=2,
+            )
 
     # ------------------------------------------------------------------ driver
     def run(self) -> History:
         sessions = [
-            _Session(sid=f"S{i}", resident=self.chance(0.5), auto=self.chance(0.4), stages=self.r.choice([1, 2]),
-                     metrics=self.chance(0.6))
+            _Session(
+                sid=f"S{i}",
+                resident=self.chance(0.5),
+                auto=self.chance(0.4),
+                stages=self.r.choice([1, 2]),
+                metrics=self.chance(0.6),
+            )
             for i in range(self.n_sessions)
         ]
         for s in sessions:
@@ -421,8 +541,9 @@ def as_twins(stored: list[StoredEvent]) -> list[StoredEvent]:
     out = []
     for st in stored:
         e = st.event
-        twin = decode_payload(e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts),
-                              json.dumps(e.payload()))
+        twin = decode_payload(
+            e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts), json.dumps(e.payload())
+        )
         assert twin is not None, e
         out.append(StoredEvent(st.position, st.stream_id, st.version, st.recorded_at, twin))
     return out

@@ -48,6 +48,15 @@ class LogBuilder:
         lines = []
         for st in self.stored:
             e = st.event
-            lines.append(json.dumps({"stream": e.session_id, "type": e.type, "ts": e.ts,
-                                     "event_id": str(e.event_id), "data": e.payload()}))
+            lines.append(
+                json.dumps(
+                    {
+                        "stream": e.session_id,
+                        "type": e.type,
+                        "ts": e.ts,
+                        "event_id": str(e.event_id),
+                        "data": e.payload(),
+                    }
+                )
+            )
         return "\n".join(lines) + "\n"

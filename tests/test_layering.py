@@ -30,17 +30,23 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("package", LAYERS)
 def test_no_upward_import(package):
     allowed = set(LAYERS[: LAYERS.index(package) + 1])
-    upward = [f"{p.relative_to(ROOT)}:{line} imports {mod}"
-              for p in sorted((ROOT / package).rglob("*.py"))
-              for line, mod in imported_modules(p) if mod in LAYERS and mod not in allowed]
+    upward = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in sorted((ROOT / package).rglob("*.py"))
+        for line, mod in imported_modules(p)
+        if mod in LAYERS and mod not in allowed
+    ]
     assert upward == []
 
 
 def test_heavy_imports_only_in_the_port_and_model_modules():
-    found = [f"{p.relative_to(ROOT)}:{line} imports {mod}"
-             for package in LAYERS for p in sorted((ROOT / package).rglob("*.py"))
-             for line, mod in imported_modules(p)
-             if mod in HEAVY and str(p.relative_to(ROOT)) not in HEAVY_ALLOWED]
+    found = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for package in LAYERS
+        for p in sorted((ROOT / package).rglob("*.py"))
+        for line, mod in imported_modules(p)
+        if mod in HEAVY and str(p.relative_to(ROOT)) not in HEAVY_ALLOWED
+    ]
     assert found == []
 
 
@@ -52,10 +58,16 @@ def test_a_foreign_events_package_is_named_not_mistaken(tmp_path):
 
     (tmp_path / "events.py").write_text("class Events: pass\n")
     env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, "-c", "import engine_bridge"], capture_output=True, text=True, env=env,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", "import engine_bridge"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert result.returncode != 0
     assert "is not duplex-ledger's" in result.stderr and str(tmp_path / "events.py") in result.stderr
-    ok = subprocess.run([sys.executable, "-c", "import reports.cli"], capture_output=True, text=True,
-                        env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    ok = subprocess.run(
+        [sys.executable, "-c", "import reports.cli"],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
     assert ok.returncode == 0, ok.stderr

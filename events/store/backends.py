@@ -35,8 +35,8 @@ from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.engine import Connection
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -76,8 +76,9 @@ def tip_of(row: Any) -> tuple[int, bytes]:
     if row is None:
         return 0, GENESIS
     position, digest = row
-    return int(position), bytes(digest) if isinstance(digest, (bytes, bytearray, memoryview)) and len(digest) == 32 \
-        else GENESIS
+    return int(position), bytes(digest) if isinstance(digest, (bytes, bytearray, memoryview)) and len(
+        digest
+    ) == 32 else GENESIS
 
 
 def check_synchronous(synchronous: str) -> None:
@@ -155,8 +156,9 @@ class Backend:
 class SqliteBackend(Backend):
     name = "sqlite"
 
-    def __init__(self, url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000,
-                 read_only: bool = False) -> None:
+    def __init__(
+        self, url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000, read_only: bool = False
+    ) -> None:
         check_synchronous(synchronous)
         self.synchronous = synchronous
         self.busy_timeout_ms = busy_timeout_ms
@@ -257,8 +259,9 @@ class SqliteBackend(Backend):
         return conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
 
     def select_tip(self, conn: Connection) -> tuple[int, bytes]:
-        return tip_of(self._cursor(conn).execute(
-            "SELECT position, hash FROM events ORDER BY position DESC LIMIT 1").fetchone())
+        return tip_of(
+            self._cursor(conn).execute("SELECT position, hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
+        )
 
     def select_versions(self, conn: Connection, streams: Sequence[str]) -> dict[str, int]:
         marks = ",".join("?" * len(streams))
@@ -277,8 +280,9 @@ class SqliteBackend(Backend):
 
     def is_transient(self, exc: BaseException) -> bool:
         msg = str(getattr(exc, "orig", exc)).lower()
-        return (isinstance(exc, (DBAPIError, sqlite3.OperationalError))
-                and ("database is locked" in msg or "database is busy" in msg))
+        return isinstance(exc, (DBAPIError, sqlite3.OperationalError)) and (
+            "database is locked" in msg or "database is busy" in msg
+        )
 
     def _dispose_in_thread(self) -> None:
         if self._write_conn is not None:
@@ -302,8 +306,11 @@ class PostgresBackend(Backend):
         # lock and stall every replica; the server ends such a session after this long
         # (issue 14). Milliseconds; $DUPLEX_LEDGER_PG_IDLE_TX_TIMEOUT_MS, 0 = never.
         idle_ms = os.environ.get("DUPLEX_LEDGER_PG_IDLE_TX_TIMEOUT_MS", str(IDLE_TX_TIMEOUT_MS))
-        return {"pool_size": 5, "max_overflow": 10,
-                "connect_args": {"server_settings": {"idle_in_transaction_session_timeout": idle_ms}}}
+        return {
+            "pool_size": 5,
+            "max_overflow": 10,
+            "connect_args": {"server_settings": {"idle_in_transaction_session_timeout": idle_ms}},
+        }
 
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
         self._refuse_if_read_only()
@@ -320,8 +327,9 @@ class PostgresBackend(Backend):
         return code in ("40001", "40P01")  # serialization failure, deadlock detected
 
 
-def make_backend(url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000,
-                 read_only: bool = False) -> Backend:
+def make_backend(
+    url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000, read_only: bool = False
+) -> Backend:
     """The backend a URL selects (see :func:`events.store.url.backend_of`). Raises ValueError
     for an unsupported URL."""
     if backend_of(url) == "sqlite":

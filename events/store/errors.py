@@ -17,9 +17,7 @@ class ConcurrencyError(StoreError):
         self.expected = expected
         self.actual = actual
         self.event_id = event_id
-        super().__init__(
-            f"stream {stream_id!r}: expected version {expected}, but it is at version {actual}"
-        )
+        super().__init__(f"stream {stream_id!r}: expected version {expected}, but it is at version {actual}")
 
 
 class EventIdConflict(StoreError):
@@ -31,8 +29,10 @@ class EventIdConflict(StoreError):
     def __init__(self, stream_id: str, event_ids: list[str], reason: str) -> None:
         self.stream_id = stream_id
         self.event_ids = event_ids
-        super().__init__(f"stream {stream_id!r}: {reason}: {', '.join(event_ids[:5])}"
-                         + (f" (+{len(event_ids) - 5} more)" if len(event_ids) > 5 else ""))
+        super().__init__(
+            f"stream {stream_id!r}: {reason}: {', '.join(event_ids[:5])}"
+            + (f" (+{len(event_ids) - 5} more)" if len(event_ids) > 5 else "")
+        )
 
 
 class SchemaRevisionError(StoreError):

@@ -30,8 +30,10 @@ _NOW = {
     "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
     "postgresql": "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)",
 }
-_COLUMNS = ("replica_id, incarnation, engine_pool, host, pid, lease_us, acquired_at_us, renewed_at_us, "
-            "expires_at_us, released_at_us, reaped_at_us, reaped_by")
+_COLUMNS = (
+    "replica_id, incarnation, engine_pool, host, pid, lease_us, acquired_at_us, renewed_at_us, "
+    "expires_at_us, released_at_us, reaped_at_us, reaped_by"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +67,7 @@ class LeaseTable:
         self._backend: Backend = store.recorder.backend
         self._now = _NOW[self._backend.name]
 
-    async def acquire(self, replica_id: str, *, lease_s: float, engine_pool: str | None, host: str,
-                      pid: int) -> Lease:
+    async def acquire(self, replica_id: str, *, lease_s: float, engine_pool: str | None, host: str, pid: int) -> Lease:
         """Take the lease of ``replica_id`` for ``lease_s`` seconds under a new incarnation (0
         for a new id, else the previous one + 1, which is thereby superseded). Returns it."""
         sql = sa.text(
@@ -76,7 +77,8 @@ class LeaseTable:
             "engine_pool = excluded.engine_pool, host = excluded.host, pid = excluded.pid, "
             "lease_us = excluded.lease_us, acquired_at_us = excluded.acquired_at_us, "
             "renewed_at_us = excluded.renewed_at_us, expires_at_us = excluded.expires_at_us, "
-            f"released_at_us = NULL, reaped_at_us = NULL, reaped_by = NULL RETURNING {_COLUMNS}")
+            f"released_at_us = NULL, reaped_at_us = NULL, reaped_by = NULL RETURNING {_COLUMNS}"
+        )
         params = {"r": replica_id, "pool": engine_pool, "host": host, "pid": pid, "lease": round(lease_s * 1e6)}
 
         def run(conn: Connection) -> Lease:
@@ -90,7 +92,8 @@ class LeaseTable:
         sql = sa.text(
             f"UPDATE replica_leases SET renewed_at_us = {self._now}, expires_at_us = {self._now} + lease_us "
             f"WHERE replica_id = :r AND incarnation = :i AND released_at_us IS NULL AND expires_at_us > {self._now} "
-            f"RETURNING {_COLUMNS}")
+            f"RETURNING {_COLUMNS}"
+        )
 
         def run(conn: Connection) -> Lease | None:
             row = conn.execute(sql, {"r": replica_id, "i": incarnation}).one_or_none()
@@ -101,10 +104,13 @@ class LeaseTable:
     async def release(self, replica_id: str, incarnation: int) -> bool:
         """End the lease now (clean shutdown): the replica is dead from this moment, and
         whatever it left open may be taken over at once. False when it was already lost."""
-        sql = sa.text(f"UPDATE replica_leases SET released_at_us = {self._now}, expires_at_us = {self._now} "
-                      "WHERE replica_id = :r AND incarnation = :i AND released_at_us IS NULL")
+        sql = sa.text(
+            f"UPDATE replica_leases SET released_at_us = {self._now}, expires_at_us = {self._now} "
+            "WHERE replica_id = :r AND incarnation = :i AND released_at_us IS NULL"
+        )
         return await self._backend.run_write(
-            lambda conn: conn.execute(sql, {"r": replica_id, "i": incarnation}).rowcount == 1)
+            lambda conn: conn.execute(sql, {"r": replica_id, "i": incarnation}).rowcount == 1
+        )
 
     async def snapshot(self) -> tuple[int, dict[str, Lease]]:
         """(database now in µs, every row by replica id), read together."""
@@ -119,8 +125,11 @@ class LeaseTable:
     async def mark_reaped(self, replica_id: str, incarnation: int, by: str) -> bool:
         """Record that every open session of this (dead) incarnation was taken over, so scans
         stop looking for them. Only a lease that is not live is marked; False otherwise."""
-        sql = sa.text(f"UPDATE replica_leases SET reaped_at_us = {self._now}, reaped_by = :by "
-                      "WHERE replica_id = :r AND incarnation = :i AND reaped_at_us IS NULL "
-                      f"AND (released_at_us IS NOT NULL OR expires_at_us <= {self._now})")
+        sql = sa.text(
+            f"UPDATE replica_leases SET reaped_at_us = {self._now}, reaped_by = :by "
+            "WHERE replica_id = :r AND incarnation = :i AND reaped_at_us IS NULL "
+            f"AND (released_at_us IS NOT NULL OR expires_at_us <= {self._now})"
+        )
         return await self._backend.run_write(
-            lambda conn: conn.execute(sql, {"r": replica_id, "i": incarnation, "by": by}).rowcount == 1)
+            lambda conn: conn.execute(sql, {"r": replica_id, "i": incarnation, "by": by}).rowcount == 1
+        )

@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
@@ -108,8 +108,10 @@ def _command(sync_conn: Connection, url: str, name: str, revision: str) -> None:
 
 
 def _unknown_target(url: str, revision: str) -> SchemaRevisionError:
-    return SchemaRevisionError(f"{redact(url)}: unknown schema revision {revision!r} (this code knows "
-                               f"base … {head_revision()}); nothing was changed")
+    return SchemaRevisionError(
+        f"{redact(url)}: unknown schema revision {revision!r} (this code knows "
+        f"base … {head_revision()}); nothing was changed"
+    )
 
 
 async def upgrade(url: str | None = None, revision: str = "head") -> str | None:
@@ -160,13 +162,16 @@ def ledger_state(sync_conn: Connection, url: str) -> str | None:
     revision = MigrationContext.configure(sync_conn).get_current_revision() if "alembic_version" in tables else None
     shown = redact(url)
     if "events" not in tables and (tables - {"alembic_version"} or (revision and not revision_known(revision))):
-        raise NotALedger(f"{shown}: not a duplex-ledger database (it holds other tables: "
-                         f"{', '.join(sorted(tables)[:8])}); nothing was changed")
+        raise NotALedger(
+            f"{shown}: not a duplex-ledger database (it holds other tables: "
+            f"{', '.join(sorted(tables)[:8])}); nothing was changed"
+        )
     if "events" in tables and revision is None:
         raise SchemaRevisionError(
             f"{shown} holds a ledger's events table but no schema revision (its alembic_version table is missing "
             "or empty); refusing to migrate it. Restore alembic_version from a backup, or export the events "
-            "with an older copy and import them into a new ledger")
+            "with an older copy and import them into a new ledger"
+        )
     return revision
 
 

@@ -47,8 +47,9 @@ class SessionLifecycle:
     served_by: Owner = Owner(None, None)
 
 
-async def session_lifecycles(store: EventStore, *, stream_ids: Iterable[str] | None = None,
-                             until_position: int | None = None) -> dict[str, SessionLifecycle]:
+async def session_lifecycles(
+    store: EventStore, *, stream_ids: Iterable[str] | None = None, until_position: int | None = None
+) -> dict[str, SessionLifecycle]:
     """Each session's lifecycle (see the module doc), for ``stream_ids`` (default: every
     session) as of ``until_position`` (inclusive; default: the head)."""
     where = [LIFECYCLE]
@@ -71,8 +72,9 @@ async def session_lifecycles(store: EventStore, *, stream_ids: Iterable[str] | N
 
     out: dict[str, SessionLifecycle] = {}
     for stream_id, version, kind, data in await store.recorder.backend.run_read(run):
-        out[stream_id] = _step(out.get(stream_id), stream_id, version, kind,
-                               {} if kind == "SessionClosed" else json.loads(data))
+        out[stream_id] = _step(
+            out.get(stream_id), stream_id, version, kind, {} if kind == "SessionClosed" else json.loads(data)
+        )
     return out
 
 
@@ -83,20 +85,26 @@ def lifecycle_of(session_id: str, events: Iterable[Any]) -> SessionLifecycle | N
     for version, event in enumerate(events, start=1):
         kind = event.type
         if kind in ("SessionOpened", "SessionTakenOver", "SessionClosed"):
-            fields = {} if kind == "SessionClosed" else {"replica_id": event.replica_id,
-                                                         "replica_incarnation": event.replica_incarnation}
+            fields = (
+                {}
+                if kind == "SessionClosed"
+                else {"replica_id": event.replica_id, "replica_incarnation": event.replica_incarnation}
+            )
             life = _step(life, session_id, version, kind, fields)
     return life
 
 
-def _step(before: SessionLifecycle | None, stream_id: str, version: int, kind: str,
-          payload: dict[str, Any]) -> SessionLifecycle:
+def _step(
+    before: SessionLifecycle | None, stream_id: str, version: int, kind: str, payload: dict[str, Any]
+) -> SessionLifecycle:
     nobody = Owner(None, None)
     if kind == "SessionClosed":
-        return SessionLifecycle(stream_id, False, before.owner if before else nobody, version,
-                                before.served_by if before else nobody)
+        return SessionLifecycle(
+            stream_id, False, before.owner if before else nobody, version, before.served_by if before else nobody
+        )
     owner = Owner(payload.get("replica_id"), payload.get("replica_incarnation"))
     if kind == "SessionOpened":
         return SessionLifecycle(stream_id, True, owner, version, owner)
-    return SessionLifecycle(stream_id, bool(before and before.open), owner, version,
-                            before.served_by if before else nobody)
+    return SessionLifecycle(
+        stream_id, bool(before and before.open), owner, version, before.served_by if before else nobody
+    )

@@ -47,9 +47,12 @@ class Existing:
 def content_difference(row: NewRow, stored: Existing) -> str | None:
     """The first content field (stream, type, schema_version, ts, data) in which ``row``
     differs from the stored copy of its event id; None when they are the same event."""
-    for name, new, old in (("stream", row.stream_id, stored.stream_id), ("type", row.type, stored.type),
-                           ("schema_version", row.schema_version, stored.schema_version),
-                           ("ts", row.ts_us, stored.ts_us)):
+    for name, new, old in (
+        ("stream", row.stream_id, stored.stream_id),
+        ("type", row.type, stored.type),
+        ("schema_version", row.schema_version, stored.schema_version),
+        ("ts", row.ts_us, stored.ts_us),
+    ):
         if new != old:
             return name
     if row.data != stored.data and _canonical(row.data) != _canonical(stored.data):
@@ -67,8 +70,11 @@ def _conflict(stream: str, rows: list[NewRow], stored: list[Existing | None]) ->
     if not differ:
         return None
     fields = sorted({d for _, d in differ})
-    reason = ("event ids already stored in another stream" if "stream" in fields
-              else f"event ids already stored with different content ({', '.join(fields)} differ)")
+    reason = (
+        "event ids already stored in another stream"
+        if "stream" in fields
+        else f"event ids already stored with different content ({', '.join(fields)} differ)"
+    )
     return EventIdConflict(stream, [eid for eid, _ in differ], reason)
 
 
@@ -144,8 +150,9 @@ def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
 def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
     state.head += 1
     state.versions[row.stream_id] = version
-    state.existing[row.event_id] = Existing(row.stream_id, version, state.head, row.type, row.schema_version,
-                                            row.ts_us, row.data)
+    state.existing[row.event_id] = Existing(
+        row.stream_id, version, state.head, row.type, row.schema_version, row.ts_us, row.data
+    )
     recorded_at_us = now_us if row.recorded_at_us is None else row.recorded_at_us
     pieces = row.pieces or row_pieces(row.stream_id, row.event_id, row.type, row.schema_version, row.ts_us, row.data)
     state.head_hash = link(state.head_hash, state.head, version, recorded_at_us, pieces)

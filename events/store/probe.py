@@ -54,13 +54,17 @@ def read_sqlite(url: str, fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(sync_connection, url, *args)`` on a read-only connection to the SQLite file.
     Raises LedgerNotFound, NotALedger, or what ``fn`` raises."""
     path = check_openable(url)
-    engine = create_engine("sqlite+pysqlite://", creator=lambda: sqlite3.connect(readonly_uri(path), uri=True),
-                           poolclass=pool.NullPool)
+    engine = create_engine(
+        "sqlite+pysqlite://", creator=lambda: sqlite3.connect(readonly_uri(path), uri=True), poolclass=pool.NullPool
+    )
     try:
         with engine.connect() as conn:
             return fn(conn, url, *args)
     except DBAPIError as exc:
-        raise not_a_database(url, exc) or exc
+        refused = not_a_database(url, exc)
+        if refused is None:
+            raise
+        raise refused from exc
     finally:
         engine.dispose()
 
@@ -69,4 +73,3 @@ def readonly_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An aiosqlite engine whose every connection opens the file read-only."""
     uri = readonly_uri(sqlite_path(url))
     return create_async_engine("sqlite+aiosqlite://", async_creator=lambda: aiosqlite.connect(uri, uri=True), **kwargs)
-

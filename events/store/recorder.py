@@ -135,8 +135,9 @@ class AggregateRecorder:
         self._remember_versions(state)
         return outcomes
 
-    def _plan(self, conn: Connection, calls: Sequence[AppendCall], now_us: int, *,
-              lookup: bool) -> tuple[BatchState, list[Outcome]]:
+    def _plan(
+        self, conn: Connection, calls: Sequence[AppendCall], now_us: int, *, lookup: bool
+    ) -> tuple[BatchState, list[Outcome]]:
         state = self._load_state(conn, calls, lookup=lookup)
         outcomes: list[Outcome] = []
         for call in calls:
@@ -152,7 +153,9 @@ class AggregateRecorder:
         if head != self._versions_head:
             self._versions.clear()
         streams = {r.stream_id for c in calls for r in c.rows}
-        state = BatchState(head=head, head_hash=head_hash, versions={s: self._versions[s] for s in streams if s in self._versions})
+        state = BatchState(
+            head=head, head_hash=head_hash, versions={s: self._versions[s] for s in streams if s in self._versions}
+        )
         for chunk in _chunks(sorted(streams - state.versions.keys())):
             state.versions.update(backend.select_versions(conn, chunk))
         for chunk in _chunks([r.event_id for c in calls for r in c.rows] if lookup else []):

@@ -49,8 +49,9 @@ async def grant_app_role(url: str | None, role: str) -> None:
     error for an unknown role or a connection that is not the owner."""
     url = resolve_url(url)
     if backend_of(url) != "postgresql":
-        raise ValueError(f"{redact(url)}: roles exist only on PostgreSQL (a SQLite file is protected by "
-                         "`duplex-ledger verify`)")
+        raise ValueError(
+            f"{redact(url)}: roles exist only on PostgreSQL (a SQLite file is protected by `duplex-ledger verify`)"
+        )
     backend = make_backend(url)
     try:
         await backend.run_write(_grant, role)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from pydantic_core import PydanticSerializationError
@@ -22,7 +22,6 @@ from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US
 from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
 from events.store.errors import InvalidRow
 from events.types import EventBase, ts_to_us
-
 
 _ENVELOPE = {"type", "event_id", "session_id", "ts", "schema_version"}
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -56,16 +55,22 @@ class NewRow:
     pieces: Pieces | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_event(cls, event: EventBase) -> "NewRow":
+    def from_event(cls, event: EventBase) -> NewRow:
         """The row of a typed event. Raises InvalidRow for an event built around validation
         (``model_construct``) whose ts or payload cannot be stored (NaN, lone surrogates)."""
         try:
-            return cls(event.session_id, str(event.event_id), event.type,  # type: ignore[attr-defined]
-                       event.schema_version, ts_to_us(event.ts), payload_json(event))
+            return cls(
+                event.session_id,
+                str(event.event_id),
+                event.type,  # type: ignore[attr-defined]
+                event.schema_version,
+                ts_to_us(event.ts),
+                payload_json(event),
+            )
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
 
-    def check(self) -> "NewRow":
+    def check(self) -> NewRow:
         """Raise :class:`InvalidRow` unless the store reads this row back identically (DOMAIN
         §5.7 D12): ``ts`` and ``recorded_at`` within 1970 … 9999 UTC, a stream id without NUL,
         a ``version`` within 64 bits. The models refuse such values already; this guards rows
@@ -80,14 +85,17 @@ class NewRow:
         if self.version is not None and not 1 <= self.version <= INT64_MAX:
             raise InvalidRow(f"event {self.event_id}: version {self.version} is outside 1 … {INT64_MAX}")
         try:
-            object.__setattr__(self, "pieces", row_pieces(self.stream_id, self.event_id, self.type, self.schema_version,
-                                                          self.ts_us, self.data))
+            object.__setattr__(
+                self,
+                "pieces",
+                row_pieces(self.stream_id, self.event_id, self.type, self.schema_version, self.ts_us, self.data),
+            )
         except (struct.error, UnicodeEncodeError):
             pass
         return self
 
     @classmethod
-    def from_import(cls, row: "ImportRow") -> "NewRow":
+    def from_import(cls, row: ImportRow) -> NewRow:
         record = row.record
         return cls(
             stream_id=record.stream_id,
@@ -115,8 +123,9 @@ class ImportRow:
     line: int | None = None
 
     @classmethod
-    def from_event(cls, event: EventBase, *, version: int | None = None, recorded_at_us: int | None = None,
-                   line: int | None = None) -> "ImportRow":
+    def from_event(
+        cls, event: EventBase, *, version: int | None = None, recorded_at_us: int | None = None, line: int | None = None
+    ) -> ImportRow:
         """A typed (current-version) event, stored exactly as :meth:`EventStore.append` would."""
         return cls(to_record(event), version, recorded_at_us, payload_json(event), line)
 
@@ -146,6 +155,13 @@ class StoredRow(NamedTuple):
 def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[StoredEvent]:
     """:meth:`StoredRow.decode` over many rows (the rebuild loop: one call, locals only)."""
     decode = struct_from_row_json if as_struct else from_row_json
-    return [StoredEvent(r.position, r.stream_id, r.version, r.recorded_at_us / 1_000_000,
-                        decode(r.type, r.schema_version, r.stream_id, r.event_id, r.ts_us, r.data))
-            for r in rows]
+    return [
+        StoredEvent(
+            r.position,
+            r.stream_id,
+            r.version,
+            r.recorded_at_us / 1_000_000,
+            decode(r.type, r.schema_version, r.stream_id, r.event_id, r.ts_us, r.data),
+        )
+        for r in rows
+    ]

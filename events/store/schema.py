@@ -40,5 +40,14 @@ events = sa.Table(
 )
 
 ROW_COLUMNS: tuple[str, ...] = (
-    "position", "stream_id", "version", "event_id", "type", "schema_version", "ts_us", "recorded_at_us", "data", "hash",
+    "position",
+    "stream_id",
+    "version",
+    "event_id",
+    "type",
+    "schema_version",
+    "ts_us",
+    "recorded_at_us",
+    "data",
+    "hash",
 )

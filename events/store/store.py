@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from events.records import StoredEvent
 from events.store.backends import Synchronous, check_synchronous, make_backend
 from events.store.migrate import check_revision, upgrade
-from events.store.probe import read_sqlite
 from events.store.planning import AppendCall
+from events.store.probe import read_sqlite
 from events.store.recorder import SubscribableRecorder
 from events.store.rows import ImportRow, NewRow, StoredRow, decode_rows
 from events.store.url import backend_of, resolve_url
@@ -51,8 +51,10 @@ class EventStore:
         if thread is not None:
             thread.max_group_size = max_batch_rows
         self._writer: GroupCommitWriter | ThreadGroupCommit = (
-            GroupCommitWriter(recorder.write_batch, max_batch_rows=max_batch_rows) if thread is None
-            else ThreadGroupCommit(thread, recorder.write_batch_blocking, recorder.committed.fire))
+            GroupCommitWriter(recorder.write_batch, max_batch_rows=max_batch_rows)
+            if thread is None
+            else ThreadGroupCommit(thread, recorder.write_batch_blocking, recorder.committed.fire)
+        )
 
     @classmethod
     async def open(
@@ -64,7 +66,7 @@ class EventStore:
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = 30_000,
         max_batch_rows: int = 4000,
-    ) -> "EventStore":
+    ) -> EventStore:
         """Open the log at ``url`` (default: ``$DUPLEX_LEDGER_DB_URL`` or ``./duplex-ledger.db``).
 
         ``create=True`` first upgrades the schema to the code's revision (creating the SQLite
@@ -97,14 +99,16 @@ class EventStore:
                 raise
         return cls(url, SubscribableRecorder(backend), max_batch_rows=max_batch_rows)
 
-    async def __aenter__(self) -> "EventStore":
+    async def __aenter__(self) -> EventStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     # --- writing -----------------------------------------------------------------------
-    async def append(self, stream_id: str, events: Sequence[EventBase], expected_version: int | None = None) -> list[int]:
+    async def append(
+        self, stream_id: str, events: Sequence[EventBase], expected_version: int | None = None
+    ) -> list[int]:
         """Append ``events`` (all with ``session_id == stream_id``) to the end of the stream.
 
         ``expected_version``: None = no check; 0 = the stream must not exist yet; N = the
@@ -184,12 +188,17 @@ class EventStore:
     ) -> AsyncIterator[StoredRow]:
         """Undecoded rows in position order (see :meth:`read_row_batches`)."""
         async for batch in self.read_row_batches(
-                from_position, until_position=until_position, stream_id=stream_id, batch_size=batch_size):
+            from_position, until_position=until_position, stream_id=stream_id, batch_size=batch_size
+        ):
             for row in batch:
                 yield row
 
     async def read_batches(
-        self, from_position: int = 0, *, until_position: int | None = None, batch_size: int = 1000,
+        self,
+        from_position: int = 0,
+        *,
+        until_position: int | None = None,
+        batch_size: int = 1000,
         as_structs: bool = False,
     ) -> AsyncIterator[list[StoredEvent]]:
         """Decoded events with ``from_position <= position <= until_position`` in commit order,
@@ -201,12 +210,17 @@ class EventStore:
             yield decode_rows(batch, as_struct=as_structs)
 
     async def read_all(
-        self, from_position: int = 0, *, until_position: int | None = None, batch_size: int = 1000,
+        self,
+        from_position: int = 0,
+        *,
+        until_position: int | None = None,
+        batch_size: int = 1000,
         as_structs: bool = False,
     ) -> AsyncIterator[StoredEvent]:
         """Decoded events one by one (see :meth:`read_batches`)."""
-        async for batch in self.read_batches(from_position, until_position=until_position, batch_size=batch_size,
-                                             as_structs=as_structs):
+        async for batch in self.read_batches(
+            from_position, until_position=until_position, batch_size=batch_size, as_structs=as_structs
+        ):
             for stored in batch:
                 yield stored
 
@@ -259,5 +273,3 @@ def _check_unique_ids(rows: Sequence[NewRow]) -> None:
         if row.event_id in seen:
             raise ValueError(f"event id {row.event_id} appears twice in one append")
         seen.add(row.event_id)
-
-

@@ -29,8 +29,10 @@ def resolve_url(url: str | None) -> str:
     if url is None:
         return default_url()
     if not url.strip():
-        raise ValueError("the database URL is empty; give sqlite+aiosqlite:///PATH or "
-                         "postgresql+asyncpg://USER:PASS@HOST/DB, or leave --db out for the default")
+        raise ValueError(
+            "the database URL is empty; give sqlite+aiosqlite:///PATH or "
+            "postgresql+asyncpg://USER:PASS@HOST/DB, or leave --db out for the default"
+        )
     return url
 
 
@@ -40,8 +42,10 @@ def parse_url(url: str) -> URL:
     try:
         return make_url(url)
     except (ArgumentError, ValueError):
-        raise ValueError(f"{redact(url)!r} is not a database URL: use sqlite+aiosqlite:///PATH or "
-                         "postgresql+asyncpg://USER:PASS@HOST/DB") from None
+        raise ValueError(
+            f"{redact(url)!r} is not a database URL: use sqlite+aiosqlite:///PATH or "
+            "postgresql+asyncpg://USER:PASS@HOST/DB"
+        ) from None
 
 
 def backend_of(url: str) -> Backend:
@@ -55,8 +59,10 @@ def backend_of(url: str) -> Backend:
         if not u.database or u.database == ":memory:":
             raise ValueError(f"{url!r}: the ledger needs a SQLite file, e.g. sqlite+aiosqlite:///./duplex-ledger.db")
         if u.query:
-            raise ValueError(f"{redact(url)!r}: a SQLite ledger URL takes no query parameters "
-                             f"(got {', '.join(sorted(u.query))}); the ledger sets its own pragmas")
+            raise ValueError(
+                f"{redact(url)!r}: a SQLite ledger URL takes no query parameters "
+                f"(got {', '.join(sorted(u.query))}); the ledger sets its own pragmas"
+            )
         return "sqlite"
     if u.drivername == "postgresql+asyncpg":
         _check_postgresql(u)
@@ -67,8 +73,17 @@ def backend_of(url: str) -> Backend:
     )
 
 
-ASYNCPG_QUERY = frozenset({"ssl", "timeout", "command_timeout", "statement_cache_size",
-                           "prepared_statement_cache_size", "target_session_attrs", "direct_tls"})
+ASYNCPG_QUERY = frozenset(
+    {
+        "ssl",
+        "timeout",
+        "command_timeout",
+        "statement_cache_size",
+        "prepared_statement_cache_size",
+        "target_session_attrs",
+        "direct_tls",
+    }
+)
 """The URL query parameters a PostgreSQL ledger URL may carry (SQLAlchemy hands them to
 ``asyncpg.connect``)."""
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
@@ -110,7 +125,8 @@ def require_existing(url: str) -> None:
     if path is not None:
         raise LedgerNotFound(
             f"{redact(url)}: no such ledger file {str(path)!r} (nothing was created); check the path, "
-            f"or create a ledger there with `duplex-ledger db upgrade --db {redact(url)}`")
+            f"or create a ledger there with `duplex-ledger db upgrade --db {redact(url)}`"
+        )
 
 
 def redact(url: str) -> str:

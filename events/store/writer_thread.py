@@ -34,8 +34,9 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
         future.set_exception(value)
 
 
-def _settle_all(futures: list[asyncio.Future[Any]], results: Sequence[tuple[bool, Any]],
-                after: Callable[[], None] | None) -> None:
+def _settle_all(
+    futures: list[asyncio.Future[Any]], results: Sequence[tuple[bool, Any]], after: Callable[[], None] | None
+) -> None:
     for future, (ok, value) in zip(futures, results):
         if not future.done():
             if ok:
@@ -49,9 +50,23 @@ def _settle_all(futures: list[asyncio.Future[Any]], results: Sequence[tuple[bool
 class _Grouped:
     __slots__ = ("loop", "future", "handler", "item", "size", "after")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], handler: Handler, item: Any,
-                 size: int, after: Callable[[], None] | None) -> None:
-        self.loop, self.future, self.handler, self.item, self.size, self.after = loop, future, handler, item, size, after
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[Any],
+        handler: Handler,
+        item: Any,
+        size: int,
+        after: Callable[[], None] | None,
+    ) -> None:
+        self.loop, self.future, self.handler, self.item, self.size, self.after = (
+            loop,
+            future,
+            handler,
+            item,
+            size,
+            after,
+        )
 
 
 class WriterThread:
@@ -128,8 +143,9 @@ class WriterThread:
         self._inbox.put((loop, future, fn, args))
         return await future
 
-    def group(self, handler: Handler, item: Any, size: int = 1,
-              after: Callable[[], None] | None = None) -> asyncio.Future[Any]:
+    def group(
+        self, handler: Handler, item: Any, size: int = 1, after: Callable[[], None] | None = None
+    ) -> asyncio.Future[Any]:
         """Queue ``item`` for ``handler``; the future of its own result (await it on the
         running loop). ``handler(items)`` runs on the thread with every item queued for it at
         the time (up to ``max_group_size`` in sizes) and returns one ``(ok, value)`` per item:

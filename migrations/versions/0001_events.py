@@ -37,7 +37,9 @@ _PG_TRIGGERS = (
 def upgrade() -> None:
     op.create_table(
         "events",
-        sa.Column("position", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=False),
+        sa.Column(
+            "position", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=False
+        ),
         sa.Column("stream_id", sa.Text, nullable=False),
         sa.Column("version", sa.BigInteger, nullable=False),
         sa.Column("event_id", sa.Text, nullable=False),

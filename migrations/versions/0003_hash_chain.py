@@ -48,8 +48,9 @@ _BATCH = 10_000
 def _backfill(conn: sa.Connection) -> None:
     previous, last = GENESIS, 0
     while True:
-        rows = conn.execute(sa.text(f"SELECT {_COLUMNS} FROM events WHERE position > :p ORDER BY position "
-                                    f"LIMIT {_BATCH}"), {"p": last}).all()
+        rows = conn.execute(
+            sa.text(f"SELECT {_COLUMNS} FROM events WHERE position > :p ORDER BY position LIMIT {_BATCH}"), {"p": last}
+        ).all()
         if not rows:
             return
         updates = []

@@ -39,8 +39,13 @@ def upgrade() -> None:
         sa.Column("reaped_at_us", sa.BigInteger),
         sa.Column("reaped_by", sa.Text),
     )
-    op.create_index("ix_events_lifecycle", "events", ["position"],
-                    sqlite_where=sa.text(LIFECYCLE), postgresql_where=sa.text(LIFECYCLE))
+    op.create_index(
+        "ix_events_lifecycle",
+        "events",
+        ["position"],
+        sqlite_where=sa.text(LIFECYCLE),
+        postgresql_where=sa.text(LIFECYCLE),
+    )
 
 
 def downgrade() -> None:

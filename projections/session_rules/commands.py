@@ -17,15 +17,43 @@ from typing import Any, Literal
 
 from events.stats import StageRequestStats
 from events.types import EventBase, Fence
-
 from projections.session_rules.state import TurnRef
 
 __all__ = [
-    "AdvanceEpoch", "Append", "BufferInput", "CancelResponse", "Cleanup", "CleanupHeld", "CleanupRefused", "Close",
-    "CloseStream", "Commit", "CreateResponse", "EndClient", "EndTurn", "EngineAborted", "FailTurn",
-    "FirstOutput", "ForgetStream", "Forward", "HaltTurn", "Listen", "Notify", "PrepareSubmit",
-    "PromoteDeferred", "Record", "Refuse", "Reply", "Reserve", "Stage0Done", "StartTurn", "Step",
-    "StopTurn", "Submit", "SubmitAbandoned", "Then",
+    "AdvanceEpoch",
+    "Append",
+    "BufferInput",
+    "CancelResponse",
+    "Cleanup",
+    "CleanupHeld",
+    "CleanupRefused",
+    "Close",
+    "CloseStream",
+    "Commit",
+    "CreateResponse",
+    "EndClient",
+    "EndTurn",
+    "EngineAborted",
+    "FailTurn",
+    "FirstOutput",
+    "ForgetStream",
+    "Forward",
+    "HaltTurn",
+    "Listen",
+    "Notify",
+    "PrepareSubmit",
+    "PromoteDeferred",
+    "Record",
+    "Refuse",
+    "Reply",
+    "Reserve",
+    "Stage0Done",
+    "StartTurn",
+    "Step",
+    "StopTurn",
+    "Submit",
+    "SubmitAbandoned",
+    "Then",
 ]
 
 
@@ -344,5 +372,18 @@ class Then:
     collect: bool = False
 
 
-Step = (Record | Notify | Refuse | Reply | Cleanup | BufferInput | StartTurn | HaltTurn | StopTurn
-        | ForgetStream | CloseStream | EndClient | Then)
+Step = (
+    Record
+    | Notify
+    | Refuse
+    | Reply
+    | Cleanup
+    | BufferInput
+    | StartTurn
+    | HaltTurn
+    | StopTurn
+    | ForgetStream
+    | CloseStream
+    | EndClient
+    | Then
+)

@@ -112,14 +112,34 @@ def _rule(command: Any, state: SessionState) -> list[Step]:  # one registered pe
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _reject(state: SessionState, ts: float, command: str, code: str, message: str,
-            request_id: str | None = None, *, refuse: bool = True) -> list[Step]:
+def _reject(
+    state: SessionState,
+    ts: float,
+    command: str,
+    code: str,
+    message: str,
+    request_id: str | None = None,
+    *,
+    refuse: bool = True,
+) -> list[Step]:
     """A refusal is logged (``CommandRejected``, durable), told to the client (``error``) and,
     for a command, raised (SessionError ``code``)."""
     steps: list[Step] = [
-        Record((CommandRejected(session_id=state.session_id, ts=ts, command=command, error_code=code,
-                                message=message, request_id=request_id),), durable=True),
-        Notify("error", {"code": code, "message": message})]
+        Record(
+            (
+                CommandRejected(
+                    session_id=state.session_id,
+                    ts=ts,
+                    command=command,
+                    error_code=code,
+                    message=message,
+                    request_id=request_id,
+                ),
+            ),
+            durable=True,
+        ),
+        Notify("error", {"code": code, "message": message}),
+    ]
     if refuse:
         steps.append(Refuse(code, message, request_id))
     return steps
@@ -136,16 +156,29 @@ def _stale_fence(state: SessionState, ts: float, command: str, fence: Fence | No
     incarnation or an older epoch (DOMAIN §2.1: appends of an older epoch are dropped)."""
     if fence is None or (fence.incarnation == state.incarnation and fence.epoch >= state.epoch):
         return None
-    return _reject(state, ts, command, "stale_fence",
-                   f"fence (incarnation {fence.incarnation}, epoch {fence.epoch}) is older than "
-                   f"the session's (incarnation {state.incarnation}, epoch {state.epoch})", state.stage0_id())
+    return _reject(
+        state,
+        ts,
+        command,
+        "stale_fence",
+        f"fence (incarnation {fence.incarnation}, epoch {fence.epoch}) is older than "
+        f"the session's (incarnation {state.incarnation}, epoch {state.epoch})",
+        state.stage0_id(),
+    )
 
 
 def _reserve(state: SessionState, ts: float, request_id: str) -> list[Step]:
     if state.binding(request_id) is not None:
         return []
-    return [Record((StageRequestReserved(session_id=state.session_id, ts=ts, stage_id=0, request_id=request_id,
-                                         fence=state.fence),))]
+    return [
+        Record(
+            (
+                StageRequestReserved(
+                    session_id=state.session_id, ts=ts, stage_id=0, request_id=request_id, fence=state.fence
+                ),
+            )
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -157,8 +190,15 @@ def _(command: Reserve, state: SessionState) -> list[Step]:
 
 @_rule.register
 def _(command: AdvanceEpoch, state: SessionState) -> list[Step]:
-    return [Record((EpochAdvanced(session_id=state.session_id, ts=command.ts, old_epoch=state.epoch,
-                                  new_epoch=state.epoch + 1),))]
+    return [
+        Record(
+            (
+                EpochAdvanced(
+                    session_id=state.session_id, ts=command.ts, old_epoch=state.epoch, new_epoch=state.epoch + 1
+                ),
+            )
+        )
+    ]
 
 
 @_rule.register
@@ -169,10 +209,19 @@ def _(command: Append, state: SessionState) -> list[Step]:
     if refused:
         return refused
     request_id = state.stage0_id()
-    event = InputAppended(session_id=state.session_id, ts=command.ts, fence=state.fence, request_id=request_id,
-                          is_speech=command.is_speech, **command.fields)
-    return [*_reserve(state, command.ts, request_id), Record((event,)),
-            BufferInput("append", command.text, command.is_speech)]
+    event = InputAppended(
+        session_id=state.session_id,
+        ts=command.ts,
+        fence=state.fence,
+        request_id=request_id,
+        is_speech=command.is_speech,
+        **command.fields,
+    )
+    return [
+        *_reserve(state, command.ts, request_id),
+        Record((event,)),
+        BufferInput("append", command.text, command.is_speech),
+    ]
 
 
 @_rule.register
@@ -188,34 +237,65 @@ def _(command: Commit, state: SessionState) -> list[Step]:
         return _reject(state, c.ts, "commit", "input_audio_buffer_empty", "nothing appended since the last commit")
 
     def committed(action: str, create_response: bool, response_id: str | None = None) -> Record:
-        return Record((TurnCommitted(session_id=state.session_id, ts=c.ts, turn_id=state.turn_id,
-                                     overlap_speech_ms=c.overlap_speech_ms, create_response=create_response,
-                                     action=action, response_id=response_id),))
+        return Record(
+            (
+                TurnCommitted(
+                    session_id=state.session_id,
+                    ts=c.ts,
+                    turn_id=state.turn_id,
+                    overlap_speech_ms=c.overlap_speech_ms,
+                    create_response=create_response,
+                    action=action,
+                    response_id=response_id,
+                ),
+            )
+        )
 
     if not c.buffered_speech:  # silent commit: nothing to answer
-        return [committed("COMMIT_ONLY", False), BufferInput("drop"),
-                Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY"}),
-                Notify("response.listen", {"turn_id": state.turn_id}), Reply("LISTEN")]
+        return [
+            committed("COMMIT_ONLY", False),
+            BufferInput("drop"),
+            Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY"}),
+            Notify("response.listen", {"turn_id": state.turn_id}),
+            Reply("LISTEN"),
+        ]
     auto = state.rules.auto_response
     if c.running:
         if not auto and c.overlap_speech_ms > 0:
             keep = c.overlap_speech_ms > state.rules.overlap_short_ack_ms  # promoted after the response (E9)
-            return [committed("DEFER_ACTIVE_RESPONSE", c.create_response), BufferInput("defer" if keep else "drop"),
-                    Notify("input_audio_buffer.committed", {"action": "DEFER_ACTIVE_RESPONSE"}),
-                    Reply("DEFER_ACTIVE_RESPONSE")]
-        return [committed("COMMIT_ONLY", c.create_response), BufferInput("pend"),
-                Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY"}), Reply("COMMIT_ONLY")]
+            return [
+                committed("DEFER_ACTIVE_RESPONSE", c.create_response),
+                BufferInput("defer" if keep else "drop"),
+                Notify("input_audio_buffer.committed", {"action": "DEFER_ACTIVE_RESPONSE"}),
+                Reply("DEFER_ACTIVE_RESPONSE"),
+            ]
+        return [
+            committed("COMMIT_ONLY", c.create_response),
+            BufferInput("pend"),
+            Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY"}),
+            Reply("COMMIT_ONLY"),
+        ]
     if auto:
-        return [committed("START_AUTO_RESPONSE", False),
-                Notify("input_audio_buffer.committed", {"action": "START_AUTO_RESPONSE"}),
-                StartTurn("input", None, None, c.ts), Reply("START_AUTO_RESPONSE")]
+        return [
+            committed("START_AUTO_RESPONSE", False),
+            Notify("input_audio_buffer.committed", {"action": "START_AUTO_RESPONSE"}),
+            StartTurn("input", None, None, c.ts),
+            Reply("START_AUTO_RESPONSE"),
+        ]
     if not c.create_response:
-        return [committed("COMMIT_ONLY", False), BufferInput("pend"),
-                Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY"}), Reply("COMMIT_ONLY")]
+        return [
+            committed("COMMIT_ONLY", False),
+            BufferInput("pend"),
+            Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY"}),
+            Reply("COMMIT_ONLY"),
+        ]
     response_id = response_id_for(state, c.nonce)
-    return [committed("COMMIT_ONLY", True, response_id),
-            Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY", "response_id": response_id}),
-            StartTurn("input", True, response_id, c.ts), Reply("COMMIT_ONLY")]
+    return [
+        committed("COMMIT_ONLY", True, response_id),
+        Notify("input_audio_buffer.committed", {"action": "COMMIT_ONLY", "response_id": response_id}),
+        StartTurn("input", True, response_id, c.ts),
+        Reply("COMMIT_ONLY"),
+    ]
 
 
 @_rule.register
@@ -226,8 +306,14 @@ def _(command: CreateResponse, state: SessionState) -> list[Step]:
     if refused:
         return refused
     if command.running_request_id is not None:
-        return _reject(state, command.ts, "response.create", "conversation_already_has_active_response",
-                       "a response is in progress", command.running_request_id)
+        return _reject(
+            state,
+            command.ts,
+            "response.create",
+            "conversation_already_has_active_response",
+            "a response is in progress",
+            command.running_request_id,
+        )
     if not command.has_pending:
         return _reject(state, command.ts, "response.create", "input_audio_buffer_empty", "no committed input")
     response_id = response_id_for(state, command.nonce)
@@ -240,26 +326,49 @@ def _(command: PromoteDeferred, state: SessionState) -> list[Step]:
     if not command.has_deferred or command.running or state.closed:
         return []
     response_id = response_id_for(state, command.nonce)
-    return [Record((TurnCommitted(session_id=state.session_id, ts=command.ts, turn_id=state.turn_id,
-                                  create_response=True, action="COMMIT_ONLY", response_id=response_id),)),
-            StartTurn("deferred", True, response_id, command.ts, quiet=True)]
+    return [
+        Record(
+            (
+                TurnCommitted(
+                    session_id=state.session_id,
+                    ts=command.ts,
+                    turn_id=state.turn_id,
+                    create_response=True,
+                    action="COMMIT_ONLY",
+                    response_id=response_id,
+                ),
+            )
+        ),
+        StartTurn("deferred", True, response_id, command.ts, quiet=True),
+    ]
 
 
 @_rule.register
 def _(command: PrepareSubmit, state: SessionState) -> list[Step]:
-    """Before a Stage0 submit (ephemeral ids): rebind when the current id is already submitted
-    (a listen-only turn never completed, or a response ended without model_turn_id: mechanical
-    turn completion), and release or abort every other held Stage0 id first (R1, R3, R4).
+    """Before a Stage0 submit (ephemeral ids): rebind when the current id was already submitted
+    (a listen-only turn never completed, a response ended without model_turn_id, or a turn
+    failed and its id was released: mechanical turn completion — an id is never reused,
+    DOMAIN §1.1), and release or abort every other held Stage0 id first (R1, R3, R4).
     Resident ids never rebind (R8)."""
     if state.resident:
         return []
     steps: list[Step] = []
     request_id = state.stage0_id()
-    existing = state.binding(request_id)
-    if existing is not None and existing.submitted:
+    if state.submitted_before(request_id):
         new_turn = state.turn_id + 1
-        steps.append(Record((TurnCompleted(session_id=state.session_id, ts=command.ts, completed_turn_id=state.turn_id,
-                                           new_turn_id=new_turn, cause="mechanical"),)))
+        steps.append(
+            Record(
+                (
+                    TurnCompleted(
+                        session_id=state.session_id,
+                        ts=command.ts,
+                        completed_turn_id=state.turn_id,
+                        new_turn_id=new_turn,
+                        cause="mechanical",
+                    ),
+                )
+            )
+        )
         request_id = ids.mint_ephemeral(state.session_id, state.incarnation, state.epoch, new_turn)
     for stale in state.stale_before_submit(request_id):
         steps.append(Cleanup(stale.request_id, "end_of_turn" if stale.finished else "stale_rebind"))
@@ -274,15 +383,42 @@ def _(command: Submit, state: SessionState) -> list[Step]:
     request_id = state.stage0_id()
     turn = state.turn(request_id, command.response_id)
     kind = "update" if state.resident and command.open_stream_id == request_id else "initial"
-    steps: list[Step] = [*_reserve(state, command.ts, request_id), Record((
-        ActiveRequestBound(session_id=state.session_id, ts=command.ts, request_id=request_id),
-        StageRequestSubmitted(session_id=state.session_id, ts=command.ts, stage_id=0, request_id=request_id,
-                              fence=state.fence, kind=kind, resumable=state.resident,
-                              num_tokens_in=command.num_tokens_in)), durable=True, pipelined=True)]
+    steps: list[Step] = [
+        *_reserve(state, command.ts, request_id),
+        Record(
+            (
+                ActiveRequestBound(session_id=state.session_id, ts=command.ts, request_id=request_id),
+                StageRequestSubmitted(
+                    session_id=state.session_id,
+                    ts=command.ts,
+                    stage_id=0,
+                    request_id=request_id,
+                    fence=state.fence,
+                    kind=kind,
+                    resumable=state.resident,
+                    num_tokens_in=command.num_tokens_in,
+                ),
+            ),
+            durable=True,
+            pipelined=True,
+        ),
+    ]
     if command.response_id is not None:
-        steps += [Record((ResponseBegun(session_id=state.session_id, ts=command.ts, response_id=command.response_id,
-                                        turn_id=turn.turn_id, request_id=request_id, commit_ts=command.commit_ts),)),
-                  Notify("response.created", {"response_id": command.response_id})]
+        steps += [
+            Record(
+                (
+                    ResponseBegun(
+                        session_id=state.session_id,
+                        ts=command.ts,
+                        response_id=command.response_id,
+                        turn_id=turn.turn_id,
+                        request_id=request_id,
+                        commit_ts=command.commit_ts,
+                    ),
+                )
+            ),
+            Notify("response.created", {"response_id": command.response_id}),
+        ]
     return [*steps, Reply((turn, kind))]
 
 
@@ -293,8 +429,15 @@ def _(command: SubmitAbandoned, state: SessionState) -> list[Step]:
     DOMAIN §5.7 D14)."""
     if command.response_id is None or not command.announced:
         return []
-    return [Record((TurnFinalized(session_id=state.session_id, ts=command.ts, response_id=command.response_id,
-                                  finished_reason="error"),))]
+    return [
+        Record(
+            (
+                TurnFinalized(
+                    session_id=state.session_id, ts=command.ts, response_id=command.response_id, finished_reason="error"
+                ),
+            )
+        )
+    ]
 
 
 @_rule.register
@@ -307,21 +450,48 @@ def _(command: CleanupRefused, state: SessionState) -> list[Step]:
 def _(command: FirstOutput, state: SessionState) -> list[Step]:
     """auto_response: the response begins at the turn's first visible output (§2.3)."""
     response_id = response_id_for(state, command.nonce)
-    return [Record((ResponseBegun(session_id=state.session_id, ts=command.ts, response_id=response_id,
-                                  turn_id=command.turn.turn_id, request_id=command.turn.request_id),)),
-            Notify("response.created", {"response_id": response_id}), Reply(response_id)]
+    return [
+        Record(
+            (
+                ResponseBegun(
+                    session_id=state.session_id,
+                    ts=command.ts,
+                    response_id=response_id,
+                    turn_id=command.turn.turn_id,
+                    request_id=command.turn.request_id,
+                ),
+            )
+        ),
+        Notify("response.created", {"response_id": response_id}),
+        Reply(response_id),
+    ]
 
 
 @_rule.register
 def _(command: Stage0Done, state: SessionState) -> list[Step]:
     """Stage0's snapshot; an ephemeral request also finishes (a resident one runs on, R8)."""
     t = command.turn
-    events: list[Any] = [StageMetricsReported(session_id=state.session_id, ts=command.ts, stage_id=0,
-                                              request_id=t.request_id, stats=command.stats,
-                                              stage_submit_ts=command.submit_ts, **command.stamps)]
+    events: list[Any] = [
+        StageMetricsReported(
+            session_id=state.session_id,
+            ts=command.ts,
+            stage_id=0,
+            request_id=t.request_id,
+            stats=command.stats,
+            stage_submit_ts=command.submit_ts,
+            **command.stamps,
+        )
+    ]
     if not state.resident:
-        events.append(StageRequestFinished(session_id=state.session_id, ts=command.ts, stage_id=0,
-                                           request_id=t.request_id, finish_reason=command.finish_reason))
+        events.append(
+            StageRequestFinished(
+                session_id=state.session_id,
+                ts=command.ts,
+                stage_id=0,
+                request_id=t.request_id,
+                finish_reason=command.finish_reason,
+            )
+        )
     return [Record(tuple(events))]
 
 
@@ -329,9 +499,22 @@ def _(command: Stage0Done, state: SessionState) -> list[Step]:
 def _(command: Forward, state: SessionState) -> list[Step]:
     """Stage1 gets Stage0's text under the SAME id, bound as key (1, X), under the turn's fence
     (never a newer one, DOMAIN §3.1); write-ahead (pipelined, as a submit)."""
-    return [Record((StageRequestForwarded(session_id=state.session_id, ts=command.ts, stage_id=1,
-                                          request_id=command.turn.request_id, fence=command.turn.fence,
-                                          from_stage=0),), durable=True, pipelined=True)]
+    return [
+        Record(
+            (
+                StageRequestForwarded(
+                    session_id=state.session_id,
+                    ts=command.ts,
+                    stage_id=1,
+                    request_id=command.turn.request_id,
+                    fence=command.turn.fence,
+                    from_stage=0,
+                ),
+            ),
+            durable=True,
+            pipelined=True,
+        )
+    ]
 
 
 @_rule.register
@@ -339,8 +522,9 @@ def _(command: Listen, state: SessionState) -> list[Step]:
     """Listen-only unit: ``response.listen``, no response. The resident placeholder's active
     request is cleared; a turn-scoped ephemeral id stays bound (DOMAIN §2.2)."""
     t = command.turn
-    events: list[Any] = [ResponseListened(session_id=state.session_id, ts=command.ts, turn_id=t.turn_id,
-                                          request_id=t.request_id)]
+    events: list[Any] = [
+        ResponseListened(session_id=state.session_id, ts=command.ts, turn_id=t.turn_id, request_id=t.request_id)
+    ]
     if state.resident:
         events.append(ActiveRequestBound(session_id=state.session_id, ts=command.ts, request_id=None))
     return [Record(tuple(events)), Notify("response.listen", {"turn_id": t.turn_id})]
@@ -355,16 +539,33 @@ def _(command: EndTurn, state: SessionState) -> list[Step]:
     t, ts, sid = command.turn, command.ts, state.session_id
     events: list[Any] = []
     if t.response_id is not None:
-        events.append(ResponseEnded(session_id=sid, ts=ts, response_id=t.response_id, status="completed",
-                                    cause="model"))
-    events.append(TurnCompleted(session_id=sid, ts=ts, completed_turn_id=t.turn_id,
-                                new_turn_id=max(state.turn_id, t.turn_id + 1), cause="model"))
+        events.append(
+            ResponseEnded(session_id=sid, ts=ts, response_id=t.response_id, status="completed", cause="model")
+        )
+    events.append(
+        TurnCompleted(
+            session_id=sid,
+            ts=ts,
+            completed_turn_id=t.turn_id,
+            new_turn_id=max(state.turn_id, t.turn_id + 1),
+            cause="model",
+        )
+    )
     if t.response_id is not None:
         events.append(TurnFinalized(session_id=sid, ts=ts, response_id=t.response_id, finished_reason="stop"))
     steps: list[Step] = [Record(tuple(events))]
     if t.response_id is not None:
-        steps.append(Notify("response.done", {"response_id": t.response_id, "reason": "stop",
-                                              "finish_reason": command.finish_reason, "text": command.text}))
+        steps.append(
+            Notify(
+                "response.done",
+                {
+                    "response_id": t.response_id,
+                    "reason": "stop",
+                    "finish_reason": command.finish_reason,
+                    "text": command.text,
+                },
+            )
+        )
     if not state.resident:
         steps.append(Cleanup(t.request_id, "end_of_turn"))
     return [*steps, Then(Reserve(ts))]
@@ -376,19 +577,28 @@ def _(command: FailTurn, state: SessionState) -> list[Step]:
     finalized ``error``, the commit is refused (logged, told; not raised: the work was
     already accepted), ``response.done`` follows its error (D14), and its keys are released."""
     t, ts, sid = command.turn, command.ts, state.session_id
-    events: list[Any] = [StageRequestFinished(session_id=sid, ts=ts, stage_id=0, request_id=t.request_id,
-                                              finish_reason="error")]
+    events: list[Any] = [
+        StageRequestFinished(session_id=sid, ts=ts, stage_id=0, request_id=t.request_id, finish_reason="error")
+    ]
     if t.response_id is not None:
         events.append(TurnFinalized(session_id=sid, ts=ts, response_id=t.response_id, finished_reason="error"))
     code = PORT_ERROR_CODE.get(command.error, "stage_error")
-    steps: list[Step] = [Record(tuple(events)),
-                         *_reject(state, ts, "commit", code, command.message, t.request_id, refuse=False)]
+    steps: list[Step] = [
+        Record(tuple(events)),
+        *_reject(state, ts, "commit", code, command.message, t.request_id, refuse=False),
+    ]
     if t.response_id is not None:
-        steps.append(Notify("response.done", {"response_id": t.response_id, "reason": "error",
-                                              "finish_reason": "error", "text": command.text}))
-    released = tuple(StageRequestReleased(session_id=sid, ts=ts, stage_id=stage_id, request_id=t.request_id,
-                                          cause="submit_failed")
-                     for stage_id in (0, 1) if state.binding(t.request_id, stage_id) is not None)
+        steps.append(
+            Notify(
+                "response.done",
+                {"response_id": t.response_id, "reason": "error", "finish_reason": "error", "text": command.text},
+            )
+        )
+    released = tuple(
+        StageRequestReleased(session_id=sid, ts=ts, stage_id=stage_id, request_id=t.request_id, cause="submit_failed")
+        for stage_id in (0, 1)
+        if state.binding(t.request_id, stage_id) is not None
+    )
     return [*steps, Record(released)] if released else steps
 
 
@@ -400,12 +610,19 @@ def _(command: EngineAborted, state: SessionState) -> list[Step]:
     the next commit rebinds. The resident request is gone: its id is released and the session
     moves to a new epoch (a new resident id serves the next turn)."""
     t, ts, sid = command.turn, command.ts, state.session_id
-    steps: list[Step] = [Record((StageRequestFinished(session_id=sid, ts=ts, stage_id=0, request_id=t.request_id,
-                                                      finish_reason="abort"),))]
+    steps: list[Step] = [
+        Record(
+            (StageRequestFinished(session_id=sid, ts=ts, stage_id=0, request_id=t.request_id, finish_reason="abort"),)
+        )
+    ]
     if t.response_id is not None:
-        steps += [Record((TurnFinalized(session_id=sid, ts=ts, response_id=t.response_id, finished_reason="abort"),)),
-                  Notify("response.done", {"response_id": t.response_id, "reason": "abort", "finish_reason": "abort",
-                                           "text": command.text})]
+        steps += [
+            Record((TurnFinalized(session_id=sid, ts=ts, response_id=t.response_id, finished_reason="abort"),)),
+            Notify(
+                "response.done",
+                {"response_id": t.response_id, "reason": "abort", "finish_reason": "abort", "text": command.text},
+            ),
+        ]
     if state.resident:
         steps += [Cleanup(t.request_id, "engine_abort"), Then(AdvanceEpoch(ts)), ForgetStream(), Then(Reserve(ts))]
     return steps
@@ -426,20 +643,27 @@ def _(command: CancelResponse, state: SessionState) -> list[Step]:
     t = c.turn
     if t is None:
         if c.command == "response.cancel":
-            steps.append(Notify("error", {"code": "response_cancel_not_active",
-                                          "message": "no response in progress to cancel"}))
+            steps.append(
+                Notify("error", {"code": "response_cancel_not_active", "message": "no response in progress to cancel"})
+            )
         return [*steps, Reply(False)]
     wire, reason = WIRE_REASON.get(c.source, c.source), reason_for_cancel_source(c.source)
-    events: list[Any] = [CancelRequested(session_id=sid, ts=c.ts, source=c.source, wire_reason=wire,
-                                         response_id=t.response_id)]
+    events: list[Any] = [
+        CancelRequested(session_id=sid, ts=c.ts, source=c.source, wire_reason=wire, response_id=t.response_id)
+    ]
     if t.response_id is not None:
         events.append(TurnFinalized(session_id=sid, ts=c.ts, response_id=t.response_id, finished_reason=reason))
     events.append(EpochAdvanced(session_id=sid, ts=c.ts, old_epoch=state.epoch, new_epoch=state.epoch + 1))
     steps += [HaltTurn(), Record(tuple(events))]
     if t.response_id is not None:  # finalized now: the response's one terminal event (D14)
-        steps.append(Notify("response.cancelled", {"response_id": t.response_id, "reason": wire,
-                                                   "finished_reason": reason}))
-    steps += [Cleanup(t.request_id, c.source, force_abort=True, release_turn=True), StopTurn(), Notify("audio.cancelled", {"reason": wire})]
+        steps.append(
+            Notify("response.cancelled", {"response_id": t.response_id, "reason": wire, "finished_reason": reason})
+        )
+    steps += [
+        Cleanup(t.request_id, c.source, force_abort=True, release_turn=True),
+        StopTurn(),
+        Notify("audio.cancelled", {"reason": wire}),
+    ]
     if state.resident and not state.closed:
         steps += [ForgetStream(), Then(Reserve(c.ts))]
     return [*steps, Reply(True)]
@@ -455,9 +679,14 @@ def _(command: Close, state: SessionState) -> list[Step]:
         return refused
     held = tuple(state.held_ids())
     steps: list[Step] = [HaltTurn()] if command.turn is not None else []  # its outputs are logged in its segment (D1)
-    return [*steps, Record((SessionClosed(session_id=state.session_id, ts=command.ts, reason=command.reason),)),
-            Then(CancelResponse(command.ts, "close", command.reason, command.turn), collect=True),
-            Then(CleanupHeld(command.ts, held, command.reason)), CloseStream(), EndClient(command.reason)]
+    return [
+        *steps,
+        Record((SessionClosed(session_id=state.session_id, ts=command.ts, reason=command.reason),)),
+        Then(CancelResponse(command.ts, "close", command.reason, command.turn), collect=True),
+        Then(CleanupHeld(command.ts, held, command.reason)),
+        CloseStream(),
+        EndClient(command.reason),
+    ]
 
 
 @_rule.register

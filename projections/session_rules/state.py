@@ -97,6 +97,12 @@ class SessionState:
     def binding(self, request_id: str, stage_id: int = 0) -> Binding | None:
         return self.resources.bindings.get((stage_id, request_id))
 
+    def submitted_before(self, request_id: str) -> bool:
+        """Whether the log shows a submit of ``request_id`` (held or not any more: released
+        after a failed turn, aborted). Such an id is never submitted again (DOMAIN §1.1)."""
+        life = self.resources.lives.get(request_id)
+        return life is not None and life.submitted
+
     def held_ids(self) -> list[str]:
         """Distinct request ids with any binding, sorted."""
         return sorted({key[1] for key in self.resources.bindings})

@@ -31,8 +31,15 @@ def read_jsonl(path: Path) -> list[StoredEvent]:
     versions: dict[str, int] = {}
     for lineno, line in enumerate(path.read_text().splitlines(), start=1):
         obj = json.loads(line)
-        event = parse_event({"type": obj["type"], "session_id": obj["stream"], "ts": obj["ts"],
-                             "event_id": obj["event_id"], **obj["data"]})
+        event = parse_event(
+            {
+                "type": obj["type"],
+                "session_id": obj["stream"],
+                "ts": obj["ts"],
+                "event_id": obj["event_id"],
+                **obj["data"],
+            }
+        )
         versions[obj["stream"]] = versions.get(obj["stream"], 0) + 1
         out.append(StoredEvent(lineno, obj["stream"], versions[obj["stream"]], event.ts, event))
     return out

@@ -19,8 +19,15 @@ def build():
         b.add("AbortResult", s, t + 0.001, request_ids=[eph(s, 0)], stage_id=0, outcome="ok")
     b.add("SessionClosed", "S4", 11.03, reason="disconnect")
     b.add("AbortRequested", "S4", 11.03, request_ids=[eph("S4", 0)], reason="disconnect")
-    b.add("AbortResult", "S4", 11.031, request_ids=[eph("S4", 0)], stage_id=0, outcome="failed",
-          error="engine unreachable")
+    b.add(
+        "AbortResult",
+        "S4",
+        11.031,
+        request_ids=[eph("S4", 0)],
+        stage_id=0,
+        outcome="failed",
+        error="engine unreachable",
+    )
     b.add("AbortResult", "S1", 11.5, request_ids=[eph("S1", 0)], stage_id=0, outcome="ok")  # duplicate ack
     checkpoint_a = b.position
     b.add("AbortRequested", "S4", 12.0, request_ids=[eph("S4", 0)], reason="disconnect")

@@ -58,8 +58,7 @@ def test_v1_downstream_not_acknowledged_is_a_leak():
 
 def test_v2_failed_abort_keeps_both_bindings():
     b, _, _, res = build("v2")
-    assert project(b, until=res).resources.request_resources("S1") == {
-        "S1": {(0, X): "submitted", (1, X): "submitted"}}
+    assert project(b, until=res).resources.request_resources("S1") == {"S1": {(0, X): "submitted", (1, X): "submitted"}}
     p = project(b)
     assert leak_tuples(p) == [("S1", 0, X, "abort_failed"), ("S1", 1, X, "abort_failed")]
     assert [t.finished_reason for t in p.turn_tables] == ["barge_in"]

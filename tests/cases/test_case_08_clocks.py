@@ -16,12 +16,27 @@ def test_mixed_clock_domains(approx):
     b = LogBuilder()
     b.add("TurnCommitted", "S1", W, turn_id=0, response_id="resp-1", create_response=True)
     b.add("StageRequestSubmitted", "S1", W + 0.015, stage_id=0, request_id=X, num_tokens_in=40)
-    b.add("StageMetricsReported", "S1", W + 0.84, stage_id=0, request_id=X,
-          stats={"num_tokens_in": 40, "num_tokens_out": 25},
-          engine_submit_ts=mono(8234.52), engine_first_token_ts=mono(8234.75), engine_last_token_ts=mono(8235.23))
-    b.add("StageMetricsReported", "S1", W + 0.845, stage_id=0, request_id=X,
-          stats={"num_tokens_out": 3},
-          engine_submit_ts={"clock": "wall", "s": W + 0.9}, engine_first_token_ts=mono(8235.4))
+    b.add(
+        "StageMetricsReported",
+        "S1",
+        W + 0.84,
+        stage_id=0,
+        request_id=X,
+        stats={"num_tokens_in": 40, "num_tokens_out": 25},
+        engine_submit_ts=mono(8234.52),
+        engine_first_token_ts=mono(8234.75),
+        engine_last_token_ts=mono(8235.23),
+    )
+    b.add(
+        "StageMetricsReported",
+        "S1",
+        W + 0.845,
+        stage_id=0,
+        request_id=X,
+        stats={"num_tokens_out": 3},
+        engine_submit_ts={"clock": "wall", "s": W + 0.9},
+        engine_first_token_ts=mono(8235.4),
+    )
     b.add("ResponseEnded", "S1", W + 0.85, response_id="resp-1", status="completed")
     p = project(b)
     row = turn(p, "resp-1")

@@ -18,12 +18,19 @@ def build():
     ]
     for n, (commit, submit, kind, tin, begin, first, last, end) in enumerate(plan):
         b.add("TurnCommitted", "S1", commit, turn_id=n, response_id=f"resp-{n}", create_response=True)
-        b.add("StageRequestSubmitted", "S1", submit, stage_id=0, request_id=R, kind=kind, resumable=True,
-              num_tokens_in=tin)
+        b.add(
+            "StageRequestSubmitted",
+            "S1",
+            submit,
+            stage_id=0,
+            request_id=R,
+            kind=kind,
+            resumable=True,
+            num_tokens_in=tin,
+        )
         b.add("ResponseBegun", "S1", begin, response_id=f"resp-{n}", turn_id=n, request_id=R)
         b.add("StageOutput", "S1", first, stage_id=0, request_id=R, num_new_tokens=1)
-        b.add("StageOutput", "S1", last, stage_id=0, request_id=R, num_new_tokens=15, model_turn_id=n,
-              end_of_turn=True)
+        b.add("StageOutput", "S1", last, stage_id=0, request_id=R, num_new_tokens=15, model_turn_id=n, end_of_turn=True)
         b.add("ResponseEnded", "S1", end, response_id=f"resp-{n}", status="completed")
     return b
 

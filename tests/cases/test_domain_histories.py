@@ -17,8 +17,16 @@ def first_turn(b: LogBuilder, model_turn_id: int | None = 0, finished: bool = Tr
     b.add("StageRequestForwarded", "s1", 2.2, stage_id=1, request_id=X0)
     if finished:
         b.add("StageRequestFinished", "s1", 2.4, stage_id=0, request_id=X0)
-    b.add("StageOutput", "s1", 2.5, stage_id=1, request_id=X0, model_turn_id=model_turn_id,
-          end_of_turn=model_turn_id is not None, finished=finished)
+    b.add(
+        "StageOutput",
+        "s1",
+        2.5,
+        stage_id=1,
+        request_id=X0,
+        model_turn_id=model_turn_id,
+        end_of_turn=model_turn_id is not None,
+        finished=finished,
+    )
     b.add("ResponseEnded", "s1", 2.5, response_id="resp-A", cause="model" if model_turn_id is not None else None)
 
 
@@ -69,11 +77,19 @@ def test_correct_rebind_with_failure_restores_and_does_not_submit():
     b.add("AbortResult", "s1", 3.001, request_ids=[X0], stage_id=1, outcome="failed", error="boom")
     b.add("StageRequestRestored", "s1", 3.002, stage_id=0, request_id=X0)
     b.add("StageRequestRestored", "s1", 3.002, stage_id=1, request_id=X0)
-    b.add("CommandRejected", "s1", 3.003, command="commit", error_code="runtime_append_failed",
-          message="abort of stale id failed", request_id=X0)
+    b.add(
+        "CommandRejected",
+        "s1",
+        3.003,
+        command="commit",
+        error_code="runtime_append_failed",
+        message="abort of stale id failed",
+        request_id=X0,
+    )
     p = project(b)
-    assert p.resources.request_resources("s1") == {"s1": {(0, X0): "submitted", (1, X0): "submitted",
-                                                          (0, X1): "reserved"}}
+    assert p.resources.request_resources("s1") == {
+        "s1": {(0, X0): "submitted", (1, X0): "submitted", (0, X1): "reserved"}
+    }
     assert leak_tuples(p) == []  # still open: close will retry X0 (R3, R7)
     b.add("SessionClosed", "s1", 4.0, reason="session_close")
     b.add("AbortRequested", "s1", 4.0, request_ids=[X0], reason="session_close")

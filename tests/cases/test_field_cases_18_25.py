@@ -44,7 +44,8 @@ def test_case_18_late_delta_of_aborted_request_joins_no_turn(tmp_path, approx):
     # The late delta (#11) is one warning, not a leak, and re-creates no binding.
     assert r.audit["clean"] and r.audit["running"] == 0 and r.audit["held"] == 0
     assert [(w["kind"], w["request_id"], w["first_position"]) for w in r.audit["warnings"]] == [
-        ("output_after_abort", X18_0, 11)]
+        ("output_after_abort", X18_0, 11)
+    ]
     assert resources_after("CASE-18", 10, "S1") == {} and resources_after("CASE-18", 11, "S1") == {}
 
 
@@ -87,6 +88,7 @@ def test_case_21_engine_abort_of_the_resident_request_finalizes_abort(tmp_path):
     assert (s0["num_tokens_in"], s0["num_tokens_out"], s0["vllm_ttft_ms"]) == (30, 1, 190.0)
     assert not kinds_at(r.audit["warnings"], 11)  # the update after a `length` boundary is legal
     from tests.cases.field_support import fold
+
     at_14 = fold("CASE-21", 14).resources
     assert (at_14.running("S1"), at_14.held("S1")) == (0, 1)
     assert resources_after("CASE-21", 19, "S1") == {}
@@ -99,13 +101,20 @@ def test_case_22_zero_token_resident_continuation(tmp_path):
     r = run_cli("CASE-22", tmp_path)
     one, two, three = (r.turns[f"S1/resp-{i}"] for i in (1, 2, 3))
     assert (one["e2e"]["e2e_total_ms"], stage(one, 0)["vllm_ttft_ms"], stage(one, 0)["vllm_tpot_ms"]) == (
-        410.0, 190.0, 20.0)
+        410.0,
+        190.0,
+        20.0,
+    )
     s0 = stage(two, 0)
     assert (two["finished_reason"], two["e2e"]["e2e_total_ms"]) == ("stop", 160.0)
     assert (s0["num_tokens_in"], s0["num_tokens_out"], s0["vllm_ttft_ms"], s0["vllm_tpot_ms"]) == (30, 0, None, None)
     s0 = stage(three, 0)
     assert (three["e2e"]["e2e_total_ms"], s0["num_tokens_out"], s0["vllm_ttft_ms"], s0["vllm_tpot_ms"]) == (
-        620.0, 9, 200.0, 50.0)
+        620.0,
+        9,
+        200.0,
+        50.0,
+    )
     assert resources_after("CASE-22", 23, "S1") == {(0, R): "submitted"}
     assert resources_after("CASE-22", 24, "S1") == {}
     assert r.audit["clean"] and r.audit["leaks"] == [] and r.audit["warnings"] == []
@@ -117,7 +126,12 @@ def test_case_24_cancel_recorded_before_completion_wins(tmp_path):
     one = r.turns["S1/resp-1"]
     s0 = stage(one, 0)
     assert (one["finished_reason"], one["e2e"]["e2e_total_ms"]) == ("cancel", 700.0)
-    assert (s0["num_tokens_in"], s0["num_tokens_out"], s0["vllm_ttft_ms"], s0["vllm_tpot_ms"]) == (30, 10, 190.0, 44.444)
+    assert (s0["num_tokens_in"], s0["num_tokens_out"], s0["vllm_ttft_ms"], s0["vllm_tpot_ms"]) == (
+        30,
+        10,
+        190.0,
+        44.444,
+    )
     assert r.tables_text.count("[RequestE2EStats") == 1
     assert r.audit["clean"] and resources_after("CASE-24", 14, "S1") == {}
     assert kinds_at(r.audit["warnings"], 9) == {"stale_finalize"}
@@ -130,7 +144,12 @@ def test_case_25_thinker_finished_talker_still_speaking(tmp_path):
     one = r.turns["S1/resp-1"]
     assert (one["finished_reason"], one["e2e"]["e2e_total_ms"]) == ("barge_in", 1500.0)
     s0, s1 = stage(one, 0), stage(one, 1)
-    assert (s0["num_tokens_in"], s0["num_tokens_out"], s0["vllm_ttft_ms"], s0["vllm_tpot_ms"]) == (45, 25, 180.0, 16.667)
+    assert (s0["num_tokens_in"], s0["num_tokens_out"], s0["vllm_ttft_ms"], s0["vllm_tpot_ms"]) == (
+        45,
+        25,
+        180.0,
+        16.667,
+    )
     assert s1["num_tokens_out"] == 120
     x = "duplex-s.UzE.i.0.e.0.r.stage0_t0"
     assert resources_after("CASE-25", 8, "S1") == {(0, x): "finished", (1, x): "submitted"}

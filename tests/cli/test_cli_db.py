@@ -65,8 +65,18 @@ def test_schema_prints_every_event_kind() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["db"], ["db", "upgrade"], ["db", "downgrade"], ["db", "current"], ["events"], ["events", "import"],
-     ["events", "export"], ["events", "tail"], ["schema"]],
+    [
+        [],
+        ["db"],
+        ["db", "upgrade"],
+        ["db", "downgrade"],
+        ["db", "current"],
+        ["events"],
+        ["events", "import"],
+        ["events", "export"],
+        ["events", "tail"],
+        ["schema"],
+    ],
 )
 def test_every_command_has_help(argv: list[str]) -> None:
     r = CliRunner().invoke(app, [*argv, "--help"])

@@ -16,12 +16,25 @@ from tests.cli.conftest import Cli
 GOOD = [
     {"stream": "S1", "type": "SessionOpened", "ts": 1757000000.5, "data": {"auto_response": True}},
     {"stream": "S1", "type": "TurnCommitted", "ts": "2025-09-04T23:33:40+08:00", "data": {"turn_id": 0}},
-    {"stream": "sess/ü:1.2", "type": "StageOutput", "ts": 1757000020.850001,
-     "data": {"stage_id": 0, "request_id": "duplex-s.czE.i.0.e.0.r.stage0_t0", "text_delta": "héllo"}},
-    {"stream": "S1", "type": "StageRequestSubmitted", "ts": 1757000021, "schema_version": 1,
-     "data": {"stage_id": 0, "request_id": "duplex-s.UzE.i.0.e.0.r.stage0_t0", "tokens_in": 12}},
-    {"stream": "S1", "type": "ResponseEnded", "ts": "2025-09-04T15:33:40+00:00",
-     "data": {"response_id": "resp-2", "status": "completed"}},
+    {
+        "stream": "sess/ü:1.2",
+        "type": "StageOutput",
+        "ts": 1757000020.850001,
+        "data": {"stage_id": 0, "request_id": "duplex-s.czE.i.0.e.0.r.stage0_t0", "text_delta": "héllo"},
+    },
+    {
+        "stream": "S1",
+        "type": "StageRequestSubmitted",
+        "ts": 1757000021,
+        "schema_version": 1,
+        "data": {"stage_id": 0, "request_id": "duplex-s.UzE.i.0.e.0.r.stage0_t0", "tokens_in": 12},
+    },
+    {
+        "stream": "S1",
+        "type": "ResponseEnded",
+        "ts": "2025-09-04T15:33:40+00:00",
+        "data": {"response_id": "resp-2", "status": "completed"},
+    },
 ]
 
 
@@ -72,8 +85,18 @@ def test_export_format(cli: Cli, tmp_path: Path) -> None:
     cli("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))
     lines = cli("events", "export").output.splitlines()
     first = json.loads(lines[1])
-    assert list(first) == ["position", "stream", "version", "type", "event_id", "schema_version", "ts", "recorded_at", "data",
-                         "hash"]
+    assert list(first) == [
+        "position",
+        "stream",
+        "version",
+        "type",
+        "event_id",
+        "schema_version",
+        "ts",
+        "recorded_at",
+        "data",
+        "hash",
+    ]
     assert (first["position"], first["stream"], first["version"]) == (2, "S1", 2)
     assert '"ts":1757000020.000000,' in lines[1]  # +08:00 normalised to UTC, exact decimals
     assert '"ts":1757000020.850001,' in lines[2] and "sess/ü:1.2" in lines[2]
@@ -140,9 +163,23 @@ def test_tail_follows_and_exits_cleanly_on_ctrl_c(sqlite_cli: Cli, tmp_path: Pat
     sqlite_cli("events", "import", str(write_jsonl(tmp_path / "a.jsonl", GOOD[:1])))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reports.cli", "events", "tail", "--from-position", "1", "--poll-interval", "0.05",
-         "--db", sqlite_cli.url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "reports.cli",
+            "events",
+            "tail",
+            "--from-position",
+            "1",
+            "--poll-interval",
+            "0.05",
+            "--db",
+            sqlite_cli.url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         assert json.loads(proc.stdout.readline())["position"] == 1  # catch-up

@@ -38,8 +38,13 @@ def test_a_session_id_with_terminal_controls_is_printed_escaped(tmp_path_factory
     cli = Cli(f"sqlite+aiosqlite:///{tmp / 'ledger.db'}")
     session_id = f"S{prefix}{bad}x"
     assert cli("events", "import", str(_case_18_as(session_id, tmp))).exit_code == 0
-    for args in (("tables",), ("tables", "--summary"), ("tables", "--format", "markdown"),
-                 ("tables", "--format", "csv"), ("audit",)):
+    for args in (
+        ("tables",),
+        ("tables", "--summary"),
+        ("tables", "--format", "markdown"),
+        ("tables", "--format", "csv"),
+        ("audit",),
+    ):
         out = cli(*args).output
         assert not _unsafe_chars(out), (args, out)
     assert printable(session_id) in cli("tables", "--summary").output
@@ -68,13 +73,16 @@ def test_max_idle_must_be_a_finite_duration(sqlite_cli: Cli, value: str) -> None
     assert r.exit_code == 2 and "--max-idle" in r.output
 
 
-@pytest.mark.parametrize(("url", "names"), [
-    ("sqlite+aiosqlite:///{tmp}/x.db?sslmode=bogus", "takes no query parameters"),
-    ("postgresql+asyncpg://u:secret@127.0.0.1:99999/x", "port 99999"),
-    ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?sslmode=require", "ssl=<mode>"),
-    ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?ssl=bogus", "ssl='bogus'"),
-    ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?colour=red", "'colour'"),
-])
+@pytest.mark.parametrize(
+    ("url", "names"),
+    [
+        ("sqlite+aiosqlite:///{tmp}/x.db?sslmode=bogus", "takes no query parameters"),
+        ("postgresql+asyncpg://u:secret@127.0.0.1:99999/x", "port 99999"),
+        ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?sslmode=require", "ssl=<mode>"),
+        ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?ssl=bogus", "ssl='bogus'"),
+        ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?colour=red", "'colour'"),
+    ],
+)
 def test_url_parameters_a_driver_would_refuse_are_usage_errors(tmp_path: Path, url: str, names: str) -> None:
     r = Cli(url.format(tmp=tmp_path))("audit")
     assert r.exit_code == 2, r.output

@@ -30,4 +30,7 @@ def test_import_export_rebuild_print_only_their_result_when_piped(tmp_path):
     assert exported.exit_code == 0 and exported.output.startswith("exported ") and exported.output.count("\n") == 1
     assert len(out.read_text().splitlines()) == len((LOG_DIR / "case-09-barge-in.jsonl").read_text().splitlines())
     rebuilt = runner.invoke(app, ["rebuild", "--db", url])
-    assert rebuilt.exit_code == 0 and rebuilt.output == f"rebuilt read models up to position {len(out.read_text().splitlines())}\n"
+    assert (
+        rebuilt.exit_code == 0
+        and rebuilt.output == f"rebuilt read models up to position {len(out.read_text().splitlines())}\n"
+    )

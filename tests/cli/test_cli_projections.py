@@ -82,8 +82,9 @@ def test_audit_time_travel_checkpoint_a_and_b(ledger):
     assert a.exit_code == 1
     report = json.loads(a.output)
     assert report["running"] == 1
-    assert [(l["session_id"], l["request_id"], l["kind"]) for l in report["leaks"]] == [
-        ("S4", eph("S4", 0), "abort_failed")]
+    assert [(leak["session_id"], leak["request_id"], leak["kind"]) for leak in report["leaks"]] == [
+        ("S4", eph("S4", 0), "abort_failed")
+    ]
     b = run("audit", "--db", url, "--format", "json")
     assert b.exit_code == 0 and json.loads(b.output)["running"] == 0
 

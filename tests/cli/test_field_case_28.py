@@ -36,9 +36,14 @@ def test_case_28_rebuild_and_catch_up_agree(tmp_path):
     t_fresh = cli("tables", "--db", fresh, "--format", "json")
     assert [len(json.loads(t)["turns"]) for t in outputs] == [1, 2, 3]
     assert outputs[2] == t4 == t5 == t_fresh
-    turns = [(t["session_id"], t["response_id"], t["finished_reason"], t["e2e"]["e2e_total_ms"])
-             for t in json.loads(t_fresh)["turns"]]
-    assert turns == [("s1", "resp-s1-0-9f2c41aa", "stop", 1700.0), ("S1", "resp-2", "barge_in", 120.0),
-                     ("S1", "resp-3", "barge_in", 850.0)]
+    turns = [
+        (t["session_id"], t["response_id"], t["finished_reason"], t["e2e"]["e2e_total_ms"])
+        for t in json.loads(t_fresh)["turns"]
+    ]
+    assert turns == [
+        ("s1", "resp-s1-0-9f2c41aa", "stop", 1700.0),
+        ("S1", "resp-2", "barge_in", 120.0),
+        ("S1", "resp-3", "barge_in", 850.0),
+    ]
     audit = json.loads(cli("audit", "--db", a, "--format", "json"))
     assert (audit["position"], audit["clean"]) == (22, True)

@@ -27,8 +27,10 @@ from typing import NamedTuple
 import pytest
 import pytest_asyncio
 
-VLLM_SKIP = ("vllm is not installed in this environment (live engine tests need "
-             "`scripts/install-vllm.sh`); offline tests still run")
+VLLM_SKIP = (
+    "vllm is not installed in this environment (live engine tests need "
+    "`scripts/install-vllm.sh`); offline tests still run"
+)
 
 
 class LivePorts(NamedTuple):

@@ -46,18 +46,39 @@ class Worker:
     summary: dict = field(default_factory=dict)  # type: ignore[type-arg]
 
 
-def spawn(url: str, replica_id: str, sessions: list[str], ids_file: Path, *, lease_s: float, seed: int,
-          scan_s: float | None = None, renew_s: float | None = None) -> Worker:
+def spawn(
+    url: str,
+    replica_id: str,
+    sessions: list[str],
+    ids_file: Path,
+    *,
+    lease_s: float,
+    seed: int,
+    scan_s: float | None = None,
+    renew_s: float | None = None,
+) -> Worker:
     # PostgreSQL ends a paused replica's open transaction (and its append lock) after a lease.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DUPLEX_LEDGER_PG_IDLE_TX_TIMEOUT_MS": str(round(lease_s * 1000))}
-    cmd = [sys.executable, "-m", "tests.engine.replica_worker", url, replica_id, ",".join(sessions), str(ids_file),
-           "--lease", str(lease_s), "--seed", str(seed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.engine.replica_worker",
+        url,
+        replica_id,
+        ",".join(sessions),
+        str(ids_file),
+        "--lease",
+        str(lease_s),
+        "--seed",
+        str(seed),
+    ]
     if scan_s is not None:
         cmd += ["--scan", str(scan_s)]
     if renew_s is not None:
         cmd += ["--renew", str(renew_s)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
     return Worker(replica_id, sessions, ids_file, proc)
 
 
@@ -112,8 +133,17 @@ class Outcome:
     summaries: list[dict]  # type: ignore[type-arg]
 
 
-async def run_scenario(url: str, tmp: Path, *, n: int = 3, per: int = 10, lease_s: float = 1.0,
-                       mode: str = "kill", seed: int = 0, deadline_s: float | None = None) -> Outcome:
+async def run_scenario(
+    url: str,
+    tmp: Path,
+    *,
+    n: int = 3,
+    per: int = 10,
+    lease_s: float = 1.0,
+    mode: str = "kill",
+    seed: int = 0,
+    deadline_s: float | None = None,
+) -> Outcome:
     """One scenario (see the module doc). ``mode``: ``kill`` (SIGKILL) or ``stop`` (SIGSTOP
     for 2 leases, checked taken over, then SIGCONT)."""
     rng = random.Random(seed)
@@ -121,8 +151,18 @@ async def run_scenario(url: str, tmp: Path, *, n: int = 3, per: int = 10, lease_
     workers = []
     for i in range(n):
         sessions = [f"{tag}-{i}-s{j}" for j in range(per)]
-        workers.append(spawn(url, f"{tag}-replica{i}", sessions, tmp / f"{tag}-ids{i}.txt", lease_s=lease_s,
-                             seed=seed * 10 + i, scan_s=lease_s / 4, renew_s=lease_s / 4))
+        workers.append(
+            spawn(
+                url,
+                f"{tag}-replica{i}",
+                sessions,
+                tmp / f"{tag}-ids{i}.txt",
+                lease_s=lease_s,
+                seed=seed * 10 + i,
+                scan_s=lease_s / 4,
+                renew_s=lease_s / 4,
+            )
+        )
     victim = workers[rng.randrange(n)]
     live = [w for w in workers if w is not victim]
     try:
@@ -169,8 +209,11 @@ async def check_log(url: str, workers: list[Worker], victim: Worker, live: list[
     for w in live:
         for sid in w.sessions:
             history = streams[sid]
-            foreign = [(s.version, s.event.type, by.get(str(s.event.event_id))) for s in history
-                       if by.get(str(s.event.event_id)) != w.replica_id]
+            foreign = [
+                (s.version, s.event.type, by.get(str(s.event.event_id)))
+                for s in history
+                if by.get(str(s.event.event_id)) != w.replica_id
+            ]
             assert not foreign, f"{sid} of live {w.replica_id} got foreign events: {foreign[:5]}"
             assert not [s for s in history if s.event.type == "SessionTakenOver"], sid
     for sid in victim.sessions:
@@ -181,7 +224,9 @@ async def check_log(url: str, workers: list[Worker], victim: Worker, live: list[
         assert taken.previous_replica_id == victim.replica_id and taken.replica_id in live_ids, taken
         assert history[cut[0] + 1].event.type == "SessionClosed"
         assert history[cut[0] + 1].event.reason == "recovered_after_crash"
-        late = [(s.version, s.event.type) for s in history[cut[0]:] if by.get(str(s.event.event_id)) != taken.replica_id]
+        late = [
+            (s.version, s.event.type) for s in history[cut[0] :] if by.get(str(s.event.event_id)) != taken.replica_id
+        ]
         assert not late, f"{sid}: events after the takeover not written by the taker: {late[:5]}"
         state = projector.resources.sessions.get(sid)
         assert state is None or not state.bindings, f"{sid} still holds {list(state.bindings)}"

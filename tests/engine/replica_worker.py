@@ -20,9 +20,9 @@ import random
 import sys
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.replicas import ReplicaConfig
+from tests.fakes.fake_port import FakeStagePort
 
 
 def _record_appends(engine: SessionEngine, path: str) -> None:
@@ -71,11 +71,18 @@ async def main() -> None:
     ap.add_argument("--probe", action="store_true", help="probe local processes (default off: leases only)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    ports = [FakeStagePort(0, "thinker", token_delay_s=args.token_delay),
-             FakeStagePort(1, "talker", token_delay_s=args.token_delay)]
+    ports = [
+        FakeStagePort(0, "thinker", token_delay_s=args.token_delay),
+        FakeStagePort(1, "talker", token_delay_s=args.token_delay),
+    ]
     config = EngineConfig(max_tokens=30, talker_max_tokens=4, flush_interval_s=0.02)
-    replica = ReplicaConfig(replica_id=args.replica_id, lease_s=args.lease, renew_every_s=args.renew,
-                            scan_every_s=args.scan, probe_local_processes=args.probe)
+    replica = ReplicaConfig(
+        replica_id=args.replica_id,
+        lease_s=args.lease,
+        renew_every_s=args.renew,
+        scan_every_s=args.scan,
+        probe_local_processes=args.probe,
+    )
     engine = await SessionEngine.open(args.url, ports, config=config, replica=replica)
     _record_appends(engine, args.ids_file)
     sessions = [await engine.open_session(sid) for sid in args.sessions.split(",") if sid]
@@ -87,15 +94,27 @@ async def main() -> None:
     await asyncio.to_thread(sys.stdin.readline)
     stop.set()
     turns = await asyncio.gather(*drivers)
-    client_errors = {s.session_id: [e.data.get("code") for e in s.drain_events() if e.type == "error"]
-                     for s in sessions}
+    client_errors = {
+        s.session_id: [e.data.get("code") for e in s.drain_events() if e.type == "error"] for s in sessions
+    }
     stats = dict(engine.replica.stats)
     taken = [sid for report in engine.replica.reports for sid in report.closed_sessions]
     await engine.aclose()
     for port in ports:
         await port.shutdown()
-    print(json.dumps({"replica": args.replica_id, "turns": sum(turns), "fenced": fenced, "taken_over": taken,
-                      "client_errors": client_errors, "stats": stats}), flush=True)
+    print(
+        json.dumps(
+            {
+                "replica": args.replica_id,
+                "turns": sum(turns),
+                "fenced": fenced,
+                "taken_over": taken,
+                "client_errors": client_errors,
+                "stats": stats,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

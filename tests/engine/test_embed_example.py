@@ -17,9 +17,13 @@ def test_embed_example_runs_and_audits_clean(tmp_path, tiny_model_dir):
     if not vllm_available():
         pytest.skip(VLLM_SKIP)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "ERROR"}
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "embed.py"), "--db",
-                             f"sqlite+aiosqlite:///{tmp_path}/embed.db"], capture_output=True, text=True,
-                            timeout=600, env=env)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "embed.py"), "--db", f"sqlite+aiosqlite:///{tmp_path}/embed.db"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("assistant: ") == 2
     assert "audit: clean" in result.stdout

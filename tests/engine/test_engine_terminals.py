@@ -12,11 +12,11 @@ from collections import Counter
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
 from engine_bridge.plugin import TextPlugin
 from projections.runner import project_as_of
 from tests.engine.test_session_rules import turn
+from tests.fakes.fake_port import FakeStagePort
 
 CONFIG = EngineConfig(max_tokens=6, talker_max_tokens=4, flush_interval_s=0.005)
 LONG = EngineConfig(max_tokens=400, talker_max_tokens=4, flush_interval_s=0.005)  # ~0.8 s per answer
@@ -25,8 +25,9 @@ TERMINALS = {"response.done", "response.cancelled"}
 
 async def open_engine(tmp_path, config=CONFIG, resumable=False, name="ledger"):
     ports = [FakeStagePort(0, "thinker", token_delay_s=0.002), FakeStagePort(1, "talker", token_delay_s=0.002)]
-    return await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/{name}.db", ports, config=config,
-                                    plugin=TextPlugin(resumable=resumable))
+    return await SessionEngine.open(
+        f"sqlite+aiosqlite:///{tmp_path}/{name}.db", ports, config=config, plugin=TextPlugin(resumable=resumable)
+    )
 
 
 async def until_delta(session):
@@ -151,6 +152,7 @@ async def test_shutdown_with_a_running_response_is_close(tmp_path):
     await until_delta(s)
     await engine.aclose()  # reason server_shutdown
     from events.store import EventStore
+
     store = await EventStore.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db")
     try:
         p = await project_as_of(store)

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.faults import FlakyAbortPort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import TextPlugin
 from events import ids
 from projections.runner import project_as_of
 from reports.render_text import render_turn_text
+from tests.fakes.faults import FlakyAbortPort
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 
@@ -78,8 +78,11 @@ async def test_resident_session_streams_updates_on_one_id(tmp_path, live_ports):
         await s.close()
         assert resident not in live_ports.thinker.live_request_ids()
         history = await engine.store.read_stream("live-res")
-        kinds = [(e.event.kind, e.event.request_id) for e in history
-                 if e.event.type == "StageRequestSubmitted" and e.event.stage_id == 0]
+        kinds = [
+            (e.event.kind, e.event.request_id)
+            for e in history
+            if e.event.type == "StageRequestSubmitted" and e.event.stage_id == 0
+        ]
         assert kinds == [("initial", resident), ("update", resident), ("update", resident)]
         p = await project_as_of(engine.store)
         assert p.leaks() == []
@@ -120,8 +123,10 @@ async def test_cancel_and_close_mid_response(tmp_path, live_ports):
         assert running not in live_ports.thinker.live_request_ids()
         p = await project_as_of(engine.store)
         assert p.leaks() == []
-        assert {t.session_id: t.finished_reason for t in p.turn_tables} == {"live-cancel": "cancel",
-                                                                           "live-close": "close"}
+        assert {t.session_id: t.finished_reason for t in p.turn_tables} == {
+            "live-cancel": "cancel",
+            "live-close": "close",
+        }
 
 
 async def test_listen_only_then_speak(tmp_path, live_ports):
@@ -170,7 +175,7 @@ async def test_prompt_over_model_length_is_refused_cleanly(tmp_path, live_ports)
         assert p.leaks() == []
 
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import asyncio, sys
     from engine_bridge.engine import SessionEngine
     from engine_bridge.messages import EngineConfig
@@ -193,7 +198,7 @@ CHILD = textwrap.dedent('''
 
     if __name__ == "__main__":
         asyncio.run(main(sys.argv[1], sys.argv[2]))
-''')
+""")
 
 
 async def test_crash_recovery_after_sigkill(tmp_path, live_ports, tiny_model_dir):
@@ -201,8 +206,15 @@ async def test_crash_recovery_after_sigkill(tmp_path, live_ports, tiny_model_dir
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    child = subprocess.Popen([sys.executable, str(script), url, str(tiny_model_dir)], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, env={**env, "VLLM_LOGGING_LEVEL": "ERROR"}, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, str(script), url, str(tiny_model_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**env, "VLLM_LOGGING_LEVEL": "ERROR"},
+        start_new_session=True,
+    )
+
     async def marker() -> None:
         while True:
             line = await asyncio.to_thread(child.stdout.readline)

@@ -34,8 +34,12 @@ async def test_live_metrics_equal_the_offline_ones(tmp_path, live_ports):
         await turn(s, "Hello there, who are you?")
         await turn(s, "What can you do?")
         await s.append_text("Tell me a very long story about the sea.")
-        s.config = EngineConfig(max_tokens=900, talker_max_tokens=6, ignore_eos=True,  # a long answer to interrupt
-                                flush_interval_s=0.01)
+        s.config = EngineConfig(
+            max_tokens=900,
+            talker_max_tokens=6,
+            ignore_eos=True,  # a long answer to interrupt
+            flush_interval_s=0.01,
+        )
         s.drain_events()  # the earlier turns' deltas
         await s.commit()
         await first_delta(s)
@@ -59,8 +63,7 @@ async def test_live_metrics_equal_the_offline_ones(tmp_path, live_ports):
     offline = samples((await project_metrics(url)).exposition())
     assert_same_samples(live, offline)
     model = Path(live_ports.thinker.model_dir).name
-    reasons = {dict(k[1])["finished_reason"]: v for k, v in live.items()
-               if k[0] == "vllm_omni:requests_success_total"}
+    reasons = {dict(k[1])["finished_reason"]: v for k, v in live.items() if k[0] == "vllm_omni:requests_success_total"}
     assert reasons == {"stop": 2, "barge_in": 1, "cancel": 0, "close": 0, "abort": 0, "error": 0}
     assert live[("vllm_omni:e2e_request_latency_s_count", (("model_name", model),))] == 3
     assert live[("vllm_omni:audio_ttfp_s_count", (("model_name", model), ("stage", "1")))] == 2

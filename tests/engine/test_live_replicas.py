@@ -22,8 +22,14 @@ SHORT = EngineConfig(max_tokens=8, talker_max_tokens=6, ignore_eos=True, flush_i
 
 
 def replica(url, live_ports, name, config):
-    cfg = ReplicaConfig(replica_id=name, lease_s=1.5, renew_every_s=0.3, scan_every_s=0.25, engine_pool="live",
-                        probe_local_processes=False)
+    cfg = ReplicaConfig(
+        replica_id=name,
+        lease_s=1.5,
+        renew_every_s=0.3,
+        scan_every_s=0.25,
+        engine_pool="live",
+        probe_local_processes=False,
+    )
     return SessionEngine.open(url, [live_ports.thinker, live_ports.talker], config=config, replica=cfg)
 
 

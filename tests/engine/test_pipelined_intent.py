@@ -16,10 +16,10 @@ import textwrap
 from pathlib import Path
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
 from events import ids
 from projections.runner import project_as_of
+from tests.fakes.fake_port import FakeStagePort
 
 CONFIG = EngineConfig(max_tokens=6, talker_max_tokens=4, ignore_eos=True, flush_interval_s=0.01)
 
@@ -94,7 +94,7 @@ async def test_a_failed_intent_commit_ends_the_engine_request(tmp_path) -> None:
         engine.sessions.pop("s")  # its log is broken: nothing more is written for it
 
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import asyncio, sys
     from engine_bridge.engine import SessionEngine
     from tests.fakes.fake_port import FakeStagePort
@@ -123,16 +123,21 @@ CHILD = textwrap.dedent('''
         await asyncio.sleep(3600)
 
     asyncio.run(main(sys.argv[1]))
-''')
+""")
 
 
 async def test_sigkill_between_engine_call_and_intent_commit_is_reconciled(tmp_path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path}/crash.db"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    child = subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-                             start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, str(script), url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        start_new_session=True,
+    )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)  # type: ignore[union-attr]
     finally:
@@ -147,9 +152,9 @@ async def test_sigkill_between_engine_call_and_intent_commit_is_reconciled(tmp_p
     ports = _ports()
     async with await SessionEngine.open(url, ports, config=CONFIG) as engine:
         history = [e.event for e in await engine.store.read_stream("crashy")]
-        after = [e.type for e in history[len(before):]]
+        after = [e.type for e in history[len(before) :]]
         assert after == ["SessionTakenOver", "SessionClosed", "StageRequestReleased"]
-        assert [e.request_id for e in history[len(before):] if e.type == "StageRequestReleased"] == [rid]
+        assert [e.request_id for e in history[len(before) :] if e.type == "StageRequestReleased"] == [rid]
         assert [e.reason for e in history if e.type == "SessionClosed"] == ["recovered_after_crash"]
         p = await project_as_of(engine.store)
         assert p.leaks() == []

@@ -10,8 +10,6 @@ import uuid
 
 import pytest
 
-from tests.fakes.fake_port import FakeStagePort
-from tests.fakes.faults import FlakyAbortPort
 from engine_bridge.metrics_map import itls_from_receipts, stage_stats_from_outputs
 from engine_bridge.ports import (
     AbortFailed,
@@ -24,6 +22,8 @@ from engine_bridge.ports import (
     StagePortError,
     StreamSegment,
 )
+from tests.fakes.fake_port import FakeStagePort
+from tests.fakes.faults import FlakyAbortPort
 
 #: async tests run in the session loop: the live engines live there (tests/engine/fixtures.py)
 session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -246,8 +246,9 @@ async def test_live_two_engines_stats_are_per_engine(live_ports):
     assert (thinker.stage_id, talker.stage_id) == (0, 1)
     r = rid("both")
     steps0 = (thinker.counters.iterations, talker.counters.iterations)
-    a, b = await run_with_timeout(asyncio.gather(drain(thinker.generate(r, PROMPT, exact(6))),
-                                                 drain(talker.generate(r, PROMPT, exact(9)))))
+    a, b = await run_with_timeout(
+        asyncio.gather(drain(thinker.generate(r, PROMPT, exact(6))), drain(talker.generate(r, PROMPT, exact(9))))
+    )
     assert (ntok(a), ntok(b)) == (6, 9)
     sa, sb = thinker.pop_finished_stats(r), talker.pop_finished_stats(r)
     assert (sa.num_generation_tokens, sb.num_generation_tokens) == (6, 9)
@@ -293,14 +294,27 @@ def test_itls_from_receipts_splits_merged_deltas():
 
 
 def test_stage_stats_ordinary_prefers_vllm_numbers():
-    m = EngineMetrics(arrival_time_wall_s=1000.0, queued_mono_s=50.0, scheduled_mono_s=50.01,
-                      first_token_mono_s=50.1, last_token_mono_s=50.5, num_generation_tokens=5,
-                      first_token_latency_s=0.095)
+    m = EngineMetrics(
+        arrival_time_wall_s=1000.0,
+        queued_mono_s=50.0,
+        scheduled_mono_s=50.01,
+        first_token_mono_s=50.1,
+        last_token_mono_s=50.5,
+        num_generation_tokens=5,
+        first_token_latency_s=0.095,
+    )
     fs = FinishedStats("r", "length", 0.6, 120, 5, 0.01, 0.09, 0.49, 0.4, 0.024)
-    out = stage_stats_from_outputs(num_prompt_tokens=120, num_output_tokens=5, metrics=m, finished=fs,
-                                   submit_wall_s=1000.0, first_output_wall_s=1000.2, last_output_wall_s=1000.6,
-                                   receipts=[(1000.2, 1), (1000.23, 1), (1000.25, 1), (1000.27, 1), (1000.29, 1)],
-                                   finish_reason="length")
+    out = stage_stats_from_outputs(
+        num_prompt_tokens=120,
+        num_output_tokens=5,
+        metrics=m,
+        finished=fs,
+        submit_wall_s=1000.0,
+        first_output_wall_s=1000.2,
+        last_output_wall_s=1000.6,
+        receipts=[(1000.2, 1), (1000.23, 1), (1000.25, 1), (1000.27, 1), (1000.29, 1)],
+        finish_reason="length",
+    )
     s = out.stats
     assert (s.num_tokens_in, s.num_tokens_out, s.finish_reason) == (120, 5, "length")
     assert s.vllm_ttft_ms == pytest.approx(95.0)
@@ -311,16 +325,32 @@ def test_stage_stats_ordinary_prefers_vllm_numbers():
     assert s.audio_generated_frames is None
     assert out.stage_submit_ts == 1000.0
     stamps = [out.engine_submit_ts, out.engine_first_token_ts, out.engine_last_token_ts]
-    assert [(st.clock, st.s) for st in stamps] == [("engine_monotonic", 50.0), ("engine_monotonic", 50.1),
-                                                  ("engine_monotonic", 50.5)]
+    assert [(st.clock, st.s) for st in stamps] == [
+        ("engine_monotonic", 50.0),
+        ("engine_monotonic", 50.1),
+        ("engine_monotonic", 50.5),
+    ]
 
 
 def test_stage_stats_without_finished_stats_uses_one_clock_each():
-    m = EngineMetrics(arrival_time_wall_s=1000.0, queued_mono_s=50.0, scheduled_mono_s=50.02,
-                      first_token_mono_s=50.1, last_token_mono_s=50.3, num_generation_tokens=3)
-    out = stage_stats_from_outputs(num_prompt_tokens=10, num_output_tokens=3, metrics=m, finished=None,
-                                   submit_wall_s=1000.0, first_output_wall_s=1000.15, last_output_wall_s=1000.35,
-                                   finish_reason="abort")
+    m = EngineMetrics(
+        arrival_time_wall_s=1000.0,
+        queued_mono_s=50.0,
+        scheduled_mono_s=50.02,
+        first_token_mono_s=50.1,
+        last_token_mono_s=50.3,
+        num_generation_tokens=3,
+    )
+    out = stage_stats_from_outputs(
+        num_prompt_tokens=10,
+        num_output_tokens=3,
+        metrics=m,
+        finished=None,
+        submit_wall_s=1000.0,
+        first_output_wall_s=1000.15,
+        last_output_wall_s=1000.35,
+        finish_reason="abort",
+    )
     s = out.stats
     assert s.vllm_ttft_ms == pytest.approx(150.0)  # wall − wall (no first_token_latency)
     assert s.vllm_tpot_ms == pytest.approx(100.0)  # (50.3 − 50.1) / 2, mono − mono
@@ -330,12 +360,25 @@ def test_stage_stats_without_finished_stats_uses_one_clock_each():
 
 def test_stage_stats_resident_segment_anchored_on_its_submit():
     # vLLM reset arrival_time/first_token_latency to when it accepted the chunk (after gating)
-    m = EngineMetrics(arrival_time_wall_s=95.1, queued_mono_s=1.0, scheduled_mono_s=1.0,
-                      first_token_mono_s=9.1, last_token_mono_s=9.4, num_generation_tokens=40,
-                      first_token_latency_s=0.05)
-    out = stage_stats_from_outputs(num_prompt_tokens=40, num_output_tokens=16, metrics=m, finished=None,
-                                   submit_wall_s=95.005, first_output_wall_s=95.155, last_output_wall_s=95.455,
-                                   resident=True)
+    m = EngineMetrics(
+        arrival_time_wall_s=95.1,
+        queued_mono_s=1.0,
+        scheduled_mono_s=1.0,
+        first_token_mono_s=9.1,
+        last_token_mono_s=9.4,
+        num_generation_tokens=40,
+        first_token_latency_s=0.05,
+    )
+    out = stage_stats_from_outputs(
+        num_prompt_tokens=40,
+        num_output_tokens=16,
+        metrics=m,
+        finished=None,
+        submit_wall_s=95.005,
+        first_output_wall_s=95.155,
+        last_output_wall_s=95.455,
+        resident=True,
+    )
     s = out.stats
     assert s.vllm_ttft_ms == pytest.approx(150.0)
     assert s.vllm_tpot_ms == pytest.approx(20.0)
@@ -345,9 +388,17 @@ def test_stage_stats_resident_segment_anchored_on_its_submit():
 
 
 def test_stage_stats_talker_audio_fields():
-    out = stage_stats_from_outputs(num_prompt_tokens=14, num_output_tokens=150, metrics=None, finished=None,
-                                   submit_wall_s=None, first_output_wall_s=None, last_output_wall_s=None,
-                                   frames_per_token=320, sample_rate=24000)
+    out = stage_stats_from_outputs(
+        num_prompt_tokens=14,
+        num_output_tokens=150,
+        metrics=None,
+        finished=None,
+        submit_wall_s=None,
+        first_output_wall_s=None,
+        last_output_wall_s=None,
+        frames_per_token=320,
+        sample_rate=24000,
+    )
     s = out.stats
     assert (s.audio_generated_frames, s.audio_sample_rate) == (48000, 24000)
     assert s.audio_duration_s == pytest.approx(2.0)
@@ -359,7 +410,9 @@ def test_stage_stats_talker_audio_fields():
 
 
 def test_importing_engine_bridge_pulls_no_vllm_or_torch():
-    code = ("import sys, engine_bridge, engine_bridge.vllm_port, tests.fakes.fake_port, "
-            "tests.fakes.faults, engine_bridge.metrics_map; "
-            "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, engine_bridge, engine_bridge.vllm_port, tests.fakes.fake_port, "
+        "tests.fakes.faults, engine_bridge.metrics_map; "
+        "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

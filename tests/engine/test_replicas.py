@@ -12,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.replicas import ReplicaConfig, SessionOwnedElsewhere
 from events.store.leases import LeaseTable
@@ -21,6 +20,7 @@ from events.store.owners import session_lifecycles
 from events.store.store import EventStore
 from projections.runner import project_as_of
 from reports.cli import app
+from tests.fakes.fake_port import FakeStagePort
 
 CONFIG = EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005)
 LEASE = 0.6
@@ -31,8 +31,14 @@ def ports(delay: float = 0.005):
 
 
 async def replica(url, name, stage_ports=None, pool=None, lease=LEASE):
-    cfg = ReplicaConfig(replica_id=name, lease_s=lease, scan_every_s=0.1, renew_every_s=0.1, engine_pool=pool,
-                        probe_local_processes=False)
+    cfg = ReplicaConfig(
+        replica_id=name,
+        lease_s=lease,
+        scan_every_s=0.1,
+        renew_every_s=0.1,
+        engine_pool=pool,
+        probe_local_processes=False,
+    )
     return await SessionEngine.open(url, stage_ports or ports(), config=CONFIG, replica=cfg)
 
 
@@ -58,6 +64,7 @@ async def until_closed(store, sid, timeout=5.0):
     async def poll():
         while (await session_lifecycles(store, stream_ids=[sid]))[sid].open:
             await asyncio.sleep(0.02)
+
     await asyncio.wait_for(poll(), timeout)
 
 
@@ -178,7 +185,8 @@ def test_audit_names_the_replica(url, tmp_path):
     doc = json.loads(result.output)
     assert doc["clean"] and doc["leaks"] == []
     assert [(w["kind"], w["session_id"], w["replica_id"]) for w in doc["warnings"]] == [
-        ("session_taken_over", "s1", "A")]
+        ("session_taken_over", "s1", "A")
+    ]
     text = CliRunner().invoke(app, ["audit", "--db", url])
     assert "replica" in text.output and "session_taken_over" in text.output
 

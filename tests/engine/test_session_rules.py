@@ -7,20 +7,22 @@ import asyncio
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
-from tests.fakes.faults import FlakyAbortPort
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import TextPlugin
 from events import ids
 from projections.runner import project_as_of
 from reports.render_text import render_turn_text
+from tests.fakes.fake_port import FakeStagePort
+from tests.fakes.faults import FlakyAbortPort
 
 CONFIG = EngineConfig(max_tokens=6, talker_max_tokens=4, flush_interval_s=0.005)
 
 
 async def _engine(tmp_path, config):
-    ports = [FlakyAbortPort(FakeStagePort(0, "thinker", token_delay_s=0.002)),
-             FlakyAbortPort(FakeStagePort(1, "talker", token_delay_s=0.002))]
+    ports = [
+        FlakyAbortPort(FakeStagePort(0, "thinker", token_delay_s=0.002)),
+        FlakyAbortPort(FakeStagePort(1, "talker", token_delay_s=0.002)),
+    ]
     return await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db", ports, config=config)
 
 
@@ -110,11 +112,14 @@ async def test_barge_in_mid_response(long_engine):
     assert p.resources.request_resources("carol") == {"carol": {}}
 
 
-@pytest.mark.parametrize("command, reason, wire", [
-    ("cancel_response", "cancel", "client_cancelled"),
-    ("cancel_input", "cancel", "barge_in"),
-    ("clear_output_audio", "cancel", "output_audio_buffer_clear"),
-])
+@pytest.mark.parametrize(
+    "command, reason, wire",
+    [
+        ("cancel_response", "cancel", "client_cancelled"),
+        ("cancel_input", "cancel", "barge_in"),
+        ("clear_output_audio", "cancel", "output_audio_buffer_clear"),
+    ],
+)
 async def test_cancel_sources(long_engine, command, reason, wire):
     s = await long_engine.open_session("dave")
     await s.append_text("Explain the weather")
@@ -150,6 +155,7 @@ async def test_abort_failure_restores_keys_and_submits_nothing(engine):
     # X0 finished, so the rebind releases it without an abort; force the abort path:
     x0 = ids.mint_ephemeral("frank", 0, 0, 0)
     from engine_bridge.cleanup import CleanupFailed, cleanup_id
+
     with pytest.raises(CleanupFailed):
         await cleanup_id(s.log, s.ports, x0, cause="stale_rebind", force_abort=True)
     state = s.log.projector.resources.sessions["frank"]
@@ -184,8 +190,9 @@ async def test_barge_in_abort_failure_restores_and_close_retries(long_engine):
 
 async def test_resident_session_one_id_submit_initial_then_update(tmp_path):
     ports = [FakeStagePort(0, "thinker"), FakeStagePort(1, "talker")]
-    async with await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/r.db", ports, config=CONFIG,
-                                        plugin=TextPlugin(resumable=True)) as engine:
+    async with await SessionEngine.open(
+        f"sqlite+aiosqlite:///{tmp_path}/r.db", ports, config=CONFIG, plugin=TextPlugin(resumable=True)
+    ) as engine:
         s = await engine.open_session("hana")
         for text in ("Hi there", "How are you?", "Bye now"):
             await turn(s, text)
@@ -194,7 +201,10 @@ async def test_resident_session_one_id_submit_initial_then_update(tmp_path):
         submits = [e.event for e in history if e.event.type == "StageRequestSubmitted" and e.event.stage_id == 0]
         resident = ids.mint_resident("hana", 0, 0)
         assert [(e.request_id, e.kind, e.resumable) for e in submits] == [
-            (resident, "initial", True), (resident, "update", True), (resident, "update", True)]
+            (resident, "initial", True),
+            (resident, "update", True),
+            (resident, "update", True),
+        ]
         p = await project_as_of(engine.store)
         assert p.leaks() == []
         assert len(p.turn_tables) == 3
@@ -297,9 +307,12 @@ async def test_tables_printed_to_the_stats_logger_at_finalize(tmp_path, caplog):
     from reports.render_text import turn_log_messages
 
     caplog.set_level("INFO", logger="duplex_ledger.stats")
-    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/stats.db",
-                                      [FakeStagePort(0, "thinker"), FakeStagePort(1, "talker")], config=CONFIG,
-                                      stats_renderer=turn_log_messages)  # the CLI's subscription
+    engine = await SessionEngine.open(
+        f"sqlite+aiosqlite:///{tmp_path}/stats.db",
+        [FakeStagePort(0, "thinker"), FakeStagePort(1, "talker")],
+        config=CONFIG,
+        stats_renderer=turn_log_messages,
+    )  # the CLI's subscription
     s = await engine.open_session("otto")
     await turn(s, "Hello")
     quiet = await engine.open_session("quiet", log_stats=False)
@@ -332,7 +345,6 @@ async def test_stale_fence_is_refused_and_nothing_else_changes(long_engine):
     history = await long_engine.store.read_stream("pia")
     rejected = [e.event for e in history if e.event.type == "CommandRejected"]
     assert [r.error_code for r in rejected] == ["stale_fence", "stale_fence"]
-    assert not any(e.event.type == "InputAppended" and e.event.text == "late words from the old epoch"
-                   for e in history)
+    assert not any(e.event.type == "InputAppended" and e.event.text == "late words from the old epoch" for e in history)
     p = await offline(long_engine)
     assert p.leaks() == []

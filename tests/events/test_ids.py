@@ -64,10 +64,19 @@ def test_negative_counters_raise():
         ids.mint_resident("s1", 0, -1)
 
 
-@pytest.mark.parametrize("request_id", [
-    "chatcmpl-123", "duplex-sid-e0-stage0", "duplex-s.czE.e.0.r.stage0", "duplex-s.czE.i.0.e.0.x.stage0",
-    "duplex-s.czE.i.0.e.0.r", "", None, 42,
-])
+@pytest.mark.parametrize(
+    "request_id",
+    [
+        "chatcmpl-123",
+        "duplex-sid-e0-stage0",
+        "duplex-s.czE.e.0.r.stage0",
+        "duplex-s.czE.i.0.e.0.x.stage0",
+        "duplex-s.czE.i.0.e.0.r",
+        "",
+        None,
+        42,
+    ],
+)
 def test_not_duplex(request_id):
     assert not ids.is_duplex(request_id)
     assert not ids.belongs_to(request_id, "s1")

@@ -59,29 +59,32 @@ OUTPUT = '{"stage_id":0,"request_id":"x","text_delta":%s}'
 METRICS = '{"stage_id":0,"request_id":"x","stats":{"extra":{"k":%s}}}'
 
 
-@pytest.mark.parametrize("type_name, data, ts_us, stream, event_id, words", [
-    ("StageMetricsReported", METRICS % "9223372036854775808", 1, "S", EID, "64 bits"),   # D12: int
-    ("StageMetricsReported", METRICS % "-9223372036854775809", 1, "S", EID, "64 bits"),
-    ("StageOutput", '{"stage_id":0,"request_id":"x","num_new_tokens":9223372036854775808}', 1, "S", EID,
-     "64 bits"),
-    ("AbortRequested", '{"stage_ids":[1,-9223372036854775809]}', 1, "S", EID, "64 bits"),
-    ("StageMetricsReported", METRICS % "1e400", 1, "S", EID, "finite"),                # D12: inf
-    ("StageOutput", OUTPUT % '"\\ud800"', 1, "S", EID, "escape"),                        # D12: UTF-8
-    ("StageMetricsReported", METRICS % ("[" * 40 + "]" * 40), 1, "S", EID, "nested"),  # D12: depth
-    ("StageOutput", OUTPUT % '"a"', -1, "S", EID, "ts"),                                 # D12: ts range
-    ("StageOutput", OUTPUT % '"a"', 1, "", EID, "session_id"),
-    ("StageOutput", OUTPUT % '"a"', 1, "S\x00", EID, "NUL"),
-    ("StageOutput", OUTPUT % '"a"', 1, "S", "not-a-uuid", "event_id"),
-    ("StageOutput", OUTPUT % '"a"', 1, "S", "0000000A-0000-0000-0000-000000000001", "event_id"),
-    ("StageOutput", OUTPUT % '"a"', 1, "S", "0000_000-0000-0000-0000-000000000001", "event_id"),
-    ("StageOutput", OUTPUT % '"a"', 1, "S", "0x000000-0000-0000-0000-000000000001", "event_id"),
-    ("StageOutput", OUTPUT % '"a"', 1, "S", "0000000g-0000-0000-0000-000000000001", "event_id"),
-    ("StageOutput", OUTPUT % '"a"', 1, "S", "00000000000000000000-0000-0000000001", "event_id"),
-    ("StageRequestForwarded", '{"stage_id":0,"request_id":"x"}', 1, "S", EID, "stage_id >= 1"),
-    ("ResponseBegun", '{"response_id":"r","commit_ts":-5.0}', 1, "S", EID, "outside"),
-])
-def test_rows_validation_refuses_take_the_validating_path(type_name: str, data: str, ts_us: int, stream: str,
-                                                           event_id: str, words: str) -> None:
+@pytest.mark.parametrize(
+    "type_name, data, ts_us, stream, event_id, words",
+    [
+        ("StageMetricsReported", METRICS % "9223372036854775808", 1, "S", EID, "64 bits"),  # D12: int
+        ("StageMetricsReported", METRICS % "-9223372036854775809", 1, "S", EID, "64 bits"),
+        ("StageOutput", '{"stage_id":0,"request_id":"x","num_new_tokens":9223372036854775808}', 1, "S", EID, "64 bits"),
+        ("AbortRequested", '{"stage_ids":[1,-9223372036854775809]}', 1, "S", EID, "64 bits"),
+        ("StageMetricsReported", METRICS % "1e400", 1, "S", EID, "finite"),  # D12: inf
+        ("StageOutput", OUTPUT % '"\\ud800"', 1, "S", EID, "escape"),  # D12: UTF-8
+        ("StageMetricsReported", METRICS % ("[" * 40 + "]" * 40), 1, "S", EID, "nested"),  # D12: depth
+        ("StageOutput", OUTPUT % '"a"', -1, "S", EID, "ts"),  # D12: ts range
+        ("StageOutput", OUTPUT % '"a"', 1, "", EID, "session_id"),
+        ("StageOutput", OUTPUT % '"a"', 1, "S\x00", EID, "NUL"),
+        ("StageOutput", OUTPUT % '"a"', 1, "S", "not-a-uuid", "event_id"),
+        ("StageOutput", OUTPUT % '"a"', 1, "S", "0000000A-0000-0000-0000-000000000001", "event_id"),
+        ("StageOutput", OUTPUT % '"a"', 1, "S", "0000_000-0000-0000-0000-000000000001", "event_id"),
+        ("StageOutput", OUTPUT % '"a"', 1, "S", "0x000000-0000-0000-0000-000000000001", "event_id"),
+        ("StageOutput", OUTPUT % '"a"', 1, "S", "0000000g-0000-0000-0000-000000000001", "event_id"),
+        ("StageOutput", OUTPUT % '"a"', 1, "S", "00000000000000000000-0000-0000000001", "event_id"),
+        ("StageRequestForwarded", '{"stage_id":0,"request_id":"x"}', 1, "S", EID, "stage_id >= 1"),
+        ("ResponseBegun", '{"response_id":"r","commit_ts":-5.0}', 1, "S", EID, "outside"),
+    ],
+)
+def test_rows_validation_refuses_take_the_validating_path(
+    type_name: str, data: str, ts_us: int, stream: str, event_id: str, words: str
+) -> None:
     args = (type_name, 1, stream, event_id, ts_us, data)
     assert model_from_row(*args) is None
     with pytest.raises((ValidationError, ValueError)) as info:

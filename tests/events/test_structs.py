@@ -22,7 +22,7 @@ LOGS = Path(__file__).resolve().parents[1] / "cases" / "logs"
 
 def _rows() -> list[NewRow]:
     rows = [NewRow.from_import(r) for path in sorted(LOGS.glob("*.jsonl")) for r in parse_lines(path.open())]
-    for i, (ts, type_name, sid, payload) in enumerate(generate(6, 6)):
+    for ts, type_name, sid, payload in generate(6, 6):
         event = parse_event({"type": type_name, "session_id": sid, "ts": ts, **payload})
         rows.append(NewRow.from_event(event))
     return rows
@@ -67,12 +67,15 @@ def test_twin_keeps_helper_methods_and_pickles() -> None:
 EID = "00000000-0000-0000-0000-000000000001"
 
 
-@pytest.mark.parametrize("data, field", [
-    ('{"stage_id":-1,"request_id":"x"}', "stage_id"),          # constraint (ge=0)
-    ('{"stage_id":0,"request_id":"x","num_new_tokens":"a"}', "num_new_tokens"),  # wrong type
-    ('{"stage_id":0,"request_id":"x","bogus":1}', "bogus"),     # unknown field
-    ('{"stage_id":0,"request_id":"x"', "EOF"),                  # broken JSON
-])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ('{"stage_id":-1,"request_id":"x"}', "stage_id"),  # constraint (ge=0)
+        ('{"stage_id":0,"request_id":"x","num_new_tokens":"a"}', "num_new_tokens"),  # wrong type
+        ('{"stage_id":0,"request_id":"x","bogus":1}', "bogus"),  # unknown field
+        ('{"stage_id":0,"request_id":"x"', "EOF"),  # broken JSON
+    ],
+)
 def test_refused_rows_raise_the_models_error(data: str, field: str) -> None:
     assert decode_payload("StageOutput", 1, "S", EID, 1_000_000, data) is None
     with pytest.raises(ValidationError) as info:
@@ -80,10 +83,11 @@ def test_refused_rows_raise_the_models_error(data: str, field: str) -> None:
     assert field in str(info.value)
 
 
-@pytest.mark.parametrize("field, value", [("session_id", '"other"'), ("ts", "5.0"),
-                                          ("event_id", '"00000000-0000-0000-0000-0000000000ff"')])
+@pytest.mark.parametrize(
+    "field, value", [("session_id", '"other"'), ("ts", "5.0"), ("event_id", '"00000000-0000-0000-0000-0000000000ff"')]
+)
 def test_envelope_field_inside_the_payload_is_refused_on_both_paths(field: str, value: str) -> None:
-    data = '{"stage_id":0,"request_id":"x","%s":%s}' % (field, value)
+    data = f'{{"stage_id":0,"request_id":"x","{field}":{value}}}'
     assert decode_payload("StageOutput", 1, "S", EID, 1_000_000, data) is None
     for decode in (struct_from_row_json, from_row_json):
         with pytest.raises(ValueError, match=field):
@@ -99,15 +103,15 @@ def test_a_row_only_pydantic_accepts_decodes_to_the_model() -> None:
 
 def test_old_schema_version_rows_are_upcast_to_models() -> None:
     data = '{"stage_id":0,"request_id":"duplex-s.UzE.i.0.e.0.r.stage0_t0","tokens_in":7}'
-    event = struct_from_row_json("StageRequestSubmitted", 1, "S1", "00000000-0000-0000-0000-000000000002",
-                                 2_000_000, data)
+    event = struct_from_row_json(
+        "StageRequestSubmitted", 1, "S1", "00000000-0000-0000-0000-000000000002", 2_000_000, data
+    )
     assert event.num_tokens_in == 7 and event.schema_version == 2
 
 
 def test_decode_rows_gives_positions_and_twins() -> None:
     row = NewRow.from_event(StageOutput(session_id="S", ts=1.5, stage_id=0, request_id="r", num_new_tokens=2))
-    stored = StoredRow(7, row.stream_id, 3, row.event_id, row.type, row.schema_version, row.ts_us, 2_000_000,
-                       row.data)
+    stored = StoredRow(7, row.stream_id, 3, row.event_id, row.type, row.schema_version, row.ts_us, 2_000_000, row.data)
     [as_struct] = decode_rows([stored], as_struct=True)
     [as_model] = decode_rows([stored])
     assert (as_struct.position, as_struct.version, as_struct.recorded_at) == (7, 3, 2.0)

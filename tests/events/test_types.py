@@ -11,11 +11,30 @@ from events.types import EVENT_CLASSES, UnknownEventType, json_schema, parse_eve
 from events.upcasting import FutureSchemaVersion
 
 DOMAIN_KINDS = {
-    "SessionOpened", "InputAppended", "TurnCommitted", "StageRequestReserved", "StageRequestSubmitted",
-    "StageRequestForwarded", "StageOutput", "StageRequestFinished", "StageMetricsReported", "TransferTx",
-    "ActiveRequestBound", "ResponseBegun", "ResponseEnded", "TurnCompleted", "CancelRequested", "EpochAdvanced",
-    "StageRequestReleased", "StageRequestRestored", "AbortRequested", "AbortResult", "ReleaseRequested",
-    "ReleaseResult", "TurnFinalized", "SessionClosed",
+    "SessionOpened",
+    "InputAppended",
+    "TurnCommitted",
+    "StageRequestReserved",
+    "StageRequestSubmitted",
+    "StageRequestForwarded",
+    "StageOutput",
+    "StageRequestFinished",
+    "StageMetricsReported",
+    "TransferTx",
+    "ActiveRequestBound",
+    "ResponseBegun",
+    "ResponseEnded",
+    "TurnCompleted",
+    "CancelRequested",
+    "EpochAdvanced",
+    "StageRequestReleased",
+    "StageRequestRestored",
+    "AbortRequested",
+    "AbortResult",
+    "ReleaseRequested",
+    "ReleaseResult",
+    "TurnFinalized",
+    "SessionClosed",
 }
 
 
@@ -29,13 +48,16 @@ def test_events_are_frozen():
         e.reason = "x"
 
 
-@pytest.mark.parametrize("data, field", [
-    ({"type": "StageOutput", "session_id": "s", "ts": 1, "stage_id": "x", "request_id": "r"}, "stage_id"),
-    ({"type": "StageOutput", "session_id": "s", "ts": 1, "stage_id": 0}, "request_id"),
-    ({"type": "StageOutput", "session_id": "s", "ts": 1, "stage_id": 0, "request_id": "r", "bogus": 1}, "bogus"),
-    ({"type": "SessionClosed", "session_id": "", "ts": 1}, "session_id"),
-    ({"type": "SessionClosed", "session_id": "s", "ts": "yesterday"}, "ts"),
-])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({"type": "StageOutput", "session_id": "s", "ts": 1, "stage_id": "x", "request_id": "r"}, "stage_id"),
+        ({"type": "StageOutput", "session_id": "s", "ts": 1, "stage_id": 0}, "request_id"),
+        ({"type": "StageOutput", "session_id": "s", "ts": 1, "stage_id": 0, "request_id": "r", "bogus": 1}, "bogus"),
+        ({"type": "SessionClosed", "session_id": "", "ts": 1}, "session_id"),
+        ({"type": "SessionClosed", "session_id": "s", "ts": "yesterday"}, "ts"),
+    ],
+)
 def test_validation_error_names_type_and_field(data, field):
     with pytest.raises(ValidationError) as err:
         parse_event(data)
@@ -67,8 +89,14 @@ def test_record_round_trip_is_exact():
 
 
 def test_v1_submitted_row_upcasts_to_current():
-    back = from_record("StageRequestSubmitted", 1, "s1", "00000000-0000-0000-0000-000000000001", 1_000_000,
-                       {"stage_id": 0, "request_id": "x", "tokens_in": 64})
+    back = from_record(
+        "StageRequestSubmitted",
+        1,
+        "s1",
+        "00000000-0000-0000-0000-000000000001",
+        1_000_000,
+        {"stage_id": 0, "request_id": "x", "tokens_in": 64},
+    )
     assert back.num_tokens_in == 64 and back.schema_version == 2
 
 

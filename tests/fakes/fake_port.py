@@ -68,8 +68,15 @@ class _Req:
 class FakeStagePort:
     """A FAKE StagePort (see module docstring). ``reply``: scripted words of every answer."""
 
-    def __init__(self, stage_id: int = 0, name: str = "fake", *, reply: str | None = None,
-                 token_delay_s: float = 0.0, max_model_len: int = 1024) -> None:
+    def __init__(
+        self,
+        stage_id: int = 0,
+        name: str = "fake",
+        *,
+        reply: str | None = None,
+        token_delay_s: float = 0.0,
+        max_model_len: int = 1024,
+    ) -> None:
         self.stage_id = stage_id
         self.name = name
         self.reply = reply.split() if reply else None
@@ -98,14 +105,22 @@ class FakeStagePort:
 
     def _check_len(self, request_id: str, n: int) -> None:
         if n > self.max_model_len:
-            raise PromptTooLong(f"fake stage {self.stage_id} request {request_id!r}: prompt of {n} tokens "
-                                f"is over max_model_len {self.max_model_len}", request_id)
+            raise PromptTooLong(
+                f"fake stage {self.stage_id} request {request_id!r}: prompt of {n} tokens "
+                f"is over max_model_len {self.max_model_len}",
+                request_id,
+            )
 
     def _metrics(self, r: _Req) -> EngineMetrics:
-        return EngineMetrics(arrival_time_wall_s=r.arrival_wall, queued_mono_s=r.queued_mono,
-                             scheduled_mono_s=r.queued_mono, first_token_mono_s=r.first_mono,
-                             last_token_mono_s=r.last_mono, num_generation_tokens=r.n_generated,
-                             first_token_latency_s=r.first_latency)
+        return EngineMetrics(
+            arrival_time_wall_s=r.arrival_wall,
+            queued_mono_s=r.queued_mono,
+            scheduled_mono_s=r.queued_mono,
+            first_token_mono_s=r.first_mono,
+            last_token_mono_s=r.last_mono,
+            num_generation_tokens=r.n_generated,
+            first_token_latency_s=r.first_latency,
+        )
 
     async def _tick(self, r: _Req) -> bool:
         """Wait one token delay; True if the request was aborted meanwhile."""
@@ -120,14 +135,33 @@ class FakeStagePort:
             await asyncio.sleep(0)
         return r.aborted.is_set()
 
-    def _chunk(self, r: _Req, ids: tuple[int, ...], text: str, *, segment_done: bool, finished: bool,
-               reason: str | None, n_prompt: int | None) -> StageChunk:
-        return StageChunk(request_id=r.request_id, stage_id=self.stage_id, new_token_ids=ids, text_delta=text,
-                          segment_done=segment_done, finished=finished, finish_reason=reason,
-                          received_ts=time.time(), num_prompt_tokens=n_prompt, metrics=self._metrics(r))
+    def _chunk(
+        self,
+        r: _Req,
+        ids: tuple[int, ...],
+        text: str,
+        *,
+        segment_done: bool,
+        finished: bool,
+        reason: str | None,
+        n_prompt: int | None,
+    ) -> StageChunk:
+        return StageChunk(
+            request_id=r.request_id,
+            stage_id=self.stage_id,
+            new_token_ids=ids,
+            text_delta=text,
+            segment_done=segment_done,
+            finished=finished,
+            finish_reason=reason,
+            received_ts=time.time(),
+            num_prompt_tokens=n_prompt,
+            metrics=self._metrics(r),
+        )
 
-    async def _segment(self, r: _Req, p: GenerationParams, n_prompt: int, *, resident: bool
-                       ) -> AsyncIterator[StageChunk]:
+    async def _segment(
+        self, r: _Req, p: GenerationParams, n_prompt: int, *, resident: bool
+    ) -> AsyncIterator[StageChunk]:
         """One segment's chunks; the last has segment_done (and finished unless resident)."""
         seg_start_wall = time.time()
         for i in range(p.max_tokens):
@@ -141,8 +175,15 @@ class FakeStagePort:
             word = self._word(i)
             last = i + 1 >= p.max_tokens or self._stops_at(i + 1, p)
             reason = ("stop" if i + 1 < p.max_tokens else "length") if last else None
-            yield self._chunk(r, (self._token_id(word),), (" " if i else "") + word, segment_done=last,
-                              finished=last and not resident, reason=reason, n_prompt=n_prompt)
+            yield self._chunk(
+                r,
+                (self._token_id(word),),
+                (" " if i else "") + word,
+                segment_done=last,
+                finished=last and not resident,
+                reason=reason,
+                n_prompt=n_prompt,
+            )
             if last:
                 return
 
@@ -186,11 +227,18 @@ class FakeStagePort:
     def _stats(self, r: _Req, reason: str | None, n_prompt: int, p: GenerationParams) -> FinishedStats:
         first, last = r.first_mono or r.queued_mono, r.last_mono or r.queued_mono
         decode = last - first
-        return FinishedStats(request_id=r.request_id, finish_reason=reason, e2e_latency_s=time.time() - r.arrival_wall,
-                             num_prompt_tokens=n_prompt, num_generation_tokens=r.n_generated, queued_time_s=0.0,
-                             prefill_time_s=first - r.queued_mono, inference_time_s=last - r.queued_mono,
-                             decode_time_s=decode,
-                             mean_time_per_output_token_s=decode / (r.n_generated - 1) if r.n_generated > 1 else 0.0)
+        return FinishedStats(
+            request_id=r.request_id,
+            finish_reason=reason,
+            e2e_latency_s=time.time() - r.arrival_wall,
+            num_prompt_tokens=n_prompt,
+            num_generation_tokens=r.n_generated,
+            queued_time_s=0.0,
+            prefill_time_s=first - r.queued_mono,
+            inference_time_s=last - r.queued_mono,
+            decode_time_s=decode,
+            mean_time_per_output_token_s=decode / (r.n_generated - 1) if r.n_generated > 1 else 0.0,
+        )
 
     def open_stream(self, request_id: str, first: StreamSegment) -> AsyncIterator[StageChunk]:
         """Resident request (fake); registered at once, runs on the first ``__anext__``."""
@@ -230,8 +278,16 @@ class FakeStagePort:
             if seg is _ABORT:
                 yield self._abort_chunk(r, 0)
                 return
-            yield StageChunk(request_id=r.request_id, stage_id=self.stage_id, new_token_ids=(), text_delta="",
-                             segment_done=False, finished=True, finish_reason=None, received_ts=time.time())
+            yield StageChunk(
+                request_id=r.request_id,
+                stage_id=self.stage_id,
+                new_token_ids=(),
+                text_delta="",
+                segment_done=False,
+                finished=True,
+                finish_reason=None,
+                received_ts=time.time(),
+            )
         finally:
             r.ended = True
             r.idle.set()

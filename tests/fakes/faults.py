@@ -45,8 +45,9 @@ class FlakyAbortPort:
             self._fail_left -= 1
             ids = list(request_ids)
             self.failed_aborts.append(ids)
-            raise AbortFailed(f"stage {self.stage_id} ({self.name}): abort {ids} failed: {self._error}",
-                              ids[0] if ids else None)
+            raise AbortFailed(
+                f"stage {self.stage_id} ({self.name}): abort {ids} failed: {self._error}", ids[0] if ids else None
+            )
         await self.inner.abort(request_ids)
 
     def generate(self, request_id: str, prompt: str, params: GenerationParams) -> AsyncIterator[StageChunk]:

@@ -3,8 +3,8 @@
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from projections.metrics import FAMILIES, MetricsFold, TallySink
 from engine_bridge.prometheus import LedgerMetrics
+from projections.metrics import FAMILIES, MetricsFold, TallySink
 from tests.logbuilder import LogBuilder, eph
 
 S = "s1"
@@ -28,8 +28,7 @@ def turn(b, n, reason, *, t0, audio_at=None, tokens_in=10, tokens_out=4, session
         b.add("StageRequestForwarded", session, t0 + 0.15, stage_id=1, request_id=x)
         b.add("StageOutput", session, t0 + 0.16, stage_id=1, request_id=x, num_new_tokens=0)  # no audio yet
         b.add("StageOutput", session, t0 + audio_at, stage_id=1, request_id=x, num_new_tokens=3, audio_frames=1440)
-        b.add("StageOutput", session, t0 + audio_at + 0.1, stage_id=1, request_id=x, num_new_tokens=2,
-              audio_frames=960)
+        b.add("StageOutput", session, t0 + audio_at + 0.1, stage_id=1, request_id=x, num_new_tokens=2, audio_frames=960)
     end = t0 + 1.0
     if reason == "stop":
         b.add("ResponseEnded", session, end, response_id=rid, cause="model")
@@ -51,8 +50,7 @@ def fold(b) -> tuple[MetricsFold, TallySink]:
 
 
 def reasons(sink) -> dict[str, float]:
-    return {labels[1]: v for (name, labels), v in sink.values.items()
-            if name == "vllm_omni:requests_success_total"}
+    return {labels[1]: v for (name, labels), v in sink.values.items() if name == "vllm_omni:requests_success_total"}
 
 
 def test_two_stop_one_barge_in_one_abort():
@@ -69,8 +67,11 @@ def test_two_stop_one_barge_in_one_abort():
     assert sink.values[("vllm_omni:generation_tokens_total", (MODEL,))] == 16
     # the same through prometheus_client: exposed names and values
     text = LedgerMetrics().apply_all(b.stored).exposition()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
     assert samples[("vllm_omni:requests_success_total", (("finished_reason", "stop"), ("model_name", MODEL)))] == 2
     assert samples[("vllm_omni:e2e_request_latency_s_count", (("model_name", MODEL),))] == 3
     assert "_created" not in text

@@ -9,20 +9,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
-from reports.trace_player import run_trace
-from reports.traces import parse_traces
 from reports import cli_engine
 from reports.cli import app
 from reports.cli_metrics import project_metrics
+from reports.trace_player import run_trace
+from reports.traces import parse_traces
+from tests.fakes.fake_port import FakeStagePort
 
 CONFIG = EngineConfig(max_tokens=12, talker_max_tokens=12, flush_interval_s=0.005)
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def assert_same_samples(live: dict, offline: dict) -> None:
@@ -76,7 +79,9 @@ def test_metrics_command_prints_the_exposition_as_of_a_position(tmp_path):
     assert got[("vllm_omni:requests_success_total", (("finished_reason", "barge_in"), ("model_name", "unknown")))] >= 1
     early = runner.invoke(app, ["metrics", "--db", url, "--until-position", "1"])
     assert early.exit_code == 0
-    assert ("vllm_omni:requests_success_total", (("finished_reason", "barge_in"), ("model_name", "unknown"))) \
-        not in samples(early.output)
+    assert (
+        "vllm_omni:requests_success_total",
+        (("finished_reason", "barge_in"), ("model_name", "unknown")),
+    ) not in samples(early.output)
     missing = runner.invoke(app, ["metrics", "--db", f"sqlite+aiosqlite:///{tmp_path}/nope.db"])
     assert missing.exit_code == 2

@@ -37,7 +37,7 @@ def test_text_summary_follows_the_turn_tables_and_plain_tables_are_unchanged(tmp
     with_summary = runner.invoke(app, ["tables", "--db", url, "--summary"])
     assert plain.exit_code == with_summary.exit_code == 0
     assert with_summary.output.startswith(plain.output)
-    rest = with_summary.output[len(plain.output):].splitlines()
+    rest = with_summary.output[len(plain.output) :].splitlines()
     assert rest[0] == "[DuplexSessionSummary [session=s1 reason=session_close model=smollm2]]"
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in rest[4:-1]}
     assert rows["turns_total"] == "2" and rows["turns_stop"] == "1" and rows["turns_barge_in"] == "1"

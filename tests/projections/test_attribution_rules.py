@@ -33,13 +33,11 @@ def test_pre_created_response_is_titled_and_built_by_its_begin_id():
     the abort of X0 does not end resp-B, which begins with X1 and is titled X1, turn 1."""
     b = LogBuilder()
     b.add("SessionOpened", "s1", 1.0)
-    b.add("StageRequestSubmitted", "s1", 2.0, stage_id=0, request_id=X0, num_tokens_in=10,
-          fence={"turn_id": 0})
+    b.add("StageRequestSubmitted", "s1", 2.0, stage_id=0, request_id=X0, num_tokens_in=10, fence={"turn_id": 0})
     b.add("ResponseListened", "s1", 2.5, turn_id=0, request_id=X0)
     b.add("TurnCommitted", "s1", 4.0, turn_id=0, response_id="resp-B", create_response=True)
     b.add("AbortRequested", "s1", 4.003, request_ids=[X0], reason="stale_rebind")
-    b.add("StageRequestSubmitted", "s1", 4.01, stage_id=0, request_id=X1, num_tokens_in=12,
-          fence={"turn_id": 1})
+    b.add("StageRequestSubmitted", "s1", 4.01, stage_id=0, request_id=X1, num_tokens_in=12, fence={"turn_id": 1})
     b.add("ResponseBegun", "s1", 4.02, response_id="resp-B", turn_id=1, request_id=X1)
     b.add("StageOutput", "s1", 4.2, stage_id=0, request_id=X1, num_new_tokens=1)
     b.add("ResponseEnded", "s1", 4.6, response_id="resp-B", cause="model")
@@ -62,8 +60,16 @@ def test_resident_tail_of_an_ended_turn_joins_no_later_turn():
     b.add("TurnCompleted", "s1", 2.3, completed_turn_id=0, new_turn_id=1)
     b.add("StageOutput", "s1", 2.4, stage_id=0, request_id=R, num_new_tokens=7)  # tail before the update
     b.add("TurnCommitted", "s1", 3.0, turn_id=1, response_id="resp-2", create_response=True)
-    b.add("StageRequestSubmitted", "s1", 3.01, stage_id=0, request_id=R, kind="update", num_tokens_in=4,
-          fence={"turn_id": 1})
+    b.add(
+        "StageRequestSubmitted",
+        "s1",
+        3.01,
+        stage_id=0,
+        request_id=R,
+        kind="update",
+        num_tokens_in=4,
+        fence={"turn_id": 1},
+    )
     b.add("StageOutput", "s1", 3.1, stage_id=0, request_id=R, num_new_tokens=9, model_turn_id=0)  # late, turn 0
     b.add("StageOutput", "s1", 3.2, stage_id=0, request_id=R, num_new_tokens=2, model_turn_id=1, end_of_turn=True)
     b.add("ResponseEnded", "s1", 3.3, response_id="resp-2", cause="model")
@@ -80,8 +86,15 @@ def stage0_only(ts_submit=10.0, ts_receipt=10.5, ts_final=11.0) -> LogBuilder:
     b.add("SessionOpened", "s1", 9.0, num_stages=2)
     b.add("TurnCommitted", "s1", 10.0, turn_id=0, response_id="r", create_response=True)
     b.add("ResponseBegun", "s1", 10.0, response_id="r", request_id=X0)
-    b.add("StageMetricsReported", "s1", ts_receipt, stage_id=0, request_id=X0, stage_submit_ts=ts_submit,
-          stats={"num_tokens_out": 3})
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        ts_receipt,
+        stage_id=0,
+        request_id=X0,
+        stage_submit_ts=ts_submit,
+        stats={"num_tokens_out": 3},
+    )
     return b
 
 
@@ -96,8 +109,14 @@ def test_d2_only_the_final_stage_is_raised_to_the_finalize():
 def test_d3_rx_size_set_once_and_d4_edge_from_a_bare_snapshot():
     b = stage0_only()
     for ts, n_out in ((10.6, 10), (10.7, 11)):
-        b.add("StageMetricsReported", "s1", ts, stage_id=1, request_id=X0,
-              stats={"num_tokens_out": n_out, "rx_transfer_bytes": 1000, "rx_decode_time_ms": 0.5})
+        b.add(
+            "StageMetricsReported",
+            "s1",
+            ts,
+            stage_id=1,
+            request_id=X0,
+            stats={"num_tokens_out": n_out, "rx_transfer_bytes": 1000, "rx_decode_time_ms": 0.5},
+        )
     b.add("ResponseEnded", "s1", 11.0, response_id="r", cause="model")
     (t,) = project(b).turn_tables
     (edge,) = t.transfers
@@ -114,8 +133,14 @@ def test_d3_rx_size_set_once_and_d4_edge_from_a_bare_snapshot():
 
 def test_d5_missing_string_cell_prints_none():
     b = stage0_only()
-    b.add("StageMetricsReported", "s1", 10.6, stage_id=1, request_id=X0,
-          stats={"num_tokens_out": 10, "output_unit_type": "audio"})
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        10.6,
+        stage_id=1,
+        request_id=X0,
+        stats={"num_tokens_out": 10, "output_unit_type": "audio"},
+    )
     b.add("ResponseEnded", "s1", 11.0, response_id="r", cause="model")
     (t,) = project(b).turn_tables
     row = [line for line in render_turn_text(t).splitlines() if line.startswith("| output_unit_type")]
@@ -153,12 +178,12 @@ def test_d9_each_stale_terminal_is_one_warning_and_the_engine_pair_is_none():
     b = LogBuilder()
     b.add("TurnCommitted", "s1", 1.0, turn_id=0, response_id="r", create_response=True)
     b.add("ResponseBegun", "s1", 1.1, response_id="r", request_id=X0)
-    b.add("ResponseEnded", "s1", 2.0, response_id="r", cause="model")       # 3: finalizes
+    b.add("ResponseEnded", "s1", 2.0, response_id="r", cause="model")  # 3: finalizes
     b.add("TurnFinalized", "s1", 2.0, response_id="r", finished_reason="stop")  # 4: same terminal
     b.add("TurnFinalized", "s1", 2.5, response_id="r", finished_reason="stop")  # 5: a second terminal
-    b.add("CancelRequested", "s1", 2.6, source="barge_in", response_id="r")     # 6: another
+    b.add("CancelRequested", "s1", 2.6, source="barge_in", response_id="r")  # 6: another
     b.add("TurnFinalized", "s1", 2.6, response_id="r", finished_reason="barge_in")  # 7: joins 6
-    b.add("ResponseEnded", "s1", 2.7, response_id="nope")                        # 8: unknown response
+    b.add("ResponseEnded", "s1", 2.7, response_id="nope")  # 8: unknown response
     p = project(b)
     assert len(p.turn_tables) == 1 and p.turn_tables[0].finished_reason == "stop"
     assert warnings(p) == [("stale_finalize", 5), ("stale_finalize", 6), ("stale_finalize", 8)]
@@ -168,10 +193,10 @@ def test_d9_appends_to_ids_the_session_does_not_hold():
     b = LogBuilder()
     b.add("SessionOpened", "s1", 1.0)
     b.add("StageRequestReserved", "s1", 1.0, stage_id=0, request_id=X0)
-    b.add("InputAppended", "s1", 1.1, request_id=X0)                    # held: fine
+    b.add("InputAppended", "s1", 1.1, request_id=X0)  # held: fine
     b.add("StageRequestReleased", "s1", 1.2, stage_id=0, request_id=X0)
-    b.add("InputAppended", "s1", 1.3, request_id=X0)                    # released
-    b.add("InputAppended", "s1", 1.4, request_id=X1)                    # never held
+    b.add("InputAppended", "s1", 1.3, request_id=X0)  # released
+    b.add("InputAppended", "s1", 1.4, request_id=X1)  # never held
     b.add("InputAppended", "s1", 1.5, request_id=X0, fence={"incarnation": 1})  # other incarnation
     p = project(b)
     assert warnings(p) == [("append_after_release", 5), ("append_to_unknown_id", 6), ("stale_fence", 7)]
@@ -184,7 +209,7 @@ def test_d10_ack_releases_only_the_binding_its_abort_saw():
     b.add("StageRequestSubmitted", "s1", 1.1, stage_id=0, request_id=X0)
     b.add("AbortRequested", "s1", 1.2, request_ids=[X0])
     b.add("AbortResult", "s1", 1.3, request_ids=[X0], stage_id=0, outcome="ok")
-    b.add("StageRequestSubmitted", "s1", 1.4, stage_id=0, request_id=X0)   # rebound (a buggy plugin)
+    b.add("StageRequestSubmitted", "s1", 1.4, stage_id=0, request_id=X0)  # rebound (a buggy plugin)
     b.add("AbortResult", "s1", 1.5, request_ids=[X0], stage_id=0, outcome="ok")  # duplicate old ack
     b.add("AbortResult", "s1", 1.5, request_ids=[X0], stage_id=1, outcome="ok")  # answers the abort
     b.add("SessionClosed", "s1", 2.0)
@@ -199,8 +224,7 @@ def test_d11_engine_abort_output_finalizes_abort():
     b.add("TurnCommitted", "s1", 1.0, turn_id=0, response_id="r", create_response=True)
     b.add("StageRequestSubmitted", "s1", 1.01, stage_id=0, request_id=X0)
     b.add("ResponseBegun", "s1", 1.02, response_id="r", request_id=X0)
-    b.add("StageOutput", "s1", 1.25, stage_id=0, request_id=X0, num_new_tokens=0, finished=True,
-          finish_reason="abort")
+    b.add("StageOutput", "s1", 1.25, stage_id=0, request_id=X0, num_new_tokens=0, finished=True, finish_reason="abort")
     b.add("ResponseEnded", "s1", 1.3, response_id="r", status="completed")
     (t,) = project(b).turn_tables
     assert (t.finished_reason, t.e2e["e2e_total_ms"]) == ("abort", 250.0)
@@ -217,10 +241,17 @@ def test_d13_server_shutdown_is_close():
 def stamped_log() -> LogBuilder:
     """A snapshot with engine stamps and no vllm_ttft_ms (the read path once crashed on it)."""
     b = stage0_only()
-    b.add("StageMetricsReported", "s1", 10.6, stage_id=1, request_id=X0, stats={"num_tokens_out": 4},
-          engine_submit_ts={"clock": "engine_monotonic", "s": 100.0},
-          engine_first_token_ts={"clock": "engine_monotonic", "s": 100.25},
-          engine_last_token_ts={"clock": "engine_monotonic", "s": 100.55})
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        10.6,
+        stage_id=1,
+        request_id=X0,
+        stats={"num_tokens_out": 4},
+        engine_submit_ts={"clock": "engine_monotonic", "s": 100.0},
+        engine_first_token_ts={"clock": "engine_monotonic", "s": 100.25},
+        engine_last_token_ts={"clock": "engine_monotonic", "s": 100.55},
+    )
     b.add("ResponseEnded", "s1", 11.0, response_id="r", cause="model")
     return b
 
@@ -267,8 +298,9 @@ def test_twins_and_models_fold_the_same(tmp_path):
     twins = []
     for st in b.stored:
         e = st.event
-        twin = decode_payload(e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts),
-                              json.dumps(e.payload()))
+        twin = decode_payload(
+            e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts), json.dumps(e.payload())
+        )
         assert twin is not None
         twins.append(StoredEvent(st.position, st.stream_id, st.version, st.recorded_at, twin))
     a, c = project(b), Projector().apply_all(twins)
@@ -382,8 +414,16 @@ def test_a_downstream_output_before_its_forward_joins_nothing():
     b.add("SessionOpened", "s1", 1.0, capabilities={"supports_core_resumable_request": True})
     for turn, t0 in ((0, 2.0), (1, 3.0)):
         b.add("TurnCommitted", "s1", t0, turn_id=turn, response_id=f"resp-{turn}", create_response=True)
-        b.add("StageRequestSubmitted", "s1", t0 + 0.01, stage_id=0, request_id=R, num_tokens_in=5,
-              kind="update" if turn else "initial", fence={"turn_id": turn})
+        b.add(
+            "StageRequestSubmitted",
+            "s1",
+            t0 + 0.01,
+            stage_id=0,
+            request_id=R,
+            num_tokens_in=5,
+            kind="update" if turn else "initial",
+            fence={"turn_id": turn},
+        )
         b.add("StageOutput", "s1", t0 + 0.1, stage_id=0, request_id=R, num_new_tokens=3, model_turn_id=turn)
         if turn == 1:
             b.add("StageRequestForwarded", "s1", t0 + 0.15, stage_id=1, request_id=R, fence={"turn_id": 0})

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from benchmarks.synthetic import generate
@@ -26,9 +26,9 @@ from events.store.rows import ImportRow
 from events.store.store import EventStore
 from events.types import Capabilities, parse_event
 from projections import checkpoint, readmodels
+from projections import projector as projector_module
 from projections.collapse import StageCollapse
 from projections.findings import Finding
-from projections import projector as projector_module
 from projections.projector import Projector
 from projections.resources import Binding, IdLife
 from projections.runner import FOLD_VERSION, ProjectionRunner
@@ -48,8 +48,9 @@ def _stored() -> list:
     for pos, e in enumerate(events, 1):
         n = NewRow.from_event(e)
         versions[n.stream_id] = versions.get(n.stream_id, 0) + 1
-        rows.append(StoredRow(pos, n.stream_id, versions[n.stream_id], n.event_id, n.type, n.schema_version,
-                              n.ts_us, 0, n.data))
+        rows.append(
+            StoredRow(pos, n.stream_id, versions[n.stream_id], n.event_id, n.type, n.schema_version, n.ts_us, 0, n.data)
+        )
     return decode_rows(rows, as_struct=True)
 
 
@@ -71,8 +72,9 @@ def test_resuming_from_a_decoded_checkpoint_equals_a_straight_fold() -> None:
             first.apply(s)
         done = first.turns.take_finalized()
         inside_open_turn += any(t.open is not None for t in first.turns.sessions.values())
-        blob = checkpoint.seal(checkpoint.encode_state(first), fold_version=FOLD_VERSION, position=cut,
-                               log_hash=b"h" * 32)
+        blob = checkpoint.seal(
+            checkpoint.encode_state(first), fold_version=FOLD_VERSION, position=cut, log_hash=b"h" * 32
+        )
         sealed = checkpoint.open_blob(blob, fold_version=FOLD_VERSION, expect=Projector)
         resumed = sealed.state
         assert (sealed.position, sealed.log_hash) == (cut, b"h" * 32)
@@ -91,8 +93,7 @@ def _resumed_at(stored: list, cut: int) -> tuple[list, Projector]:
     for s in stored[:cut]:
         first.apply(s)
     done = first.turns.take_finalized()
-    blob = checkpoint.seal(checkpoint.encode_state(first), fold_version=FOLD_VERSION, position=cut,
-                           log_hash=b"h" * 32)
+    blob = checkpoint.seal(checkpoint.encode_state(first), fold_version=FOLD_VERSION, position=cut, log_hash=b"h" * 32)
     resumed = checkpoint.open_blob(blob, fold_version=FOLD_VERSION, expect=Projector).state
     assert checkpoint.same_state(resumed, first)
     return done, resumed.apply_all(stored[cut:])
@@ -133,8 +134,9 @@ def test_generated_histories_do_forget_sessions_that_get_late_events() -> None:
             stored = as_twins(generate_history(random.Random(seed), 2).log.stored)
             p = Projector()
             for s in stored:
-                forgotten = s.stream_id not in p.turns.sessions and s.stream_id in {x.stream_id for x in
-                                                                                      stored[:s.position - 1]}
+                forgotten = s.stream_id not in p.turns.sessions and s.stream_id in {
+                    x.stream_id for x in stored[: s.position - 1]
+                }
                 late += forgotten and s.event.type != "SessionOpened"
                 p.apply(s)
     assert late >= 5
@@ -153,8 +155,19 @@ def _sweep_every(n: int) -> Iterator[None]:
 def test_codec_round_trips_every_supported_kind() -> None:
     twin_stats = msgspec.convert({"num_tokens_in": 3, "stage_stats": {"a": 1.5}}, structs.StageRequestStats)
     values = [
-        None, True, 7, -2**63, 1.25, float("inf"), "ü", b"\x00\xff",
-        [1, [2]], (1, (2.5, "x")), {3, 4}, frozenset({"a"}), {(0, "r"): [1], 5: {"k": None}},
+        None,
+        True,
+        7,
+        -(2**63),
+        1.25,
+        float("inf"),
+        "ü",
+        b"\x00\xff",
+        [1, [2]],
+        (1, (2.5, "x")),
+        {3, 4},
+        frozenset({"a"}),
+        {(0, "r"): [1], 5: {"k": None}},
         Binding(0, "r", (1, 2, 3), True, since_ts=2.5),  # slots dataclass, tuple field
         IdLife("r", 1, 1.0, finished_stages={0, 1}, abort_ok={0: (3, 4.0)}),
         Finding("S", 0, "r", "orphan", 1, 1.0, 2, 2.0, (1, 2), "d"),  # frozen slots dataclass
@@ -181,19 +194,37 @@ def _body(tree) -> bytes:
     return msgspec.msgpack.encode(tree)
 
 
-@pytest.mark.parametrize("body, why", [
-    (_body(["D", "os:system", {}]), "not allowed"),
-    (_body(["D", "projections.resources:Binding", {"stage_id": 0}]), "fields"),
-    (_body(["D", "projections.resources:Binding", {"stage_id": "zero", "request_id": "r", "fence": None,
-                                                    "submitted": True, "finished": False, "since_position": 0,
-                                                    "since_ts": 0.0}]), "does not fit"),
-    (_body(["O", "projections.projector:Projector", {"position": 1}]), "fields"),
-    (_body(["P", "events.types:Capabilities", ["d", "bogus", 1]]), "unreadable"),
-    (_body(["x", 1]), "malformed"),
-    (_body({"a": 1}), "unexpected"),
-    (b"\xc1garbage", "unreadable"),
-    (_body(["l"] * 1 + [["l"]] * 3), ""),  # a well-formed list is fine
-])
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (_body(["D", "os:system", {}]), "not allowed"),
+        (_body(["D", "projections.resources:Binding", {"stage_id": 0}]), "fields"),
+        (
+            _body(
+                [
+                    "D",
+                    "projections.resources:Binding",
+                    {
+                        "stage_id": "zero",
+                        "request_id": "r",
+                        "fence": None,
+                        "submitted": True,
+                        "finished": False,
+                        "since_position": 0,
+                        "since_ts": 0.0,
+                    },
+                ]
+            ),
+            "does not fit",
+        ),
+        (_body(["O", "projections.projector:Projector", {"position": 1}]), "fields"),
+        (_body(["P", "events.types:Capabilities", ["d", "bogus", 1]]), "unreadable"),
+        (_body(["x", 1]), "malformed"),
+        (_body({"a": 1}), "unexpected"),
+        (b"\xc1garbage", "unreadable"),
+        (_body(["l"] * 1 + [["l"]] * 3), ""),  # a well-formed list is fine
+    ],
+)
 def test_forged_bodies_are_refused(body: bytes, why: str) -> None:
     if not why:
         assert checkpoint.decode_state(body) == [[], [], []]
@@ -213,8 +244,11 @@ def test_headers_are_checked() -> None:
     with pytest.raises(checkpoint.CheckpointRefused, match="not a"):
         checkpoint.open_blob(pickle.dumps(Projector()), fold_version=FOLD_VERSION)
     with pytest.raises(checkpoint.CheckpointRefused, match="not a Projector"):
-        checkpoint.open_blob(checkpoint.seal(checkpoint.encode_state([1]), fold_version=FOLD_VERSION, position=0,
-                                             log_hash=b""), fold_version=FOLD_VERSION, expect=Projector)
+        checkpoint.open_blob(
+            checkpoint.seal(checkpoint.encode_state([1]), fold_version=FOLD_VERSION, position=0, log_hash=b""),
+            fold_version=FOLD_VERSION,
+            expect=Projector,
+        )
 
 
 # ------------------------------------------------------------------ on a ledger file
@@ -272,7 +306,8 @@ async def test_a_checkpoint_bound_to_another_log_is_discarded(tmp_path: Path) ->
         assert sealed.log_hash == await store.recorder.backend.run_read(readmodels.log_hash_at, position)
         forged = checkpoint.seal(blob_body(blob), fold_version=fold, position=position, log_hash=b"\x01" * 32)
         await store.recorder.backend.run_write(
-            lambda c: c.execute(readmodels.checkpoints.update().values(state=forged)))
+            lambda c: c.execute(readmodels.checkpoints.update().values(state=forged))
+        )
         runner = ProjectionRunner(store, note=notes.append)
         await runner.load()
         assert runner.position == 0 and "built on another log" in notes[0]

@@ -5,16 +5,16 @@ import asyncio
 
 import pytest
 
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.ports import StagePortError, StreamSegment
 from engine_bridge.session_log import SessionLog
+from events.stats import StageRequestStats
 from events.store.store import EventStore
 from events.types import Capabilities, parse_event
 from projections.collapse import collapse_segments
 from projections.runner import ProjectionRunner
-from events.stats import StageRequestStats
 from tests.cases.support import project
+from tests.fakes.fake_port import FakeStagePort
 from tests.logbuilder import LogBuilder, eph, resident
 
 
@@ -51,13 +51,15 @@ async def test_e10_port_refuses_update_without_an_open_stream():
 async def test_m19_printing_failure_never_blocks_finalize(tmp_path):
     store = await EventStore.open(f"sqlite+aiosqlite:///{tmp_path}/m19.db", create=True)
     try:
+
         def boom(turn):
             raise RuntimeError("printer broke")
 
         log = SessionLog(store, "s1", 0, on_turn=boom)
         x = eph("s1", 3)
-        await log.emit(parse_event({"type": "ResponseBegun", "session_id": "s1", "ts": 1.0, "response_id": "r",
-                                    "request_id": x}))
+        await log.emit(
+            parse_event({"type": "ResponseBegun", "session_id": "s1", "ts": 1.0, "response_id": "r", "request_id": x})
+        )
         await log.emit(parse_event({"type": "TurnFinalized", "session_id": "s1", "ts": 2.0, "response_id": "r"}))
         session = log.projector.turns.sessions["s1"]
         assert session.open is None and list(session.terminals) == ["r"]  # still finalized, once
@@ -67,8 +69,9 @@ async def test_m19_printing_failure_never_blocks_finalize(tmp_path):
 
 def test_m20_weighted_tpot_is_pinned_at_the_stats_level():
     """The collapse helper weights TPOT by max(n_out - 1, 1) (declared change vs last-wins)."""
-    row = collapse_segments([StageRequestStats(num_tokens_out=4, vllm_tpot_ms=10.0),
-                             StageRequestStats(num_tokens_out=6, vllm_tpot_ms=20.0)])
+    row = collapse_segments(
+        [StageRequestStats(num_tokens_out=4, vllm_tpot_ms=10.0), StageRequestStats(num_tokens_out=6, vllm_tpot_ms=20.0)]
+    )
     assert row["vllm_tpot_ms"] == pytest.approx(16.25)
 
 
@@ -79,10 +82,17 @@ async def test_runner_follow_projects_live_appends(tmp_path):
         stop = asyncio.Event()
         task = asyncio.create_task(runner.follow(stop, idle_flush_s=0.02))
         x = eph("s1", 0)
-        await store.append("s1", [parse_event({"type": "ResponseBegun", "session_id": "s1", "ts": 1.0,
-                                                "response_id": "r1", "request_id": x})])
-        await store.append("s1", [parse_event({"type": "ResponseEnded", "session_id": "s1", "ts": 2.0,
-                                                "response_id": "r1"})])
+        await store.append(
+            "s1",
+            [
+                parse_event(
+                    {"type": "ResponseBegun", "session_id": "s1", "ts": 1.0, "response_id": "r1", "request_id": x}
+                )
+            ],
+        )
+        await store.append(
+            "s1", [parse_event({"type": "ResponseEnded", "session_id": "s1", "ts": 2.0, "response_id": "r1"})]
+        )
         for _ in range(200):
             if await runner.turn_tables():
                 break

@@ -47,7 +47,9 @@ def check(history: History, p: Projector) -> None:
     assert [f for f in findings if f.severity == "leak"] == []
     warned = Counter(f.first_position for f in findings if f.severity == "warning")
     assert dict(warned) == {pos: 1 for pos in history.injected}, (
-        {pos: history.injected.get(pos, "(normal flow)") for pos in warned}, history.injected)
+        {pos: history.injected.get(pos, "(normal flow)") for pos in warned},
+        history.injected,
+    )
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,8 +63,9 @@ def test_generated_histories_attribute_every_fact(rnd: random.Random, sessions: 
     assert twins.findings() == models.findings()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(rnd=st.randoms(use_true_random=False))
 def test_generated_histories_through_the_cli(rnd: random.Random, tmp_path_factory) -> None:
     history = generate(rnd, 2)

@@ -30,18 +30,37 @@ def every_other_kind() -> list[StoredEvent]:
     b.add("AbortResult", "k", 1.6, request_ids=[x], stage_id=0, outcome="failed", error="boom")
     b.add("StageRequestRestored", "k", 1.7, stage_id=0, request_id=x)
     b.add("StageRequestLost", "k", 1.8, stage_id=0, request_id=x)
-    b.add("StageMetricsReported", "k", 1.9, stage_id=0, request_id=x, stats={"num_tokens_out": 2},
-          engine_submit_ts={"clock": "engine_monotonic", "s": 5.0},
-          engine_first_token_ts={"clock": "wall", "s": 1.9})  # mixed clocks: flagged, ignored
-    b.add("SessionTakenOver", "k", 1.95, replica_id="B", replica_incarnation=1, previous_replica_id="A",
-          previous_incarnation=0)
+    b.add(
+        "StageMetricsReported",
+        "k",
+        1.9,
+        stage_id=0,
+        request_id=x,
+        stats={"num_tokens_out": 2},
+        engine_submit_ts={"clock": "engine_monotonic", "s": 5.0},
+        engine_first_token_ts={"clock": "wall", "s": 1.9},
+    )  # mixed clocks: flagged, ignored
+    b.add(
+        "SessionTakenOver",
+        "k",
+        1.95,
+        replica_id="B",
+        replica_incarnation=1,
+        previous_replica_id="A",
+        previous_incarnation=0,
+    )
     b.add("SessionClosed", "k", 2.0, reason="recovered_after_crash")
     return b.stored
 
 
 def state_of(p: Projector) -> tuple:
-    return ([t.to_dict() for t in p.turn_tables], p.findings(), p.resources.request_resources(),
-            p.resources.running(), p.resources.held())
+    return (
+        [t.to_dict() for t in p.turn_tables],
+        p.findings(),
+        p.resources.request_resources(),
+        p.resources.running(),
+        p.resources.held(),
+    )
 
 
 def test_every_log_folds_the_same_on_both_paths():

@@ -104,7 +104,8 @@ async def test_case_16_exactly_once_after_crash(store, scenario):
     await ProjectionRunner(store).rebuild()
     assert first == second == await rows(store)
     resources = await store.recorder.backend.run_read(
-        lambda c: sorted((r.stage_id, r.request_id) for r in c.execute(readmodels.request_resources.select())))
+        lambda c: sorted((r.stage_id, r.request_id) for r in c.execute(readmodels.request_resources.select()))
+    )
     assert resources == [(0, T2), (1, T2)]
 
 
@@ -112,8 +113,12 @@ def mixed_log() -> LogBuilder:
     b = LogBuilder()
     for src in (case_12(), case_13(), case_16()):
         for s in src.stored:
-            b.add(s.event.type, s.stream_id + "-" + str(id(src) % 7), s.event.ts,
-                  **s.event.model_dump(exclude={"type", "session_id", "ts", "event_id", "schema_version"}))
+            b.add(
+                s.event.type,
+                s.stream_id + "-" + str(id(src) % 7),
+                s.event.ts,
+                **s.event.model_dump(exclude={"type", "session_id", "ts", "event_id", "schema_version"}),
+            )
     return b
 
 
@@ -135,7 +140,9 @@ async def test_incremental_in_any_chunking_equals_full_rebuild(tmp_path_factory,
             runner = ProjectionRunner(store, batch_size=size)  # a restart per chunk
             await runner.load()
             head = await store.head_position()
-            events = [e async for e in store.read_all(runner.position + 1, until_position=min(head, runner.position + size))]
+            events = [
+                e async for e in store.read_all(runner.position + 1, until_position=min(head, runner.position + size))
+            ]
             if not events:
                 break
             await runner._commit(events)

@@ -174,8 +174,9 @@ class Driver:
                     raise _Refused(code)
                 case Cleanup():
                     try:
-                        await cleanup_id(self, self.ports, step.request_id, cause=step.cause,
-                                         force_abort=step.force_abort)
+                        await cleanup_id(
+                            self, self.ports, step.request_id, cause=step.cause, force_abort=step.force_abort
+                        )
                     except CleanupFailed as exc:
                         if step.release_turn:
                             self.running = None
@@ -256,23 +257,39 @@ class Driver:
             else:
                 if self.state.binding(turn.request_id) is not None:
                     await self._run(Forward(self.now(), turn))
-                    self.record(StageRequestFinished(session_id=SID, ts=self.now(), stage_id=1,  # the runner's result
-                                                     request_id=turn.request_id, finish_reason="stop",
-                                                     model_turn_id=turn.turn_id, end_of_turn=True))
+                    self.record(
+                        StageRequestFinished(
+                            session_id=SID,
+                            ts=self.now(),
+                            stage_id=1,  # the runner's result
+                            request_id=turn.request_id,
+                            finish_reason="stop",
+                            model_turn_id=turn.turn_id,
+                            end_of_turn=True,
+                        )
+                    )
                 await self._run(EndTurn(self.now(), turn, "x", "stop"))
-        await self._run(PromoteDeferred(self.now(), bool(self.conversation.deferred), self.running is not None,
-                                        secrets.token_hex(4)))
+        await self._run(
+            PromoteDeferred(
+                self.now(), bool(self.conversation.deferred), self.running is not None, secrets.token_hex(4)
+            )
+        )
 
 
 OPS = st.one_of(
     st.tuples(st.just("append"), st.sampled_from(["hello there", "mm-hmm", "so...", ""]), st.booleans()),
     st.tuples(st.just("commit"), st.booleans(), st.sampled_from([0.0, 300.0, 900.0])),
-    st.tuples(st.just("create"),),
-    st.tuples(st.just("cancel"), st.sampled_from(["barge_in", "response.cancel", "input.cancel",
-                                                   "output_audio_buffer.clear"])),
+    st.tuples(
+        st.just("create"),
+    ),
+    st.tuples(
+        st.just("cancel"), st.sampled_from(["barge_in", "response.cancel", "input.cancel", "output_audio_buffer.clear"])
+    ),
     st.tuples(st.just("end"), st.sampled_from(["model", "listen", "abort", "fail"])),
     st.tuples(st.just("break_abort"), st.integers(0, 1)),
-    st.tuples(st.just("stale_fence"),),
+    st.tuples(
+        st.just("stale_fence"),
+    ),
 )
 
 
@@ -293,11 +310,18 @@ def play_ops(driver: Driver, ops: list[tuple]) -> None:
             driver.command(Append(now(), {"input_kind": "text", "text": text}, text, speech))
         elif op[0] == "commit":
             c = driver.conversation
-            driver.command(Commit(now(), op[1], op[2], c.input_chunks, c.input_speech, running is not None,
-                                  secrets.token_hex(4)))
+            driver.command(
+                Commit(now(), op[1], op[2], c.input_chunks, c.input_speech, running is not None, secrets.token_hex(4))
+            )
         elif op[0] == "create":
-            driver.command(CreateResponse(now(), running.request_id if running else None,
-                                          bool(driver.conversation.pending), secrets.token_hex(4)))
+            driver.command(
+                CreateResponse(
+                    now(),
+                    running.request_id if running else None,
+                    bool(driver.conversation.pending),
+                    secrets.token_hex(4),
+                )
+            )
         elif op[0] == "cancel":
             source = {"output_audio_buffer.clear": "output_audio_buffer_clear"}.get(op[1], op[1])
             driver.command(CancelResponse(now(), op[1], source, running))
@@ -308,15 +332,25 @@ def play_ops(driver: Driver, ops: list[tuple]) -> None:
         else:
             stale = Fence(incarnation=driver.state.incarnation, epoch=max(0, driver.state.epoch - 1))
             assert driver.command(Append(now(), {"input_kind": "text", "text": "t"}, "t", True, stale)) == (
-                "stale_fence" if driver.state.epoch > 0 else None)
+                "stale_fence" if driver.state.epoch > 0 else None
+            )
 
 
 def summary(s: SessionResources) -> tuple:
     """What the rules read of a session's folded state."""
-    return (s.incarnation, s.epoch, s.turn_id, s.closed_at, s.accepted_fence, s.active_request_id,
-            sorted((k, b.state, b.fence) for k, b in s.bindings.items()),
-            sorted((r, life.cleanup_ok, sorted(life.finished_stages), sorted(life.abort_failed))
-                   for r, life in s.lives.items()), list(s.retired))
+    return (
+        s.incarnation,
+        s.epoch,
+        s.turn_id,
+        s.closed_at,
+        s.accepted_fence,
+        s.active_request_id,
+        sorted((k, b.state, b.fence) for k, b in s.bindings.items()),
+        sorted(
+            (r, life.cleanup_ok, sorted(life.finished_stages), sorted(life.abort_failed)) for r, life in s.lives.items()
+        ),
+        list(s.retired),
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -331,8 +365,11 @@ def test_evolve_of_decided_events_equals_the_offline_projection(resident, auto, 
     assert driver.state.closed
     findings = Projector().apply_all(driver.log).findings()
     assert [f for f in findings if f.kind != "command_rejected"] == [], findings
-    initial = Counter(s.event.request_id for s in driver.log
-                      if isinstance(s.event, StageRequestSubmitted) and s.event.kind == "initial")
+    initial = Counter(
+        s.event.request_id
+        for s in driver.log
+        if isinstance(s.event, StageRequestSubmitted) and s.event.kind == "initial"
+    )
     assert [r for r, n in initial.items() if n > 1] == []  # an id is never reused (DOMAIN §1.1, R8)
     rejected = sum(s.event.type == "CommandRejected" for s in driver.log)
     assert sum(f.kind == "command_rejected" for f in findings) == rejected
@@ -385,19 +422,43 @@ def _shape(steps: list) -> list:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(resident=st.booleans(), auto=st.booleans(), ops=st.lists(OPS, max_size=20),
-       create=st.booleans(), overlap=st.sampled_from([0.0, 900.0]))
+@given(
+    resident=st.booleans(),
+    auto=st.booleans(),
+    ops=st.lists(OPS, max_size=20),
+    create=st.booleans(),
+    overlap=st.sampled_from([0.0, 900.0]),
+)
 def test_decide_is_pure(resident, auto, ops, create, overlap):
     """decide reads the state and the command only: it changes nothing, and the same state
     and command give the same steps."""
     driver = Driver(resident, auto)
     play_ops(driver, ops)
     c = driver.conversation
-    for command in (Commit(2000.0, create, overlap, c.input_chunks, c.input_speech, driver.running is not None,
-                           "0123abcd"),
-                    CancelResponse(2000.0, "barge_in", "barge_in", driver.running), Close(2000.0, "x", driver.running),
-                    Reserve(2000.0)):
+    for command in (
+        Commit(2000.0, create, overlap, c.input_chunks, c.input_speech, driver.running is not None, "0123abcd"),
+        CancelResponse(2000.0, "barge_in", "barge_in", driver.running),
+        Close(2000.0, "x", driver.running),
+        Reserve(2000.0),
+    ):
         before = summary(driver.state.resources)
         first = decide(driver.state, command)
         assert summary(driver.state.resources) == before
         assert _shape(decide(driver.state, command)) == _shape(first)
+
+
+def test_a_failed_turn_s_id_is_never_submitted_again():
+    """DOMAIN §1.1: after a turn fails (its keys released), the next commit rebinds to the next
+    turn's id instead of submitting the released one again (found by the property test)."""
+    driver = Driver(resident=False, auto=False)
+    ops = [
+        ("append", "hi", True),
+        ("commit", True, 0.0),
+        ("end", "fail"),
+        ("append", "again", True),
+        ("commit", True, 0.0),
+    ]
+    play(driver, ops)
+    submitted = [s.event.request_id for s in driver.log if isinstance(s.event, StageRequestSubmitted)]
+    assert len(submitted) == 2 and len(set(submitted)) == 2
+    assert submitted[1].endswith("_t1")

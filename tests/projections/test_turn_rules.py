@@ -23,22 +23,62 @@ def open_turn(b, response_id="resp-a", ts=10.0, request_id=X):
 def worked_example() -> LogBuilder:
     """DOMAIN §5.6 as events."""
     b = LogBuilder()
-    b.add("TransferTx", "s1", 999.0, from_stage=0, to_stage=1, request_id=eph("s1", 2), size_bytes=4096,
-          tx_time_ms=1.0)
+    b.add("TransferTx", "s1", 999.0, from_stage=0, to_stage=1, request_id=eph("s1", 2), size_bytes=4096, tx_time_ms=1.0)
     b.add("TurnCommitted", "s1", 1000.0, turn_id=3, create_response=True)
     b.add("ResponseBegun", "s1", 1000.01, response_id="resp-s1-0-9f2c41aa", turn_id=3, request_id=X)
-    b.add("StageMetricsReported", "s1", 1000.4, stage_id=0, request_id=X, stage_submit_ts=1000.05,
-          stats={"num_tokens_in": 120, "num_tokens_out": 5, "stage_gen_time_ms": 180, "vllm_ttft_ms": 95,
-                 "vllm_tpot_ms": 24, "vllm_itls_ms": [30, 22, 22, 22],
-                 "serving_time_to_first_output_ms": 1.757e12})
-    b.add("StageMetricsReported", "s1", 1001.6, stage_id=1, request_id=X, stage_submit_ts=1000.42,
-          stats={"num_tokens_in": 14, "num_tokens_out": 150, "stage_gen_time_ms": 650,
-                 "audio_generated_frames": 48000, "audio_sample_rate": 24000, "audio_duration_s": 2.0,
-                 "rx_transfer_bytes": 65536, "rx_decode_time_ms": 1.5, "rx_in_flight_time_ms": 0.5})
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        1000.4,
+        stage_id=0,
+        request_id=X,
+        stage_submit_ts=1000.05,
+        stats={
+            "num_tokens_in": 120,
+            "num_tokens_out": 5,
+            "stage_gen_time_ms": 180,
+            "vllm_ttft_ms": 95,
+            "vllm_tpot_ms": 24,
+            "vllm_itls_ms": [30, 22, 22, 22],
+            "serving_time_to_first_output_ms": 1.757e12,
+        },
+    )
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        1001.6,
+        stage_id=1,
+        request_id=X,
+        stage_submit_ts=1000.42,
+        stats={
+            "num_tokens_in": 14,
+            "num_tokens_out": 150,
+            "stage_gen_time_ms": 650,
+            "audio_generated_frames": 48000,
+            "audio_sample_rate": 24000,
+            "audio_duration_s": 2.0,
+            "rx_transfer_bytes": 65536,
+            "rx_decode_time_ms": 1.5,
+            "rx_in_flight_time_ms": 0.5,
+        },
+    )
     b.add("TransferTx", "s1", 1001.0, from_stage=0, to_stage=1, request_id=X, size_bytes=65536, tx_time_ms=3.0)
-    b.add("StageMetricsReported", "s1", 1001.3, stage_id=0, request_id=X, stage_submit_ts=1000.9,
-          stats={"num_tokens_in": 16, "num_tokens_out": 9, "stage_gen_time_ms": 200, "vllm_ttft_ms": 40,
-                 "vllm_tpot_ms": 18, "vllm_itls_ms": [20] * 6 + [15, 15]})
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        1001.3,
+        stage_id=0,
+        request_id=X,
+        stage_submit_ts=1000.9,
+        stats={
+            "num_tokens_in": 16,
+            "num_tokens_out": 9,
+            "stage_gen_time_ms": 200,
+            "vllm_ttft_ms": 40,
+            "vllm_tpot_ms": 18,
+            "vllm_itls_ms": [20] * 6 + [15, 15],
+        },
+    )
     b.add("ResponseEnded", "s1", 1001.7, response_id="resp-s1-0-9f2c41aa", cause="model")
     return b
 
@@ -49,10 +89,18 @@ def test_worked_example_through_the_fold_is_golden():
     assert render_turn_text(p.turn_tables[0]) == GOLDEN.read_text()
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("barge_in", "barge_in"), ("cancel", "cancel"), ("close", "close"), ("abort", "abort"), ("error", "error"),
-    ("stop", "stop"), ("oops", "abort"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("barge_in", "barge_in"),
+        ("cancel", "cancel"),
+        ("close", "close"),
+        ("abort", "abort"),
+        ("error", "error"),
+        ("stop", "stop"),
+        ("oops", "abort"),
+    ],
+)
 def test_m1_reasons_pass_through(raw, expected):
     b = LogBuilder()
     open_turn(b)
@@ -67,8 +115,15 @@ def test_m2_first_ts_rule():
     for submit_ts, expected_first in ((100.0, 100.0), (None, 200.0)):
         b = LogBuilder()
         open_turn(b, ts=50.0)
-        b.add("StageMetricsReported", "s1", 200.0, stage_id=0, request_id=X, stage_submit_ts=submit_ts,
-              stats={"num_tokens_out": 1})
+        b.add(
+            "StageMetricsReported",
+            "s1",
+            200.0,
+            stage_id=0,
+            request_id=X,
+            stage_submit_ts=submit_ts,
+            stats={"num_tokens_out": 1},
+        )
         b.add("StageMetricsReported", "s1", 250.0, stage_id=1, request_id=X, stats={"num_tokens_out": 1})
         b.add("ResponseEnded", "s1", 300.0, response_id="resp-a")
         (first,) = project(b).turn_tables
@@ -76,11 +131,21 @@ def test_m2_first_ts_rule():
         assert first.summary["e2e_stage_0_wall_time_ms"] == pytest.approx((200.0 - expected_first) * 1000)
 
 
-@pytest.mark.parametrize("source, reason", [
-    ("session_close", "close"), ("timeout", "cancel"), ("new_response", "cancel"), ("disconnect", "close"),
-    ("disconnect_grace_expired", "close"), ("input.cancel", "cancel"), ("response.cancel", "cancel"),
-    ("barge_in", "barge_in"), ("output_audio_buffer_clear", "cancel"), ("something_new", "cancel"),
-])
+@pytest.mark.parametrize(
+    "source, reason",
+    [
+        ("session_close", "close"),
+        ("timeout", "cancel"),
+        ("new_response", "cancel"),
+        ("disconnect", "close"),
+        ("disconnect_grace_expired", "close"),
+        ("input.cancel", "cancel"),
+        ("response.cancel", "cancel"),
+        ("barge_in", "barge_in"),
+        ("output_audio_buffer_clear", "cancel"),
+        ("something_new", "cancel"),
+    ],
+)
 def test_m4_cancel_source_mapping_and_one_table(source, reason):
     b = LogBuilder()
     open_turn(b)
@@ -93,8 +158,15 @@ def test_m4_cancel_source_mapping_and_one_table(source, reason):
 def test_m5_auto_response_buffer_before_begin():
     b = LogBuilder()
     b.add("SessionOpened", "s1", 40.0, auto_response=True)
-    b.add("StageMetricsReported", "s1", 60.0, stage_id=0, request_id=X, stage_submit_ts=50.0,
-          stats={"num_tokens_out": 7, "stage_gen_time_ms": 30})
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        60.0,
+        stage_id=0,
+        request_id=X,
+        stage_submit_ts=50.0,
+        stats={"num_tokens_out": 7, "stage_gen_time_ms": 30},
+    )
     p = Projector()
     for s in b.stored:
         p.apply(s)
@@ -174,9 +246,14 @@ def test_m18_two_turns_and_tx_delta():
     b = LogBuilder()
     b.add("TransferTx", "s1", 1.0, from_stage=0, to_stage=1, request_id=X, tx_time_ms=3.0, size_bytes=100)
     open_turn(b, response_id="resp-a", ts=2.0)
-    b.add("StageMetricsReported", "s1", 3.0, stage_id=1, request_id=X,
-          stats={"num_tokens_out": 4, "rx_decode_time_ms": 1.0, "rx_in_flight_time_ms": 0.5,
-                 "rx_transfer_bytes": 2048})
+    b.add(
+        "StageMetricsReported",
+        "s1",
+        3.0,
+        stage_id=1,
+        request_id=X,
+        stats={"num_tokens_out": 4, "rx_decode_time_ms": 1.0, "rx_in_flight_time_ms": 0.5, "rx_transfer_bytes": 2048},
+    )
     b.add("TransferTx", "s1", 3.5, from_stage=0, to_stage=1, request_id=X, tx_time_ms=7.5, size_bytes=2048)
     b.add("ResponseEnded", "s1", 4.0, response_id="resp-a")
     open_turn(b, response_id="resp-b", ts=5.0)
@@ -191,8 +268,15 @@ def test_m21_same_snapshot_on_two_paths_counted_once_and_superseded_turn_aborts(
     b = LogBuilder()
     open_turn(b, response_id="resp-a")
     for _ in range(2):
-        b.add("StageMetricsReported", "s1", 11.0, stage_id=0, request_id=X, stage_submit_ts=10.5,
-              stats={"num_tokens_in": 10, "num_tokens_out": 4, "stage_gen_time_ms": 15})
+        b.add(
+            "StageMetricsReported",
+            "s1",
+            11.0,
+            stage_id=0,
+            request_id=X,
+            stage_submit_ts=10.5,
+            stats={"num_tokens_in": 10, "num_tokens_out": 4, "stage_gen_time_ms": 15},
+        )
     open_turn(b, response_id="resp-b", ts=12.0)
     b.add("ResponseEnded", "s1", 13.0, response_id="resp-b")
     a, second = project(b).turn_tables
@@ -203,8 +287,14 @@ def test_m21_same_snapshot_on_two_paths_counted_once_and_superseded_turn_aborts(
 def test_m15_thousand_pre_begin_snapshots_one_pending_entry():
     b = LogBuilder()
     for i in range(1000):
-        b.add("StageMetricsReported", "s1", 1.0 + i * 0.001, stage_id=0, request_id=X,
-              stats={"num_tokens_out": 1, "stage_gen_time_ms": 1.0})
+        b.add(
+            "StageMetricsReported",
+            "s1",
+            1.0 + i * 0.001,
+            stage_id=0,
+            request_id=X,
+            stats={"num_tokens_out": 1, "stage_gen_time_ms": 1.0},
+        )
     p = project(b)
     assert list(p.turns.sessions["s1"].pending_rows) == [0]
     open_turn(b, ts=5.0)

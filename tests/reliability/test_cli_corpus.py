@@ -15,8 +15,16 @@ from reports.cli_errors import exit_code
 from reports.cli_projections import _findings_table
 from tests.reliability.support import LOG, SECRET, cli, fingerprint, refused_cleanly
 
-COMMANDS = [("audit",), ("tables",), ("rebuild", "--quiet"), ("events", "export"), ("db", "current"),
-            ("db", "upgrade"), ("events", "tail"), ("events", "import", str(LOG))]
+COMMANDS = [
+    ("audit",),
+    ("tables",),
+    ("rebuild", "--quiet"),
+    ("events", "export"),
+    ("db", "current"),
+    ("db", "upgrade"),
+    ("events", "tail"),
+    ("events", "import", str(LOG)),
+]
 BAD_URLS = {
     "garbage": ("garbage", 2),
     "empty": ("", 2),
@@ -128,16 +136,26 @@ def test_postgres_login_failures_are_one_line(pg_url: str, what: str) -> None:
 
 def test_password_never_printed(tmp_path) -> None:
     url = f"postgresql+asyncpg://user:{SECRET}@127.0.0.1:1/db"
-    for command in (("audit", "--session", "nosuch"), ("db", "current"), ("db", "upgrade"),
-                    ("db", "downgrade", "base", "--yes")):
+    for command in (
+        ("audit", "--session", "nosuch"),
+        ("db", "current"),
+        ("db", "upgrade"),
+        ("db", "downgrade", "base", "--yes"),
+    ):
         result = cli(*command, "--db", url)
         assert SECRET not in result.output and "***" in result.output, result.output
 
 
-@pytest.mark.parametrize(("name", "content"), [
-    ("non-UTF-8 byte", b'{"type":"session.open","session":"A"}\n{"type":"input.append","session":"A","text":"\xff"}\n'),
-    ("nested 3000 deep", b'{"type":"session.open","session":"A"}\n{"x":' + b"[" * 3000 + b"]" * 3000 + b"}\n"),
-])
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        (
+            "non-UTF-8 byte",
+            b'{"type":"session.open","session":"A"}\n{"type":"input.append","session":"A","text":"\xff"}\n',
+        ),
+        ("nested 3000 deep", b'{"type":"session.open","session":"A"}\n{"x":' + b"[" * 3000 + b"]" * 3000 + b"}\n"),
+    ],
+)
 def test_bad_trace_for_run_names_the_line(tmp_path, name: str, content: bytes) -> None:
     trace = tmp_path / "trace.jsonl"
     trace.write_bytes(content)
@@ -164,8 +182,10 @@ def test_exit_code_policy_is_one_table() -> None:
     from events.jsonl import JsonlError
     from events.store.errors import LedgerNotFound, NotALedger, SchemaRevisionError
 
-    assert {exit_code(e) for e in (SchemaRevisionError("x"), LedgerNotFound("x"), NotALedger("x"),
-                                   JsonlError([]), ValueError("x"))} == {2}
+    assert {
+        exit_code(e)
+        for e in (SchemaRevisionError("x"), LedgerNotFound("x"), NotALedger("x"), JsonlError([]), ValueError("x"))
+    } == {2}
     assert {exit_code(e) for e in (OSError("x"), ConnectionRefusedError(), RuntimeError("x"))} == {1}
 
 
@@ -183,9 +203,11 @@ def test_a_password_that_is_also_the_user_name_garbles_nothing():
 
     url = "postgresql+asyncpg://ledger:ledger@127.0.0.1:5432/ledger_test"
     message = f"{url} has no duplex-ledger schema; run `duplex-ledger db upgrade --db {url}`"
-    assert scrub(message, url) == ("postgresql+asyncpg://ledger:***@127.0.0.1:5432/ledger_test has no duplex-ledger "
-                                   "schema; run `duplex-ledger db upgrade --db "
-                                   "postgresql+asyncpg://ledger:***@127.0.0.1:5432/ledger_test`")
+    assert scrub(message, url) == (
+        "postgresql+asyncpg://ledger:***@127.0.0.1:5432/ledger_test has no duplex-ledger "
+        "schema; run `duplex-ledger db upgrade --db "
+        "postgresql+asyncpg://ledger:***@127.0.0.1:5432/ledger_test`"
+    )
     secret = "postgresql+asyncpg://u:S3cr3tPW@h/db"
     assert "S3cr3tPW" not in scrub("connect failed: password S3cr3tPW rejected", secret)
 

@@ -40,8 +40,17 @@ def _together(script: str, argvs: list[list[str]]) -> list[subprocess.CompletedP
     """Start one process per argv; they all begin their work at the same wall-clock second."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     code = script.format(start=time.time() + 4 + 0.5 * len(argvs))  # after every import is done
-    procs = [subprocess.Popen([sys.executable, "-c", code, *argv], cwd=ROOT, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for argv in argvs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *argv],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for argv in argvs
+    ]
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=180), *p.communicate()) for p in procs]
 
 

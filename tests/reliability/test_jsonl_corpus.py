@@ -104,7 +104,9 @@ def ledger(db_url: str) -> str:
 def test_bad_line_is_refused_naming_it_and_nothing_changes(ledger: str, tmp_path, name: str) -> None:
     bad = CORPUS[name]
     path = tmp_path / "bad.jsonl"
-    path.write_bytes(GOOD.encode() + b"\n" + (bad if isinstance(bad, bytes) else bad.encode("utf-8", "surrogatepass")) + b"\n")
+    path.write_bytes(
+        GOOD.encode() + b"\n" + (bad if isinstance(bad, bytes) else bad.encode("utf-8", "surrogatepass")) + b"\n"
+    )
     before = export(ledger)
     result = cli("events", "import", str(path), "--db", ledger)
     refused_cleanly(result, 2, max_lines=4)
@@ -115,8 +117,16 @@ def test_bad_line_is_refused_naming_it_and_nothing_changes(ledger: str, tmp_path
 def test_corpus_covers_the_issue() -> None:
     """The corpus holds the issue's examples and stays large enough to mean something."""
     assert len(CORPUS) >= 55
-    assert {"float Infinity", "float 1e400", "engine stamp NaN", "ts ISO before 1970", "nested 3000 deep",
-            "non-UTF-8 byte", "text lone surrogate", "event_id stored with other data"} <= CORPUS.keys()
+    assert {
+        "float Infinity",
+        "float 1e400",
+        "engine stamp NaN",
+        "ts ISO before 1970",
+        "nested 3000 deep",
+        "non-UTF-8 byte",
+        "text lone surrogate",
+        "event_id stored with other data",
+    } <= CORPUS.keys()
 
 
 def test_same_id_same_content_is_a_no_op(ledger: str, tmp_path) -> None:

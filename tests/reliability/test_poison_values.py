@@ -25,28 +25,72 @@ from events.types import EVENT_CLASSES, EventBase
 from reports.cli_errors import exit_code
 
 ENVELOPE = {"type", "schema_version", "event_id"}
-ODD_TEXT = ["1969-12-31T23:59:59.5+00:00", "9999-12-31T23:59:59.999999+00:00", "2025-09-04T23:33:40+08:00",
-            "2025-01-01T00:00:00", "0001-01-01T00:00:00+00:00", "\x00", "nan", "Infinity", "-0", "1e400",
-            "audio", "initial", "ok", "stop", "wall", ""]
+ODD_TEXT = [
+    "1969-12-31T23:59:59.5+00:00",
+    "9999-12-31T23:59:59.999999+00:00",
+    "2025-09-04T23:33:40+08:00",
+    "2025-01-01T00:00:00",
+    "0001-01-01T00:00:00+00:00",
+    "\x00",
+    "nan",
+    "Infinity",
+    "-0",
+    "1e400",
+    "audio",
+    "initial",
+    "ok",
+    "stop",
+    "wall",
+    "",
+]
 scalars = st.one_of(
-    st.none(), st.booleans(),
+    st.none(),
+    st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
-    st.integers(min_value=-(2**63) - 2, max_value=-(2**63) + 2), st.integers(min_value=2**63 - 2, max_value=2**63 + 2),
+    st.integers(min_value=-(2**63) - 2, max_value=-(2**63) + 2),
+    st.integers(min_value=2**63 - 2, max_value=2**63 + 2),
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(min_value=-1.0, max_value=3e11),
     st.text(st.characters(blacklist_categories=()), max_size=6),  # surrogates and NUL included
     st.sampled_from(ODD_TEXT),
 )
-wild = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.text(st.characters(blacklist_categories=()), max_size=3), inner, max_size=3), max_leaves=6)
+wild = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(st.characters(blacklist_categories=()), max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 plausible = st.one_of(  # values a field of its kind may well accept, so round trips get exercised
-    st.integers(min_value=0, max_value=10**6), st.floats(min_value=0, max_value=1e12), st.booleans(), st.none(),
+    st.integers(min_value=0, max_value=10**6),
+    st.floats(min_value=0, max_value=1e12),
+    st.booleans(),
+    st.none(),
     st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8),
     st.lists(st.text(min_size=1, max_size=3) | st.integers(0, 9) | st.floats(0, 1e3), min_size=1, max_size=3),
-    st.dictionaries(st.text(max_size=3), st.floats(allow_nan=False, allow_infinity=False) | st.integers(0, 9),
-                    max_size=2))
-poison = st.sampled_from([float("nan"), float("inf"), float("-inf"), 2**63, -(2**63) - 1, 2**64, "\ud800", "x\udfff",
-                          "S\x00", "1969-12-31T23:59:59.5+00:00", 1e13, -0.5, [float("inf")], {"k": float("nan")}])
+    st.dictionaries(
+        st.text(max_size=3), st.floats(allow_nan=False, allow_infinity=False) | st.integers(0, 9), max_size=2
+    ),
+)
+poison = st.sampled_from(
+    [
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        2**63,
+        -(2**63) - 1,
+        2**64,
+        "\ud800",
+        "x\udfff",
+        "S\x00",
+        "1969-12-31T23:59:59.5+00:00",
+        1e13,
+        -0.5,
+        [float("inf")],
+        {"k": float("nan")},
+    ]
+)
 values = st.one_of(plausible, wild, poison)
 NESTED = {
     "fence": st.fixed_dictionaries({"incarnation": values, "epoch": values, "turn_id": values}),
@@ -62,7 +106,11 @@ def _baseline(cls: type[EventBase]) -> dict[str, Any]:
     for name, field in cls.model_fields.items():
         if name in ENVELOPE | {"session_id", "ts"} or not field.is_required():
             continue
-        literal = [a for a in typing.get_args(field.annotation)] if typing.get_origin(field.annotation) is typing.Literal else []
+        literal = (
+            [a for a in typing.get_args(field.annotation)]
+            if typing.get_origin(field.annotation) is typing.Literal
+            else []
+        )
         for candidate in (*literal, 1, "r1", ["r1"]):
             try:
                 cls.model_validate({**payload, name: candidate, "session_id": "S", "ts": 1.0})
@@ -113,8 +161,13 @@ def ledgers(db_url: str, tmp_path) -> Iterator[Ledgers]:
 
 
 def _line(type_name: str, envelope: dict[str, Any], data: dict[str, Any]) -> str:
-    obj = {"stream": envelope["session_id"], "type": type_name, "ts": envelope["ts"], "data": data,
-           "event_id": str(envelope["event_id"])}
+    obj = {
+        "stream": envelope["session_id"],
+        "type": type_name,
+        "ts": envelope["ts"],
+        "data": data,
+        "event_id": str(envelope["event_id"]),
+    }
     return json.dumps(obj, allow_nan=True)  # ensure_ascii: a lone surrogate is written as \\udXXX
 
 
@@ -129,8 +182,9 @@ async def _round_trip(ledgers: Ledgers, event: EventBase) -> None:
     assert format_line(again[0]) == exported
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(candidates())
 def test_every_value_round_trips_or_is_refused_at_the_door(ledgers: Ledgers, candidate: tuple[str, str, Any]) -> None:
     type_name, field, value = candidate
@@ -157,11 +211,19 @@ def test_every_value_round_trips_or_is_refused_at_the_door(ledgers: Ledgers, can
     ledgers.round_tripped += 1
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("overlap_speech_ms", float("inf")), ("overlap_speech_ms", float("nan")), ("turn_id", 2**63),
-    ("ts", "1969-12-31T23:59:59.5+00:00"), ("ts", 1e13), ("ts", float("-inf")), ("session_id", "S\x00"),
-    ("response_id", "r\ud800"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("overlap_speech_ms", float("inf")),
+        ("overlap_speech_ms", float("nan")),
+        ("turn_id", 2**63),
+        ("ts", "1969-12-31T23:59:59.5+00:00"),
+        ("ts", 1e13),
+        ("ts", float("-inf")),
+        ("session_id", "S\x00"),
+        ("response_id", "r\ud800"),
+    ],
+)
 def test_the_issue_examples_are_refused_naming_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValidationError) as caught:
         EVENT_CLASSES["TurnCommitted"].model_validate({"session_id": "S", "ts": 1.0, "turn_id": 0, field: value})

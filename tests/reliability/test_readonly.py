@@ -39,7 +39,12 @@ FILES = {
     "binary junk": lambda p: p.write_bytes(bytes(range(256)) * 20),
 }
 READ = [("events", "export"), ("audit",), ("tables",), ("db", "current"), ("events", "tail")]
-WRITE = [("db", "upgrade"), ("db", "downgrade", "base", "--yes"), ("rebuild", "--quiet"), ("events", "import", str(LOG))]
+WRITE = [
+    ("db", "upgrade"),
+    ("db", "downgrade", "base", "--yes"),
+    ("rebuild", "--quiet"),
+    ("events", "import", str(LOG)),
+]
 
 
 @pytest.mark.parametrize("command", READ + WRITE, ids=" ".join)
@@ -64,8 +69,12 @@ def test_a_zero_byte_file_stays_zero_bytes(tmp_path, command: tuple[str, ...]) -
     else:
         refused_cleanly(result, 2)
         assert "no duplex-ledger schema" in result.output
-    assert path.stat().st_size == 0 and fingerprint(path) == {"main": fingerprint(path)["main"], "-wal": None,
-                                                               "-shm": None, "-journal": None}
+    assert path.stat().st_size == 0 and fingerprint(path) == {
+        "main": fingerprint(path)["main"],
+        "-wal": None,
+        "-shm": None,
+        "-journal": None,
+    }
 
 
 @pytest.mark.parametrize("command", READ[:1] + READ[3:4], ids=" ".join)

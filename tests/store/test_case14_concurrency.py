@@ -27,9 +27,7 @@ async def test_part_a_same_expected_version_exactly_one_wins(store: EventStore, 
         await store.append(stream, turns(stream, 7), expected_version=0)
         a = begun(stream, "resp-3", ts=120.010)
         b = AbortRequested(session_id=stream, ts=120.011, request_ids=["duplex-s.UzE.i.0.e.0.r.stage0_t2"])
-        (ra, pa), (rb, pb) = await asyncio.gather(
-            _retry_once(store, stream, a, 7), _retry_once(store, stream, b, 7)
-        )
+        (ra, pa), (rb, pb) = await asyncio.gather(_retry_once(store, stream, a, 7), _retry_once(store, stream, b, 7))
         assert sorted([ra, rb]) == ["retried", "won"]
         stored = await store.read_stream(stream)
         assert [s.version for s in stored] == list(range(1, 10))

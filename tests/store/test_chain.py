@@ -23,18 +23,35 @@ from tests.store.helpers import turns
 
 def test_canonical_bytes_are_length_prefixed_and_fixed() -> None:
     b = canonical_bytes(1, "S", 2, "e", "T", 1, -5, 7, '{"ü":1}')
-    assert b == (b"\x00" * 7 + b"\x01" + b"\x00\x00\x00\x01S" + b"\x00" * 7 + b"\x02" + b"\x00\x00\x00\x01e"
-                 + b"\x00\x00\x00\x01T" + b"\x00" * 7 + b"\x01" + b"\xff" * 7 + b"\xfb" + b"\x00" * 7 + b"\x07"
-                 + b"\x00\x00\x00\x08" + '{"ü":1}'.encode())
+    assert b == (
+        b"\x00" * 7
+        + b"\x01"
+        + b"\x00\x00\x00\x01S"
+        + b"\x00" * 7
+        + b"\x02"
+        + b"\x00\x00\x00\x01e"
+        + b"\x00\x00\x00\x01T"
+        + b"\x00" * 7
+        + b"\x01"
+        + b"\xff" * 7
+        + b"\xfb"
+        + b"\x00" * 7
+        + b"\x07"
+        + b"\x00\x00\x00\x08"
+        + '{"ü":1}'.encode()
+    )
     # a field boundary cannot move: ("ab", "c") and ("a", "bc") differ
     assert canonical_bytes(1, "ab", 1, "c", "T", 1, 0, 0, "") != canonical_bytes(1, "a", 1, "bc", "T", 1, 0, 0, "")
 
 
-@pytest.mark.parametrize("row", [
-    (1, "S", 2, "e", "T", 1, -5, 7, '{"ü":1}'),
-    (2**62, "sessiön-\U0001f600", 2**63 - 1, "00000000-0000-0000-0000-000000000001", "StageOutput", 2, 0, -1, ""),
-    (3, "", 1, "", "", 0, 2**63 - 1, -(2**63), '{"a":[1,2.5,null]}' * 50),
-])
+@pytest.mark.parametrize(
+    "row",
+    [
+        (1, "S", 2, "e", "T", 1, -5, 7, '{"ü":1}'),
+        (2**62, "sessiön-\U0001f600", 2**63 - 1, "00000000-0000-0000-0000-000000000001", "StageOutput", 2, 0, -1, ""),
+        (3, "", 1, "", "", 0, 2**63 - 1, -(2**63), '{"a":[1,2.5,null]}' * 50),
+    ],
+)
 def test_pieces_linked_under_the_lock_give_the_row_hash(row: tuple) -> None:
     """The writer links pieces encoded before the lock: the same bytes as canonical_bytes."""
     position, stream, version, event_id, type_, schema_version, ts_us, recorded_at_us, data = row
@@ -103,6 +120,7 @@ async def test_an_edited_export_is_refused_at_import(store: EventStore, tmp_path
 
 def _chained_export(events: int = 8) -> list[str]:
     """The lines of an export of a small SQLite log (every line carries its hash)."""
+
     async def export(path: str) -> list[str]:
         store = await EventStore.open(f"sqlite+aiosqlite:///{path}", create=True)
         try:
@@ -124,8 +142,11 @@ EDITS = {
     "stream": lambda o: o.update(stream=o["stream"] + "x"),
     "version": lambda o: o.update(version=o["version"] + 1),
     "event_id": lambda o: o.update(event_id=str(uuid.UUID(int=o["position"]))),
-    "data": lambda o: o["data"].update(turn_id=o["data"].get("turn_id", 0) + 1) if "turn_id" in o["data"] else
-    o.update(ts=round(o["ts"] + 1, 6)),
+    "data": lambda o: (
+        o["data"].update(turn_id=o["data"].get("turn_id", 0) + 1)
+        if "turn_id" in o["data"]
+        else o.update(ts=round(o["ts"] + 1, 6))
+    ),
 }
 
 

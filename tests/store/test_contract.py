@@ -71,9 +71,13 @@ async def test_resent_ids_in_a_group_commit_return_their_positions_and_spare_nei
     batch = turns("S1", 2)
     first = await store.append("S1", batch)
     outcomes = await asyncio.gather(
-        store.append("S1", batch), store.append("S2", turns("S2", 1)), store.append("S1", batch, expected_version=0),
-        store.append("S1", [batch[0], turn("S1", 9)]), store.append("S3", turns("S3", 2), expected_version=0),
-        return_exceptions=True)
+        store.append("S1", batch),
+        store.append("S2", turns("S2", 1)),
+        store.append("S1", batch, expected_version=0),
+        store.append("S1", [batch[0], turn("S1", 9)]),
+        store.append("S3", turns("S3", 2), expected_version=0),
+        return_exceptions=True,
+    )
     assert outcomes[0] == outcomes[2] == first
     assert isinstance(outcomes[3], EventIdConflict)
     assert len(outcomes[1]) == 1 and len(outcomes[4]) == 2  # type: ignore[arg-type]

@@ -32,8 +32,12 @@ TABLES = {  # table -> its key columns
 }
 TOLD = "derived state in the ledger differs from its log"
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
-SETTINGS = settings(max_examples=20, deadline=None, phases=NO_SHRINK,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=20,
+    deadline=None,
+    phases=NO_SHRINK,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 class Ledger:
@@ -50,12 +54,12 @@ class Ledger:
         assert all(self.derived[t] for t in TABLES), "every read model has rows to tamper with"
 
     def outputs(self) -> tuple[tuple[int, str], ...]:
-        results = [self.cli("audit", "--format", "json"), self.cli("tables", "--format", "json"),
-                   self.cli("tables")]
+        results = [self.cli("audit", "--format", "json"), self.cli("tables", "--format", "json"), self.cli("tables")]
         return tuple((r.exit_code, r.stdout) for r in results) + (("stderr", " ".join(r.stderr for r in results)),)
 
     def sync(self, fn: Callable[[Connection], Any]) -> Any:
         """``fn(conn)`` in one transaction (the CLI's own driver: asyncpg or aiosqlite)."""
+
         async def go() -> Any:
             engine = create_async_engine(self.url, poolclass=NullPool)
             try:
@@ -71,8 +75,9 @@ class Ledger:
 
     def read_derived(self) -> dict[str, Any]:
         out: dict[str, Any] = {t: sorted(tuple(r.values()) for r in self.select(f"SELECT * FROM {t}")) for t in TABLES}
-        out["checkpoint"] = [tuple(r.values()) for r in self.select("SELECT position, fold_version, state FROM "
-                                                                      "projection_checkpoints")]
+        out["checkpoint"] = [
+            tuple(r.values()) for r in self.select("SELECT position, fold_version, state FROM projection_checkpoints")
+        ]
         return out
 
     def run(self, *statements: tuple[str, dict[str, Any]]) -> None:
@@ -83,8 +88,10 @@ class Ledger:
         self.sync(go)
 
     def stored(self) -> list:
-        rows = self.select("SELECT position, stream_id, version, event_id, type, schema_version, ts_us, "
-                           "recorded_at_us, data, hash FROM events ORDER BY position")
+        rows = self.select(
+            "SELECT position, stream_id, version, event_id, type, schema_version, ts_us, "
+            "recorded_at_us, data, hash FROM events ORDER BY position"
+        )
         return decode_rows([StoredRow(*list(r.values())[:9], bytes(r["hash"])) for r in rows], as_struct=True)
 
     def log_hash(self, position: int) -> bytes:
@@ -161,8 +168,9 @@ def test_a_checkpoint_forged_with_the_right_log_hash_is_never_served(ledger: Led
         state.resources.point_findings.clear()
         state.turns.findings.clear()
     state.position = position
-    blob = checkpoint.seal(checkpoint.encode_state(state), fold_version=FOLD_VERSION, position=position,
-                           log_hash=ledger.log_hash(position))
+    blob = checkpoint.seal(
+        checkpoint.encode_state(state), fold_version=FOLD_VERSION, position=position, log_hash=ledger.log_hash(position)
+    )
     if blob == ledger.derived["checkpoint"][0][2]:
         return  # the genuine checkpoint: nothing forged
     ledger.run((f"UPDATE {readmodels.checkpoints.name} SET state = :s", {"s": blob}))

@@ -34,8 +34,10 @@ async def test_case_26_idempotent_append(db_url):
             await st.append("S2", [ia("S2", 2.0, a)])
         with pytest.raises(ValueError):  # an id twice in one batch
             await st.append("S1", [ia("S1", 4.0, c), ia("S1", 4.1, c)])
-        results = await asyncio.gather(st.append("S1", [ia("S1", 5.0, e)], expected_version=3),
-                                       st.append("S1", [ia("S1", 5.0, e)], expected_version=3))
+        results = await asyncio.gather(
+            st.append("S1", [ia("S1", 5.0, e)], expected_version=3),
+            st.append("S1", [ia("S1", 5.0, e)], expected_version=3),
+        )
         assert results == [[5], [5]]
         s1 = [(x.version, str(x.event.event_id), x.position) for x in await st.read_stream("S1")]
         assert [(v, i) for v, i, _ in s1][1:] == [(2, a), (3, b), (4, e)]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from events.store import EventStore, SchemaRevisionError
-from events.store import migrate
+from events.store import EventStore, SchemaRevisionError, migrate
 from events.store.backends import make_backend
 from tests.store.helpers import turns
 
@@ -55,7 +54,9 @@ async def test_store_refuses_newer_schema(db_url: str) -> None:
     await migrate.upgrade(db_url)
     backend = make_backend(db_url)
     try:
-        await backend.run_write(lambda conn: conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_newer'")))
+        await backend.run_write(
+            lambda conn: conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_newer'"))
+        )
     finally:
         await backend.dispose()
     with pytest.raises(SchemaRevisionError, match="newer than this code"):

@@ -47,17 +47,19 @@ async def test_the_application_role_appends_reads_and_projects(app_store: EventS
     assert (v.fault, v.mismatch, v.events) == (None, None, 3)
 
 
-@pytest.mark.parametrize("statement, refusal", [
-    ("UPDATE events SET data = '{}' WHERE position = 1", "permission denied"),
-    ("DELETE FROM events WHERE position = 1", "permission denied"),
-    ("TRUNCATE events", "permission denied"),
-    ("ALTER TABLE events DISABLE TRIGGER events_no_update_delete", "must be owner"),
-    ("ALTER TABLE events DISABLE TRIGGER ALL", "must be owner"),
-    ("DROP TRIGGER events_no_update_delete ON events", "must be owner"),
-    ("ALTER TABLE events OWNER TO CURRENT_USER", "must be owner"),
-])
-async def test_the_application_role_cannot_rewrite_history(app_store: EventStore, statement: str,
-                                                           refusal: str) -> None:
+@pytest.mark.parametrize(
+    "statement, refusal",
+    [
+        ("UPDATE events SET data = '{}' WHERE position = 1", "permission denied"),
+        ("DELETE FROM events WHERE position = 1", "permission denied"),
+        ("TRUNCATE events", "permission denied"),
+        ("ALTER TABLE events DISABLE TRIGGER events_no_update_delete", "must be owner"),
+        ("ALTER TABLE events DISABLE TRIGGER ALL", "must be owner"),
+        ("DROP TRIGGER events_no_update_delete ON events", "must be owner"),
+        ("ALTER TABLE events OWNER TO CURRENT_USER", "must be owner"),
+    ],
+)
+async def test_the_application_role_cannot_rewrite_history(app_store: EventStore, statement: str, refusal: str) -> None:
     await app_store.append("S1", turns("S1", 2))
     with pytest.raises(DBAPIError, match=refusal):
         async with app_store.recorder.backend.reader.begin() as conn:

@@ -57,13 +57,16 @@ def test_bulk_keeps_given_recorded_at() -> None:
 
 
 @pytest.mark.parametrize("bulk", [False, True])
-@pytest.mark.parametrize(("changed", "field"), [
-    (NewRow("A", "e1", "TurnCommitted", 1, 2, '{"turn_id":0}'), "ts"),
-    (NewRow("A", "e1", "TurnCommitted", 1, 1, '{"turn_id":1}'), "data"),
-    (NewRow("A", "e1", "TurnCommitted", 1, 1, '{"turn_id":0.0}'), "data"),
-    (NewRow("A", "e1", "SessionClosed", 1, 1, '{"turn_id":0}'), "type"),
-    (NewRow("A", "e1", "TurnCommitted", 2, 1, '{"turn_id":0}'), "schema_version"),
-])
+@pytest.mark.parametrize(
+    ("changed", "field"),
+    [
+        (NewRow("A", "e1", "TurnCommitted", 1, 2, '{"turn_id":0}'), "ts"),
+        (NewRow("A", "e1", "TurnCommitted", 1, 1, '{"turn_id":1}'), "data"),
+        (NewRow("A", "e1", "TurnCommitted", 1, 1, '{"turn_id":0.0}'), "data"),
+        (NewRow("A", "e1", "SessionClosed", 1, 1, '{"turn_id":0}'), "type"),
+        (NewRow("A", "e1", "TurnCommitted", 2, 1, '{"turn_id":0}'), "schema_version"),
+    ],
+)
 def test_same_id_with_other_content_is_a_conflict(changed: NewRow, field: str, bulk: bool) -> None:
     """Issue 11 point 4: same id + same content = no-op; same id + other content = conflict."""
     state = BatchState(head=1, existing={"e1": Existing("A", 1, 1, "TurnCommitted", 1, 1, '{"turn_id":0}')})

@@ -67,14 +67,14 @@ async def test_the_database_refuses(ledger: EventStore, trick: str) -> None:
     sqlite = ledger.recorder.backend.name == "sqlite"
     statements = {
         "insert_or_replace": f"INSERT OR REPLACE INTO events (position, {CONTENT}, hash) SELECT position, stream_id, "
-                             "version, event_id, type, schema_version, ts_us, recorded_at_us, '{}', hash "
-                             "FROM events WHERE position = 2",
+        "version, event_id, type, schema_version, ts_us, recorded_at_us, '{}', hash "
+        "FROM events WHERE position = 2",
         "replace_into": f"REPLACE INTO events (position, {CONTENT}) SELECT 99, stream_id, version + 100, event_id, "
-                        "type, schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 3",
+        "type, schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 3",
         "update": "UPDATE events SET data = '{}' WHERE position = 2",
         "delete": "DELETE FROM events WHERE position = 3",
         "upsert": f"INSERT INTO events (position, {CONTENT}) SELECT position, {CONTENT} FROM events "
-                  "WHERE position = 2 ON CONFLICT (position) DO UPDATE SET data = '{}'",
+        "WHERE position = 2 ON CONFLICT (position) DO UPDATE SET data = '{}'",
     }
     if not sqlite and trick in ("insert_or_replace", "replace_into"):
         pytest.skip("SQLite syntax (PostgreSQL's form is the upsert)")
@@ -86,8 +86,9 @@ async def test_the_database_refuses(ledger: EventStore, trick: str) -> None:
 
 # ------------------------------------------------------------------ caught by verify
 async def test_edit_after_lifting_the_guard(ledger: EventStore) -> None:
-    await sql(ledger, *lift(ledger, "update"),
-              "UPDATE events SET data = replace(data, '3200', '3201') WHERE position = 2")
+    await sql(
+        ledger, *lift(ledger, "update"), "UPDATE events SET data = replace(data, '3200', '3201') WHERE position = 2"
+    )
     v = await verdict(ledger)
     assert (v.fault.position, v.fault.kind) == (2, "edited"), v.fault
 
@@ -102,9 +103,12 @@ async def test_replace_around_the_trigger_drops_a_row(ledger: EventStore) -> Non
     """The issue's REPLACE INTO trick with the new insert trigger dropped too."""
     if ledger.recorder.backend.name != "sqlite":
         pytest.skip("SQLite only")
-    await sql(ledger, "DROP TRIGGER events_no_replace",
-              f"REPLACE INTO events (position, {CONTENT}) SELECT 99, stream_id, version + 100, event_id, type, "
-              "schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 3")
+    await sql(
+        ledger,
+        "DROP TRIGGER events_no_replace",
+        f"REPLACE INTO events (position, {CONTENT}) SELECT 99, stream_id, version + 100, event_id, type, "
+        "schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 3",
+    )
     v = await verdict(ledger)
     assert (v.fault.position, v.fault.kind) == (3, "missing"), v.fault
 
@@ -120,24 +124,35 @@ async def test_swapped_rows(ledger: EventStore) -> None:
         # park row 10 first: (stream, version) and event_id are unique
         await conn.execute(sa.text("UPDATE events SET event_id = 'parked', version = -1 WHERE position = 10"))
         for position, source in ((9, r10), (10, r9)):
-            await conn.execute(sa.text(f"UPDATE events SET {assign} WHERE position = :p"),
-                               {"p": position, **{c: getattr(source, c) for c in cols}})
+            await conn.execute(
+                sa.text(f"UPDATE events SET {assign} WHERE position = :p"),
+                {"p": position, **{c: getattr(source, c) for c in cols}},
+            )
     v = await verdict(ledger)
     assert (v.fault.position, v.fault.kind) == (9, "reordered"), v.fault
 
 
 async def test_a_row_inserted_around_the_store(ledger: EventStore) -> None:
-    await sql(ledger, f"INSERT INTO events (position, {CONTENT}) SELECT 27, stream_id, 999, 'forged', type, "
-                      "schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 26")
+    await sql(
+        ledger,
+        f"INSERT INTO events (position, {CONTENT}) SELECT 27, stream_id, 999, 'forged', type, "
+        "schema_version, ts_us, recorded_at_us, data FROM events WHERE position = 26",
+    )
     v = await verdict(ledger)
     assert (v.fault.position, v.fault.kind) == (27, "inserted"), v.fault
 
 
 async def test_truncated_tail_needs_the_digest(ledger: EventStore) -> None:
     digest, _ = await head_digest(ledger)
-    await sql(ledger, *lift(ledger, "delete"), "DELETE FROM events WHERE position > 20",
-              "DELETE FROM projection_checkpoints", "DELETE FROM rm_turn_tables", "DELETE FROM rm_audit_findings",
-              "DELETE FROM rm_request_resources")
+    await sql(
+        ledger,
+        *lift(ledger, "delete"),
+        "DELETE FROM events WHERE position > 20",
+        "DELETE FROM projection_checkpoints",
+        "DELETE FROM rm_turn_tables",
+        "DELETE FROM rm_audit_findings",
+        "DELETE FROM rm_request_resources",
+    )
     assert (await verdict(ledger)).fault is None  # a consistent, shorter chain
     v = await verdict(ledger, digest)
     assert (v.fault.position, v.fault.kind) == (21, "missing") and "truncated" in v.fault.detail
@@ -155,8 +170,10 @@ async def test_rewritten_and_rehashed_history_needs_the_digest(ledger: EventStor
     async with ledger.recorder.backend.reader.begin() as conn:
         for statement in lift(ledger, "update"):
             await conn.execute(sa.text(statement))
-        await conn.execute(sa.text("UPDATE events SET data = :d, hash = :h WHERE position = :p"),
-                           [{"p": p, "d": d, "h": h} for p, d, h in updates])
+        await conn.execute(
+            sa.text("UPDATE events SET data = :d, hash = :h WHERE position = :p"),
+            [{"p": p, "d": d, "h": h} for p, d, h in updates],
+        )
     assert (await verdict(ledger)).fault is None
     v = await verdict(ledger, digest)
     assert (v.fault.position, v.fault.kind) == (26, "rewritten"), v.fault
@@ -187,7 +204,8 @@ async def _rows(store: EventStore) -> list[StoredRow]:
 
 
 async def test_no_false_checkpoint_difference_for_a_session_forgotten_then_given_a_late_event(
-        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The runner checkpoints every 7 events while the fold forgets closed sessions every 5
     positions; the generated histories close sessions and then log their close's cancel and
     reopen them (late events of forgotten sessions). ``verify`` finds the checkpoint equal to

@@ -91,8 +91,15 @@ def test_two_turns_two_summaries_keyed_by_response():
 
 @pytest.mark.parametrize(
     "reason,want",
-    [("stop", "stop"), ("barge_in", "barge_in"), ("cancel", "cancel"), ("close", "close"), ("abort", "abort"),
-     ("error", "error"), ("oops", "abort")],
+    [
+        ("stop", "stop"),
+        ("barge_in", "barge_in"),
+        ("cancel", "cancel"),
+        ("close", "close"),
+        ("abort", "abort"),
+        ("error", "error"),
+        ("oops", "abort"),
+    ],
 )
 def test_m1_reasons_pass_through_unknown_becomes_abort(reason, want):
     assert _turn(finished_reason=reason).finished_reason == want

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from events.stats import STAT_FIELDS, StageRequestStats as S
+from events.stats import STAT_FIELDS
+from events.stats import StageRequestStats as S
 from projections.collapse import StageCollapse, collapse_segments, merge_into_pending
 
 from .conftest import worked_example_kwargs
@@ -19,7 +20,11 @@ def test_m7_tpot_is_token_weighted():
 
 def test_tpot_weight_floor_is_one_and_zero_tpot_segments_are_skipped():
     row = collapse_segments(
-        [S(num_tokens_out=1, vllm_tpot_ms=30.0), S(num_tokens_out=0, vllm_tpot_ms=0.0), S(num_tokens_out=3, vllm_tpot_ms=12.0)]
+        [
+            S(num_tokens_out=1, vllm_tpot_ms=30.0),
+            S(num_tokens_out=0, vllm_tpot_ms=0.0),
+            S(num_tokens_out=3, vllm_tpot_ms=12.0),
+        ]
     )
     assert row["vllm_tpot_ms"] == pytest.approx((30 * 1 + 12 * 2) / 3)
 
@@ -73,7 +78,13 @@ def test_tokenless_stage_has_no_ttft_or_tpot():
 def test_first_positive_last_positive_last_non_none_first_segment():
     row = collapse_segments(
         [
-            S(vllm_ttft_ms=0.0, audio_sample_rate=None, denoise_step_latency_ms=5.0, finish_reason="length", batch_id=7),
+            S(
+                vllm_ttft_ms=0.0,
+                audio_sample_rate=None,
+                denoise_step_latency_ms=5.0,
+                finish_reason="length",
+                batch_id=7,
+            ),
             S(vllm_ttft_ms=40.0, audio_sample_rate=24000, denoise_step_latency_ms=0.0, finish_reason=None, batch_id=8),
             S(vllm_ttft_ms=50.0, audio_sample_rate=16000, denoise_step_latency_ms=None, output_unit_type="audio"),
         ]
@@ -86,7 +97,12 @@ def test_first_positive_last_positive_last_non_none_first_segment():
 
 def test_time_per_output_unit_multi_segment_formula():
     segs = [
-        S(stage_gen_time_ms=100.0, output_unit_count=3, serving_time_to_first_output_ms=40.0, time_per_output_unit_ms=1.0),
+        S(
+            stage_gen_time_ms=100.0,
+            output_unit_count=3,
+            serving_time_to_first_output_ms=40.0,
+            time_per_output_unit_ms=1.0,
+        ),
         S(stage_gen_time_ms=60.0, output_unit_count=2),
     ]
     assert collapse_segments(segs)["time_per_output_unit_ms"] == pytest.approx((160 - 40) / 4)
@@ -106,7 +122,9 @@ def test_m3_audio_frames_maps_other_extra_keys_logged_at_debug(caplog):
 def test_m15_thousand_buffered_snapshots_are_one_pending_entry():
     pending: dict[int, StageCollapse] = {}
     for i in range(1000):
-        pending[0] = merge_into_pending(pending.get(0), S(num_tokens_out=1, stage_gen_time_ms=1.0, vllm_itls_ms=[float(i)]))
+        pending[0] = merge_into_pending(
+            pending.get(0), S(num_tokens_out=1, stage_gen_time_ms=1.0, vllm_itls_ms=[float(i)])
+        )
     assert list(pending) == [0]
     assert isinstance(pending[0], StageCollapse) and pending[0].segments == 1000
     row = pending[0].row()

@@ -29,8 +29,13 @@ def _text_cells(text: str) -> dict[tuple[str, str], str]:
 def _tokenless():
     kw = worked_example_kwargs()
     return build_turn_tables(
-        **{**kw, "finished_reason": "abort", "segments": {0: [S(num_tokens_in=70, num_tokens_out=0, vllm_ttft_ms=0.0)]},
-           "tx_delta": {}, "edge_order": []}
+        **{
+            **kw,
+            "finished_reason": "abort",
+            "segments": {0: [S(num_tokens_in=70, num_tokens_out=0, vllm_ttft_ms=0.0)]},
+            "tx_delta": {},
+            "edge_order": [],
+        }
     )
 
 
@@ -51,7 +56,10 @@ def test_csv_tidy_layout_and_same_numbers_as_text(worked):
     by = {(r["table"], r["column"], r["field"]): r["value"] for r in rows}
     text = _text_cells(render_turn_text(worked))
     assert format_cell(float(by[("e2e", "value", "e2e_total_ms")])) == text[("RequestE2EStats", "e2e_total_ms")]
-    assert format_cell(float(by[("summary", "value", "e2e_avg_tokens_per_s")])) == text[("Overall", "e2e_avg_tokens_per_s")]
+    assert (
+        format_cell(float(by[("summary", "value", "e2e_avg_tokens_per_s")]))
+        == text[("Overall", "e2e_avg_tokens_per_s")]
+    )
     assert format_cell(float(by[("stage", "0", "vllm_tpot_ms")])) == text[("StageRequestStats", "vllm_tpot_ms")]
     assert format_cell(int(by[("stage", "0", "num_tokens_in")])) == text[("StageRequestStats", "num_tokens_in")]
     assert format_cell(float(by[("transfer", "0->1", "tx_time_ms")])) == text[("TransferEdgeStats", "tx_time_ms")]
@@ -78,6 +86,9 @@ def test_markdown_same_cells_as_text(worked):
 
 def test_formats_keep_turn_order(worked):
     other = build_turn_tables(**{**worked_example_kwargs(), "response_id": "resp-b"})
-    assert [t["response_id"] for t in json.loads(render_json([worked, other]))["turns"]] == [worked.response_id, "resp-b"]
+    assert [t["response_id"] for t in json.loads(render_json([worked, other]))["turns"]] == [
+        worked.response_id,
+        "resp-b",
+    ]
     md = render_markdown([worked, other])
     assert md.index(worked.response_id) < md.index("resp-b")

@@ -126,7 +126,9 @@ def test_m10_duplex_timing_line_without_preprocess_has_no_total_or_engine(worked
 
 def test_m10_chat_timing_line_always_has_total_and_engine():
     line = omni_timing_line(_worked(request_id="chatcmpl-7", response_id="chatcmpl-7"))
-    assert line == "[OmniTiming] req=chatcmpl-7 total=1.70s engine=1.70s stages=[0:0.38s,1:0.65s] transfers=[0->1=3.00ms]"
+    assert (
+        line == "[OmniTiming] req=chatcmpl-7 total=1.70s engine=1.70s stages=[0:0.38s,1:0.65s] transfers=[0->1=3.00ms]"
+    )
 
 
 def _with_preprocess(stage: int, request_id: str):
@@ -183,6 +185,8 @@ def test_stage_table_expands_diffusion_metrics_into_rows():
     segs = {0: [S(num_tokens_out=1, diffusion_metrics={"vae_decode_time_s": 0.25, "zero_key": 0.0})]}
     t = _worked(segments=segs, stage_first_ts={0: 1000.05}, stage_last_ts={0: 1000.5}, tx_delta={}, edge_order=[])
     text = render_turn_text(t)
-    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ")
+    }
     assert rows["vae_decode_time_s"] == "0.250"
     assert "zero_key" not in text and "diffusion_metrics" not in text

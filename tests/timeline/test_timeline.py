@@ -7,8 +7,8 @@ from projections.projector import Projector
 from reports.cli import app
 from reports.timeline import timeline_figure
 from tests.cases.logbook import LOGS
-from tests.metrics.test_metrics_fold import S, opened, turn
 from tests.logbuilder import LogBuilder, eph
+from tests.metrics.test_metrics_fold import S, opened, turn
 
 runner = CliRunner()
 
@@ -31,9 +31,13 @@ def test_lanes_spans_and_hover_positions():
     (stop_response,) = [t for t in fig.data if t.name == "response: stop"]
     assert stop_response.base[0] == 10.0 and stop_response.x[0] == 1.0  # arrival -> finalize, s since open
     stage1 = [t for t in fig.data if t.name == "stage 1 tokens"][0]
-    first_audio = [st for st in b.stored if st.event.type == "StageOutput" and st.event.stage_id == 1
-                   and st.event.num_new_tokens][0]
-    assert stage1.base[0] == first_audio.event.ts and f"first token @ position {first_audio.position}" in stage1.hovertext[0]
+    first_audio = [
+        st for st in b.stored if st.event.type == "StageOutput" and st.event.stage_id == 1 and st.event.num_new_tokens
+    ][0]
+    assert (
+        stage1.base[0] == first_audio.event.ts
+        and f"first token @ position {first_audio.position}" in stage1.hovertext[0]
+    )
     (commit, _) = hovers(fig, "commit")
     assert commit.startswith("<b>TurnCommitted</b> @ position 2") and "response_id: resp-0" in commit
     assert hovers(fig, "listen unit") and hovers(fig, "epoch")

@@ -12,30 +12,48 @@ from pathlib import Path
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
-from reports.trace_player import run_trace
-from reports.traces import parse_traces
 from reports.cli_engine import EXAMPLES_DIR
 from reports.timeline import write_timeline
+from reports.trace_player import run_trace
+from reports.traces import parse_traces
+from tests.fakes.fake_port import FakeStagePort
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; "
-                                                        ".ci/run installs it)")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--window-size=1200,700")
-ERROR_HOOK = ("<script>window.__errors=[];var __ce=console.error;console.error=function(){"
-              "window.__errors.push(Array.from(arguments).join(' '));__ce.apply(console,arguments)};"
-              "window.addEventListener('error',function(e){window.__errors.push(String(e.message))});"
-              "window.addEventListener('load',function(){document.documentElement.setAttribute("
-              "'data-errors',JSON.stringify(window.__errors))});</script>")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run installs it)"
+)
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=5000",
+    "--window-size=1200,700",
+)
+ERROR_HOOK = (
+    "<script>window.__errors=[];var __ce=console.error;console.error=function(){"
+    "window.__errors.push(Array.from(arguments).join(' '));__ce.apply(console,arguments)};"
+    "window.addEventListener('error',function(e){window.__errors.push(String(e.message))});"
+    "window.addEventListener('load',function(){document.documentElement.setAttribute("
+    "'data-errors',JSON.stringify(window.__errors))});</script>"
+)
 
 
 def chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
     profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def png_colours(path: Path) -> int:
@@ -44,8 +62,8 @@ def png_colours(path: Path) -> int:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, header = 8, b"", None
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -57,7 +75,7 @@ def png_colours(path: Path) -> int:
     raw, stride = zlib.decompress(idat), width * bpp
     prev, colours, i = bytearray(stride), set(), 0
     for _ in range(height):
-        ftype, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
+        ftype, line = raw[i], bytearray(raw[i + 1 : i + 1 + stride])
         i += 1 + stride
         for x in range(stride):
             a = line[x - bpp] if x >= bpp else 0
@@ -72,7 +90,7 @@ def png_colours(path: Path) -> int:
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                 line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        colours.update(bytes(line[x:x + 3]) for x in range(0, stride, bpp * 4))  # every 4th pixel
+        colours.update(bytes(line[x : x + 3]) for x in range(0, stride, bpp * 4))  # every 4th pixel
         prev = line
     return len(colours)
 

@@ -58,8 +58,10 @@ def test_demo_runs_clean_and_tables_reproject_byte_identical(demo_run):
     # The two commands it prints run as printed (from where the demo ran) and agree with it.
     printed = demo.stdout.split("Re-project them later from the same ledger:\n", 1)[1].split("\n")[:2]
     assert [c.split()[1:] for c in printed] == [["tables", "--db", url], ["audit", "--db", url]]
-    again = [subprocess.run(c, shell=True, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "COLUMNS": "200"}) for c in printed]
+    again = [
+        subprocess.run(c, shell=True, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+        for c in printed
+    ]
     assert [r.returncode for r in again] == [0, 0]
     assert (again[0].stdout, again[1].stdout) == (tables.stdout, audit.stdout)
     assert "assistant keeps listening" in demo.stderr

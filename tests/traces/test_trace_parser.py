@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.plugin import TextPlugin
-from reports.traces import AudioSpec, TraceError, parse_trace, parse_traces, synthetic_pcm16
 from reports import cli_engine
 from reports.cli import app
+from reports.traces import AudioSpec, TraceError, parse_trace, parse_traces, synthetic_pcm16
 
 
 def bundled():
@@ -31,41 +31,59 @@ def test_bundled_traces_parse_and_cover_the_cases():
     assert len(cli_engine.bundled_traces()) >= 3
     assert len(trace.sessions) >= 3 and trace.turns >= 12
     types = {line.type for line in trace.lines}
-    assert {"barge_in", "response.cancel", "disconnect", "input.cancel", "output_audio.clear",
-            "response.create", "session.close"} <= types
+    assert {
+        "barge_in",
+        "response.cancel",
+        "disconnect",
+        "input.cancel",
+        "output_audio.clear",
+        "response.create",
+        "session.close",
+    } <= types
     opens = [line for line in trace.lines if line.type == "session.open"]
     assert {o.capabilities.resumable for o in opens} == {True, False}
     auto = {o.session for o in opens if o.mode == "auto_response"}
     spoken = [line for line in trace.lines if line.type == "input.append" and line.audio is not None]
     assert spoken and all(line.transcript or not line.is_speech for line in spoken)
-    backchannels = [line for line in trace.lines if line.type == "input.append" and line.session in auto
-                    and TextPlugin().decide(line.text or line.transcript or "") == "listen" and line.is_speech]
+    backchannels = [
+        line
+        for line in trace.lines
+        if line.type == "input.append"
+        and line.session in auto
+        and TextPlugin().decide(line.text or line.transcript or "") == "listen"
+        and line.is_speech
+    ]
     assert backchannels, "a listen-only turn in an auto_response session"
 
 
 def test_every_bad_line_is_reported_with_line_and_field(tmp_path):
-    path = write(tmp_path, [
-        OPEN,
-        {"t": 1, "session": "s", "type": "input.append", "text": "hello"},
-        {"t": 2, "session": "s", "type": "input.commit", "overlap_speech_ms": "lots"},
-        "# a comment",
-        "",
-        "{not json",
-        {"t": -1, "session": "s", "type": "barge_in"},
-        {"t": 3, "session": "s", "type": "nope"},
-        {"t": 3, "session": "s", "type": "input.append"},
-        {"t": 3, "session": "s", "type": "input.append", "text": "x", "audio": {"duration_ms": 5}},
-        {"t": 3, "session": "s", "type": "session.close", "resaon": "typo"},
-        {"t": 4, "session": "s", "type": "session.update", "mode": "auto_response"},
-        {"t": 4, "session": "s", "type": "input.append", "audio": {"duration_ms": 0}, "transcript": "a"},
-        {"t": 5, "session": "other", "type": "input.commit"},
-        {"t": 0.5, "session": "s", "type": "input.commit"},
-    ])
+    path = write(
+        tmp_path,
+        [
+            OPEN,
+            {"t": 1, "session": "s", "type": "input.append", "text": "hello"},
+            {"t": 2, "session": "s", "type": "input.commit", "overlap_speech_ms": "lots"},
+            "# a comment",
+            "",
+            "{not json",
+            {"t": -1, "session": "s", "type": "barge_in"},
+            {"t": 3, "session": "s", "type": "nope"},
+            {"t": 3, "session": "s", "type": "input.append"},
+            {"t": 3, "session": "s", "type": "input.append", "text": "x", "audio": {"duration_ms": 5}},
+            {"t": 3, "session": "s", "type": "session.close", "resaon": "typo"},
+            {"t": 4, "session": "s", "type": "session.update", "mode": "auto_response"},
+            {"t": 4, "session": "s", "type": "input.append", "audio": {"duration_ms": 0}, "transcript": "a"},
+            {"t": 5, "session": "other", "type": "input.commit"},
+            {"t": 0.5, "session": "s", "type": "input.commit"},
+        ],
+    )
     with pytest.raises(TraceError) as info:
         parse_trace(path)
     problems = info.value.problems
-    assert "line 3: input.commit.overlap_speech_ms: Input should be a valid number, unable to parse string as a " \
-           "number" in problems
+    assert (
+        "line 3: input.commit.overlap_speech_ms: Input should be a valid number, unable to parse string as a "
+        "number" in problems
+    )
     expected_prefixes = [
         "line 6: invalid JSON",
         "line 7: barge_in.t: Input should be greater than or equal to 0",
@@ -86,12 +104,21 @@ def test_every_bad_line_is_reported_with_line_and_field(tmp_path):
 
 
 def test_order_rules_and_reopen(tmp_path):
-    ok = write(tmp_path, [OPEN, {"t": 1, "session": "s", "type": "disconnect"},
-                          {"t": 2, "session": "s", "type": "session.open"},
-                          {"t": 3, "session": "s", "type": "session.close"}])
+    ok = write(
+        tmp_path,
+        [
+            OPEN,
+            {"t": 1, "session": "s", "type": "disconnect"},
+            {"t": 2, "session": "s", "type": "session.open"},
+            {"t": 3, "session": "s", "type": "session.close"},
+        ],
+    )
     assert [line.type for line in parse_trace(ok).lines][-2:] == ["session.open", "session.close"]
-    bad = write(tmp_path, [OPEN, OPEN, {"t": 1, "session": "s", "type": "session.close"},
-                           {"t": 2, "session": "s", "type": "barge_in"}], "bad.jsonl")
+    bad = write(
+        tmp_path,
+        [OPEN, OPEN, {"t": 1, "session": "s", "type": "session.close"}, {"t": 2, "session": "s", "type": "barge_in"}],
+        "bad.jsonl",
+    )
     problems = sorted(p.split(":")[0] for p in pytest.raises(TraceError, parse_trace, bad).value.problems)
     assert problems == ["line 2", "line 4"]
 
@@ -99,7 +126,8 @@ def test_order_rules_and_reopen(tmp_path):
 def test_a_bad_open_line_does_not_cascade(tmp_path):
     path = write(tmp_path, [{**OPEN, "mode": "auto"}, {"t": 1, "session": "s", "type": "input.append", "text": "hi"}])
     assert pytest.raises(TraceError, parse_trace, path).value.problems == [
-        "line 1: session.open.mode: Input should be 'auto_response' or 'response_required'"]
+        "line 1: session.open.mode: Input should be 'auto_response' or 'response_required'"
+    ]
 
 
 def test_several_files_name_the_file_and_keep_sessions_apart(tmp_path):
@@ -127,8 +155,14 @@ def test_cli_exits_2_on_bad_lines_before_anything_runs(tmp_path, monkeypatch):
         raise AssertionError("a model was prepared for a bad trace")
 
     monkeypatch.setattr(cli_engine, "_prepare", must_not_run)
-    path = write(tmp_path, [OPEN, {"t": 1, "session": "s", "type": "input.commit", "overlap_speech_ms": "x"},
-                            {"t": 2, "session": "s", "type": "barge_in", "extra": True}])
+    path = write(
+        tmp_path,
+        [
+            OPEN,
+            {"t": 1, "session": "s", "type": "input.commit", "overlap_speech_ms": "x"},
+            {"t": 2, "session": "s", "type": "barge_in", "extra": True},
+        ],
+    )
     db = tmp_path / "ledger.db"
     result = CliRunner().invoke(app, ["run", str(path), "--db", f"sqlite+aiosqlite:///{db}", "--model", "tiny"])
     assert result.exit_code == 2, result.output

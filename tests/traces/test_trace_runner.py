@@ -7,12 +7,12 @@ import json
 import pytest
 
 from engine_bridge.engine import SessionEngine
-from tests.fakes.fake_port import FakeStagePort
 from engine_bridge.messages import EngineConfig
-from reports.trace_player import run_trace
-from reports.traces import parse_trace, parse_traces
 from projections.runner import project_as_of
 from reports import cli_engine
+from reports.trace_player import run_trace
+from reports.traces import parse_trace, parse_traces
+from tests.fakes.fake_port import FakeStagePort
 
 CONFIG = EngineConfig(max_tokens=12, talker_max_tokens=12, flush_interval_s=0.005)
 SPEED = 25.0
@@ -79,9 +79,12 @@ async def test_refusals_and_no_effect_lines_are_recorded_not_fatal(engine, tmp_p
 
 
 async def test_reopen_gets_a_new_incarnation(engine, tmp_path):
-    lines = [{"t": 0, "session": "r", "type": "session.open"}, {"t": 0.1, "session": "r", "type": "disconnect"},
-             {"t": 0.2, "session": "r", "type": "session.open", "capabilities": {"resumable": True}},
-             {"t": 0.3, "session": "r", "type": "session.close"}]
+    lines = [
+        {"t": 0, "session": "r", "type": "session.open"},
+        {"t": 0.1, "session": "r", "type": "disconnect"},
+        {"t": 0.2, "session": "r", "type": "session.open", "capabilities": {"resumable": True}},
+        {"t": 0.3, "session": "r", "type": "session.close"},
+    ]
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines))
     result = await run_trace(engine, parse_trace(path), speed=SPEED)
