@@ -239,7 +239,7 @@ class SessionEngine:
         report = RecoveryReport()
         projector = await project_as_of(self.store)
         judge = await self.replica.judge()
-        for sid, state in sorted(projector.resources.sessions.items()):
+        for sid, state in projector.sessions_resources():
             if sid in self.sessions:
                 continue
             if state.closed_at is not None and not state.bindings:

@@ -80,7 +80,7 @@ async def take_over_session(
             report.skipped.append((session_id, str(life.owner)))
             return False
         projector = Projector(live=True).apply_all(history)
-        state = projector.resources.sessions.get(session_id)
+        state = projector.session_resources(session_id)
         if not life.open and not (state and state.bindings):
             return False
         log = SessionLog(store, session_id, len(history), projector=projector, ticker=ticker, on_applied=on_applied)
@@ -114,7 +114,8 @@ async def take_over_session(
 async def _clean(log: SessionLog, ports: Sequence[StagePort], shared: bool, report: RecoveryReport) -> None:
     sid = log.session_id
     live: set[str] = set().union(*(port.live_request_ids() for port in ports)) if ports else set()
-    held = dict(log.projector.resources.sessions[sid].bindings)  # snapshot: cleanup changes the fold's
+    state = log.projector.session_resources(sid)
+    held = dict(state.bindings) if state is not None else {}  # snapshot: cleanup changes the fold's
     for request_id in sorted({k[1] for k in held}):
         if request_id in live or (shared and any(b.submitted for k, b in held.items() if k[1] == request_id)):
             try:
@@ -148,7 +149,9 @@ async def _settle_interrupted_aborts(
     reaches, the abort is sent again and answered per pool; on the dead owner's own engines
     the id is recorded lost on each pool still pending."""
     sid = log.session_id
-    state = log.projector.resources.sessions[sid]
+    state = log.projector.session_resources(sid)
+    if state is None:
+        return
     for request_id, life in sorted(state.lives.items()):
         pending = sorted(set(life.abort_pending) | set(life.abort_failed))
         if life.cleanup_ok or not pending or state.keys_of(request_id):

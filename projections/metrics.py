@@ -544,7 +544,7 @@ class MetricsFold:
 
     def _settle(self, session_id: str, s: _Session) -> None:
         """A closed session whose resources hold nothing any more frees its slot."""
-        held = self.projector.resources.sessions.get(session_id)
+        held = self.projector.session_resources(session_id)
         if held is not None and holds_slot(held):
             return
         self.sink.inc("duplex_ledger:sessions_closed_total", (s.close_reason or "",), 1)

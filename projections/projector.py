@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from events.records import StoredEvent
 from projections.findings import Finding
-from projections.resources import ResourcesFold
+from projections.resources import ResourcesFold, SessionResources
 from projections.turn_tables import TurnTables
 from projections.turns import TurnsFold
 
@@ -49,6 +49,14 @@ class Projector:
             self.apply(stored)
         self.turn_tables.extend(self.turns.take_finalized())
         return self
+
+    def session_resources(self, session_id: str) -> SessionResources | None:
+        """The resources fold's state of one session (None when the log has none of it)."""
+        return self.resources.sessions.get(session_id)
+
+    def sessions_resources(self) -> list[tuple[str, SessionResources]]:
+        """Every session's resources state, by session id."""
+        return sorted(self.resources.sessions.items())
 
     def findings(self, max_idle_s: float = 30.0, as_of_ts: float | None = None) -> list[Finding]:
         """Leaks and warnings at the current point (DOMAIN §4.2; see projections.findings)."""

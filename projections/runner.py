@@ -85,13 +85,13 @@ class ProjectionRunner:
         self.position = 0
 
     async def _run_write(self, fn, *args):  # type: ignore[no-untyped-def]
-        return await self.store.recorder.backend.run_write(fn, *args)
+        return await self.store.run_write(fn, *args)
 
     async def load(self) -> Projector:
         """The projector at the stored checkpoint; a fresh one when there is none, or when
         :meth:`_trusted` refuses it (then the read models are dropped, to be rebuilt from the
         log, and ``note`` says why). Never raises for a bad checkpoint."""
-        found = await self.store.recorder.backend.run_read(readmodels.load_checkpoint, CHECKPOINT_NAME)
+        found = await self.store.run_read(readmodels.load_checkpoint, CHECKPOINT_NAME)
         sealed = None
         if found is not None:
             try:
@@ -113,7 +113,7 @@ class ProjectionRunner:
         sealed = checkpoint.open_blob(blob, fold_version=FOLD_VERSION, expect=Projector)
         if sealed.position != position or sealed.state.position != position:
             raise checkpoint.CheckpointRefused(f"position {sealed.position} does not match its row ({position})")
-        log_hash = await self.store.recorder.backend.run_read(readmodels.log_hash_at, position)
+        log_hash = await self.store.run_read(readmodels.log_hash_at, position)
         if not log_hash or log_hash != sealed.log_hash:
             raise checkpoint.CheckpointRefused(f"built on another log (the chain hash at position {position} differs)")
         return sealed
@@ -135,7 +135,7 @@ class ProjectionRunner:
             return await self._catch_up(head, progress)
 
     def _workers_for(self, head: int, workers: int | None) -> int:
-        if self.store.recorder.backend.name != "sqlite" or head == 0:
+        if self.store.backend_name != "sqlite" or head == 0:
             return 1
         if workers is None:
             return parallel.default_workers() if head >= parallel.PARALLEL_MIN_EVENTS else 1
@@ -224,8 +224,7 @@ class ProjectionRunner:
         or deleted read-model row, a forged checkpoint, one of another fold version…) ``note``
         says what differs and the read models are rewritten from the fresh fold. Returns the
         new position (the head)."""
-        backend = self.store.recorder.backend
-        found = await backend.run_read(consistency.load_models)
+        found = await self.store.run_read(consistency.load_models)
         if found.checkpoint is not None and found.checkpoint[1] != FOLD_VERSION:
             self.note(
                 f"the read models were built by fold version {found.checkpoint[1]} (this code: "
@@ -237,7 +236,7 @@ class ProjectionRunner:
         head = await self.store.head_position()
         at = min(found.checkpoint[0], head) if found.checkpoint is not None else 0
         fresh = await self.fresh_fold(at)
-        log_hash = await backend.run_read(readmodels.log_hash_at, at) if at else b""
+        log_hash = await self.store.run_read(readmodels.log_hash_at, at) if at else b""
         mismatch = consistency.compare(
             found, fresh, fold_version=FOLD_VERSION, log_hash=log_hash or b"", max_idle_s=self.max_idle_s
         )
@@ -382,7 +381,7 @@ class ProjectionRunner:
 
     async def turn_tables(self, session_id: str | None = None, response_id: str | None = None) -> list[TurnTables]:
         """Finalized turns from the read model (call :meth:`catch_up` first to be current)."""
-        return await self.store.recorder.backend.run_read(readmodels.load_turns, session_id, response_id)
+        return await self.store.run_read(readmodels.load_turns, session_id, response_id)
 
 
 async def project_as_of(

@@ -57,8 +57,7 @@ class Verdict:
 
 async def verify_store(store: EventStore, digest: Digest | None = None, *, max_idle_s: float = 30.0) -> Verdict:
     """Check ``store`` (module docstring). Raises what reading or decoding the log raises."""
-    backend = store.recorder.backend
-    found = await backend.run_read(consistency.load_models)
+    found = await store.run_read(consistency.load_models)
     note = ""
     until: int | None = 0
     if found.checkpoint is not None:
@@ -73,7 +72,7 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
     head = await store.head_position()
     walker = None
     if (
-        backend.name == "sqlite"
+        store.backend_name == "sqlite"
         and head >= parallel.PARALLEL_MIN_EVENTS
         and parallel.default_workers() >= PARALLEL_MIN_CPUS
     ):

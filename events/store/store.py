@@ -13,8 +13,9 @@ start").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from events.records import StoredEvent
 from events.store.backends import Synchronous, check_synchronous, make_backend
@@ -26,6 +27,8 @@ from events.store.rows import ImportRow, NewRow, StoredRow, decode_rows
 from events.store.url import backend_of, resolve_url
 from events.store.writer import GroupCommitWriter, ThreadGroupCommit
 from events.types import EventBase
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +263,21 @@ class EventStore:
     async def head_position(self) -> int:
         """The last committed position (0 for an empty log)."""
         return await self.recorder.max_position()
+
+    @property
+    def backend_name(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self.recorder.backend.name
+
+    async def run_read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(sync_connection, *args)`` on a read connection (the read models' and the
+        checkpoint's tables; the events are read through the methods above)."""
+        return await self.recorder.backend.run_read(fn, *args)
+
+    async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(sync_connection, *args)`` in one write transaction of the read models'
+        tables. The events table refuses updates and deletes whatever ``fn`` tries."""
+        return await self.recorder.backend.run_write(fn, *args)
 
     async def close(self) -> None:
         """Let queued appends commit, then release every connection. Idempotent."""

@@ -126,9 +126,8 @@ class Driver:
     def projector(self) -> Any:
         return self
 
-    @property
-    def resources(self) -> ResourcesFold:
-        return self.state.fold
+    def session_resources(self, session_id: str) -> Any:
+        return self.state.fold.sessions.get(session_id)
 
     def emit_later(self, *events: EventBase) -> None:
         for event in events:
