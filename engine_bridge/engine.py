@@ -34,6 +34,7 @@ from events.store.owners import lifecycle_of
 from events.store.store import EventStore
 from events.types import SessionOpened
 from projections.runner import project_as_of
+from projections.session_rules.state import next_incarnation
 from projections.turn_tables import TurnTables
 
 __all__ = ["RecoveryReport", "SessionEngine"]
@@ -151,8 +152,7 @@ class SessionEngine:
         plugin = plugin or self.plugin
         await self.replica.ensure_writable(session_id)
         history = await self._claimable_history(session_id)
-        opened = [e.event for e in history if e.event.type == "SessionOpened"]
-        incarnation = (max(e.incarnation for e in opened) + 1) if opened else 0
+        incarnation = next_incarnation(e.event for e in history)
         log = SessionLog(self.store, session_id, len(history), ticker=self._ticker, on_applied=self.metrics.apply)
         session = Session(
             session_id,

@@ -9,11 +9,14 @@ so they cannot disagree on any of it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from events import ids
 from events.records import StoredEvent
-from events.types import Fence
+from events.structs import twin_of
+from events.types import Fence, SessionOpened
 from projections.resources import Binding, ResourcesFold, SessionResources, StaleId, stale_before_submit
 
 
@@ -124,3 +127,14 @@ def evolve(state: SessionState, stored: StoredEvent) -> SessionState:
     output event would cost more than the event)."""
     state.fold.apply(stored)
     return state
+
+
+_OPENED = (SessionOpened, twin_of(SessionOpened))
+
+
+def next_incarnation(history: Iterable[Any]) -> int:
+    """The incarnation a session opens under, from its earlier events (DOMAIN §2.1): one more
+    than the highest ``SessionOpened.incarnation`` of a predecessor, 0 for a first open. Ids of
+    a closed predecessor can then never be confused with the new session's."""
+    opened = [cast(SessionOpened, e).incarnation for e in history if isinstance(e, _OPENED)]
+    return max(opened) + 1 if opened else 0

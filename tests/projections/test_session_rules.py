@@ -461,3 +461,14 @@ def test_a_failed_turn_s_id_is_never_submitted_again():
     submitted = [s.event.request_id for s in driver.log if isinstance(s.event, StageRequestSubmitted)]
     assert len(submitted) == 2 and len(set(submitted)) == 2
     assert submitted[1].endswith("_t1")
+
+
+def test_a_reopened_session_gets_the_next_incarnation():
+    """DOMAIN §2.1: +1 over the highest predecessor, 0 for a first open (model or twin)."""
+    from events.structs import twin_of
+    from projections.session_rules.state import next_incarnation
+
+    opened = [SessionOpened(session_id=SID, ts=1.0, incarnation=n) for n in (0, 2, 1)]
+    twin = twin_of(SessionOpened)(incarnation=4)
+    assert next_incarnation([]) == 0
+    assert next_incarnation(opened) == 3 and next_incarnation([*opened, twin]) == 5
