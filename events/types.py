@@ -57,7 +57,7 @@ def ts_from_any(value: Any) -> float:
         except OverflowError:  # an offset that moves year 1 or 9999 out of datetime's range
             raise ValueError(f"ts {value.isoformat()!r} is outside {_TS_RANGE}") from None
         us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-        return _in_range(us / 1_000_000, value.isoformat())
+        return _in_range(us, value.isoformat())
     if isinstance(value, (int, float)):
         try:
             f = float(value)
@@ -65,7 +65,7 @@ def ts_from_any(value: Any) -> float:
             raise ValueError(f"ts {short_number(value)} is outside {_TS_RANGE}") from None
         if not math.isfinite(f):
             raise ValueError(f"ts must be finite epoch seconds, got {value!r}")
-        return _in_range(ts_to_us(f) / 1_000_000, value)
+        return _in_range(ts_to_us(f), value)
     raise ValueError(f"ts must be epoch seconds or an ISO-8601 time, got {value!r}")
 
 
@@ -73,9 +73,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TS_RANGE = "1970-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z"
 
 
-def _in_range(ts: float, given: Any) -> float:
-    if not MIN_TS_US <= ts_to_us(ts) <= MAX_TS_US:
+def _in_range(us: int, given: Any) -> float:
+    """Epoch seconds of ``us`` µs, refused (naming ``given``) outside the D12 range. Near the
+    top of the range a float cannot hold every µs: the last instants map to the largest float
+    still inside it, so the range's own end (…59.999999) is accepted as documented."""
+    if not MIN_TS_US <= us <= MAX_TS_US:
         raise ValueError(f"ts {given!r} is outside {_TS_RANGE} (DOMAIN §5.7 D12)")
+    ts = us / 1_000_000
+    while ts_to_us(ts) > MAX_TS_US:
+        ts = math.nextafter(ts, 0.0)
     return ts
 
 

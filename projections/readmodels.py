@@ -273,6 +273,24 @@ def load_checkpoint(conn: Connection, name: str) -> tuple[int, int, bytes] | Non
     return None if row is None else (row.position, row.fold_version, row.state)
 
 
+def turns_of_rows(
+    rows: Iterable[dict[str, Any]], session_id: str | None = None, response_id: str | None = None
+) -> list[TurnTables]:
+    """:func:`load_turns` over rows held in memory (:func:`turn_row` dicts): the first row of
+    each (session, response) kept, as the table keeps it, in finalize-position order."""
+    kept: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        kept.setdefault((row["session_id"], row["response_id"]), row)
+    chosen = [
+        r
+        for r in kept.values()
+        if (session_id is None or r["session_id"] == session_id)
+        and (response_id is None or r["response_id"] == response_id)
+    ]
+    chosen.sort(key=lambda r: (r["finalize_position"], r["session_id"]))
+    return [turn_from_json(r["tables_json"]) for r in chosen]
+
+
 def load_turns(
     conn: Connection, session_id: str | None = None, response_id: str | None = None, until_position: int | None = None
 ) -> list[TurnTables]:

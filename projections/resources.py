@@ -363,7 +363,9 @@ class ResourcesFold:
             if (fence.epoch, fence.turn_id) < s.accepted_fence:
                 return f"fence (epoch {fence.epoch}, turn {fence.turn_id}) older than accepted {s.accepted_fence}"
         parsed = rid.try_parse(request_id) if request_id is not None else None
-        if parsed is not None and parsed.session_segment == _segment_of(s.session_id):
+        if parsed is not None and parsed.session_segment != _segment_of(s.session_id):
+            return f"id minted for another session (segment {parsed.session_segment!r}, DOMAIN §1.3)"
+        if parsed is not None:
             if parsed.incarnation != s.incarnation:
                 return f"id of incarnation {parsed.incarnation}; the session is incarnation {s.incarnation}"
             if parsed.epoch < s.epoch:

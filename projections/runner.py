@@ -31,6 +31,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from events.records import StoredEvent
 from events.store.store import EventStore
@@ -83,6 +84,9 @@ class ProjectionRunner:
         self.before_checkpoint = before_checkpoint  # test hook: raise to simulate a crash
         self.projector: Projector | None = None
         self.position = 0
+        # Turn rows of a fold served from memory (derived state found in the file differed):
+        # :meth:`turn_tables` reads them instead of the file's read model.
+        self.served_turn_rows: list[dict[str, Any]] | None = None
 
     async def _run_write(self, fn, *args):  # type: ignore[no-untyped-def]
         return await self.store.run_write(fn, *args)
@@ -221,9 +225,9 @@ class ProjectionRunner:
         it: the read models and the checkpoint found are compared with a fresh fold of the log
         up to the checkpoint position (:func:`projections.consistency.compare`); the fresh fold,
         never the stored state, is what the runner continues from. When they differ (an edited
-        or deleted read-model row, a forged checkpoint, one of another fold version…) ``note``
-        says what differs and the read models are rewritten from the fresh fold. Returns the
-        new position (the head)."""
+        or deleted read-model row, a forged checkpoint…) ``note`` says what differs and nothing
+        is written: the whole log is folded in memory and the file keeps its evidence for
+        ``verify``. Returns the new position (the head)."""
         found = await self.store.run_read(consistency.load_models)
         if found.checkpoint is not None and found.checkpoint[1] != FOLD_VERSION:
             self.note(
@@ -246,26 +250,16 @@ class ProjectionRunner:
             )
         self.projector, self.position = fresh.projector, at
         if mismatch is not None:
+            # Evidence is kept: the file is left as found, and what is served is a fold of the
+            # log in memory. The log itself may be what was edited: `verify` checks its chain.
             self.note(
-                f"derived state in the ledger differs from its log: {mismatch}; it is ignored, "
-                f"and the read models are rewritten from the log"
+                f"derived state in the ledger differs from its log: {mismatch}; it is ignored and left "
+                "as found (evidence: run `duplex-ledger verify`; `rebuild` rewrites it); served from a "
+                "fresh fold of the log"
             )
-            await self._run_write(readmodels.clear_read_models)
-            if at > 0:
-                resources, findings, state = self._snapshot(fresh.projector, sorted(fresh.projector.resources.sessions))
-                await self._run_write(
-                    lambda conn: readmodels.write_batch(
-                        conn,
-                        name=CHECKPOINT_NAME,
-                        position=at,
-                        fold_version=FOLD_VERSION,
-                        state=state,
-                        turns=fresh.turn_rows,
-                        touched=[],
-                        resources=resources,
-                        findings=findings,
-                    )
-                )
+            whole = await self.fresh_fold(head)
+            self.projector, self.position, self.served_turn_rows = whole.projector, head, whole.turn_rows
+            return head
         if at == 0:
             return await self.catch_up(progress)  # nothing to keep: a full projection, parallel when large
         with gc_paused():
@@ -380,8 +374,11 @@ class ProjectionRunner:
         return self.position
 
     async def turn_tables(self, session_id: str | None = None, response_id: str | None = None) -> list[TurnTables]:
-        """Finalized turns from the read model (call :meth:`catch_up` first to be current)."""
-        return await self.store.run_read(readmodels.load_turns, session_id, response_id)
+        """Finalized turns from the read model (call :meth:`catch_up` first to be current), or
+        from the in-memory fold :meth:`checked_catch_up` served when the file's differed."""
+        if self.served_turn_rows is None:
+            return await self.store.run_read(readmodels.load_turns, session_id, response_id)
+        return readmodels.turns_of_rows(self.served_turn_rows, session_id, response_id)
 
 
 async def project_as_of(

@@ -65,6 +65,7 @@ from typing import Any
 
 from events import ids as rid
 from events.records import StoredEvent
+from events.structs import twin_of
 from events.types import (
     AbortRequested,
     CancelRequested,
@@ -172,6 +173,7 @@ class SessionTurns:
     # records forwards at all (forward_seen), a downstream fact joins only after its forward (D1).
     forwarded: dict[str, set[int]] = field(default_factory=dict)
     forward_seen: bool = False
+    submits_seen: bool = False  # the log records Stage0 submits (accepted or refused)
 
     def clear_pending(self) -> None:
         self.pending_request_id = None
@@ -184,6 +186,9 @@ class SessionTurns:
         self.forwarded.pop(request_id, None)
         if self.pending_request_id == request_id:
             self.clear_pending()
+
+
+_SUBMITS: frozenset[type] = frozenset({StageRequestSubmitted, twin_of(StageRequestSubmitted)})
 
 
 class TurnsFold:
@@ -225,10 +230,16 @@ class TurnsFold:
         )
 
     def apply(self, stored: StoredEvent, accepted: bool = True) -> None:
-        """Apply one event; ``accepted`` False (refused by the resources fold) is skipped."""
-        if not accepted:
-            return
+        """Apply one event; ``accepted`` False (refused by the resources fold) is skipped, except
+        that a refused Stage0 submit still says the log records submits (D1: facts then need a
+        live segment, whatever was refused)."""
         event = stored.event
+        if not accepted:
+            if type(event) in _SUBMITS and event.stage_id == 0:  # type: ignore[attr-defined]
+                s = self.sessions.get(event.session_id)
+                if s is not None:
+                    s.submits_seen = True
+            return
         handler = self._handlers.get(type(event))
         if handler is None:
             return
@@ -335,7 +346,7 @@ class TurnsFold:
                 f"begin of response {response_id!r} after the session closed; ignored",
             )
             return
-        if request_id is not None and s.current_id is not None and request_id not in s.live:
+        if request_id is not None and s.submits_seen and request_id not in s.live:
             # A log that records submits names an id with no live segment (never submitted,
             # aborted, released): the response opens, but no engine request is its (D1, D9, D8).
             self._warn(
@@ -414,7 +425,7 @@ class TurnsFold:
             return TURN if (not known or request_id in s.live) else NOWHERE
         if known:
             return PENDING if request_id == s.current_id and request_id in s.live else NOWHERE
-        return PENDING if s.current_id is None else NOWHERE  # a log without submits
+        return NOWHERE if s.submits_seen else PENDING  # PENDING: a log without submits
 
     def _target(
         self,
@@ -467,6 +478,7 @@ class TurnsFold:
         if s.current_id != e.request_id or s.pending_request_id not in (None, e.request_id):
             s.clear_pending()
         s.current_id = e.request_id
+        s.submits_seen = True
         remember(s.submitted, e.request_id, s.live)
         s.live[e.request_id] = st.position
         s.forwarded[e.request_id] = set()  # a new segment: no downstream stage forwarded yet

@@ -5,7 +5,8 @@ imported with ``duplex-ledger events import``) and need neither vllm nor torch. 
 untrusted input: ``audit`` and ``tables`` never serve read models or a checkpoint found in it
 without checking them against a fresh fold of its log
 (:meth:`~projections.runner.ProjectionRunner.checked_catch_up`); derived state that differs
-is named on stderr, ignored and rewritten — the output is the log's, whatever the file holds.
+is named on stderr and ignored, and the file is left as found (the evidence stays for
+``verify``; ``rebuild`` rewrites it) — the output is the log's, whatever the file holds.
 
 Exit codes (:mod:`reports.cli_errors`): ``audit`` 0 clean, 1 leaks found; every command 2 for
 rejected input (bad URL, missing or foreign file, schema at another revision, unknown
@@ -193,11 +194,12 @@ async def _turns(
             runner = ProjectionRunner(store)
             await runner.checked_catch_up()
             turns = await runner.turn_tables(session, response)
-    return [
+    chosen = [
         t
         for t in turns
         if (session is None or t.session_id == session) and (response is None or t.response_id == response)
     ]
+    return chosen
 
 
 RENDERERS: dict[TablesFormat, Callable[[list[TurnTables]], str]] = {

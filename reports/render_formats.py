@@ -91,10 +91,23 @@ def render_csv(turns: Iterable[TurnTables]) -> str:
     writer.writerow(CSV_HEADER)
     for t in turns:
         doc = t.to_dict()
-        ident = (t.session_id, t.response_id, t.request_id or "", str(t.turn_id), t.finished_reason)
+        ident = tuple(map(_no_formula, (t.session_id, t.response_id, t.request_id or ""))) + (
+            str(t.turn_id),
+            t.finished_reason,
+        )
         for table, column, name, value in _cells(doc):
             writer.writerow(tuple(map(printable, (*ident, table, column, name, _csv_value(value)))))
     return out.getvalue()
+
+
+FORMULA_LEADS = ("=", "+", "-", "@")
+"""A spreadsheet reads a cell starting with one of these as a formula (CSV injection)."""
+
+
+def _no_formula(text: str) -> str:
+    """An id from the log as a CSV cell a spreadsheet shows as text: a leading ``'`` when it
+    would start a formula (OWASP "CSV injection"); the JSON output keeps the exact id."""
+    return "'" + text if text.startswith(FORMULA_LEADS) else text
 
 
 def _md_escape(text: str) -> str:

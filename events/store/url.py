@@ -92,7 +92,14 @@ SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"
 def _check_postgresql(u: URL) -> None:
     """Refuse, before any connection is tried, a port outside 1–65535 and a query parameter
     asyncpg would refuse at connect time (as a TypeError): each names the field and value."""
-    where = repr(u.render_as_string(hide_password=True))
+    if "@" in (u.host or "") or "@" in (u.database or ""):
+        # user:pa@ss@host parses as host "ss@host": the password is cut, and its tail would be
+        # printed as the host. Say what to do without quoting any of it.
+        raise ValueError(
+            "the database URL has an '@' after its user:password@ part: a password with '@', ':' or "
+            "'/' must be percent-encoded (%40, %3A, %2F)"
+        )
+    where = repr(redact(u.render_as_string(hide_password=False)))
     if u.port is not None and not 1 <= u.port <= 65535:
         raise ValueError(f"{where}: port {u.port} is outside 1-65535")
     for key, value in u.query.items():
@@ -133,12 +140,18 @@ def redact(url: str) -> str:
     """The URL with its password masked (``***``), for every message and log line. A string
     SQLAlchemy cannot parse is masked by pattern (``scheme://user:***@…``)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except (ArgumentError, ValueError):
         return _USERINFO.sub(r"\1***@", url)
+    secret = {k: "***" for k in parsed.query if k.lower() in SECRET_QUERY}
+    return (parsed.update_query_dict(secret) if secret else parsed).render_as_string(hide_password=True)
 
 
-_USERINFO = re.compile(r"(://[^/:@]*:)[^@/]*@")
+SECRET_QUERY = frozenset({"password", "passfile", "sslpassword", "sslkey"})
+"""URL query parameters whose values are masked like the password."""
+# user:password@ — up to the LAST '@' of the URL: an unencoded '@', ':' or '/' in a password
+# must not leave its tail in clear.
+_USERINFO = re.compile(r"(://[^/:@\s'\"]*:)[^\s'\"]*@")
 
 
 def scrub(text: str, url: str | None) -> str:

@@ -101,3 +101,43 @@ def test_verify_of_a_missing_ledger_names_the_file_not_an_exception_class(tmp_pa
     for command in ("verify", "digest"):
         r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'missing.db'}")(command)
         assert r.exit_code == 2 and "no such ledger file" in r.output and "LedgerNotFound" not in r.output
+
+
+@pytest.mark.parametrize(
+    ("url", "secrets"),
+    [
+        ("postgresql+asyncpg://u:Zq9@tailsecret@127.0.0.1:1/db", ("Zq9", "tailsecret")),
+        ("postgresql+asyncpg://u:Zq9@ta:il/secret77@127.0.0.1:1/db", ("Zq9", "secret77", "ta:il")),
+        ("postgresql+asyncpg://u:pw12345@127.0.0.1:1/db?password=qpSecret1", ("pw12345", "qpSecret1")),
+    ],
+)
+def test_no_part_of_a_password_is_printed_even_when_it_is_not_encoded(url: str, secrets: tuple[str, ...]) -> None:
+    """README: a database password is never printed. An unencoded '@', ':' or '/' in it used to
+    leave its tail in clear (as the "host"); a password= query parameter was quoted as typed."""
+    r = Cli(url)("audit")
+    assert r.exit_code == 2, r.output
+    assert not [s for s in secrets if s in r.output], r.output
+
+
+def test_the_documented_end_of_the_ts_range_is_accepted():
+    """D12's range ends at 9999-12-31T23:59:59.999999Z: that spelling is inside it (it maps to
+    the largest float still in range); one µs later is refused."""
+    from events.limits import MAX_TS_US
+    from events.types import ts_from_any, ts_to_us
+
+    assert ts_to_us(ts_from_any("9999-12-31T23:59:59.999999+00:00")) <= MAX_TS_US
+    with pytest.raises(ValueError, match="outside"):
+        ts_from_any("9999-12-31T23:59:59.999999-00:01")
+
+
+def test_an_id_that_would_be_a_spreadsheet_formula_is_text_in_csv(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    cli = Cli(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    session_id = '=HYPERLINK("http://x","a,b")'
+    assert cli("events", "import", str(_case_18_as(session_id, tmp_path))).exit_code == 0
+    rows = list(csv.DictReader(io.StringIO(cli("tables", "--format", "csv").output)))
+    assert rows and {r["session_id"] for r in rows} == {"'" + session_id}
+    turns = json.loads(cli("tables", "--format", "json").output)["turns"]
+    assert {t["session_id"] for t in turns} == {session_id}
