@@ -458,37 +458,27 @@ def test_a_stage_whose_forward_was_refused_holds_nothing_even_while_stage0_holds
     assert (1, X0) not in p.resources.sessions["s1"].bindings
 
 
-def test_when_every_submit_is_refused_no_turn_is_built_from_the_refused_id():
-    """D1/D9: a log whose only Stage0 submit was refused (an id of another incarnation) still
-    records submits; the begin naming that id opens a response without an engine request and
-    the id's outputs join nothing (it is not a metrics-only log)."""
-    stale = eph("s1", 0, incarnation=7)
+@pytest.mark.parametrize(
+    ("session", "refused_id", "why"),
+    [
+        ("s1", eph("s1", 0, incarnation=7), "incarnation 7"),  # every submit refused: still a log with submits
+        ("s9", X0, "another session"),  # DOMAIN §1.3/§2.1: an id minted for s1 (a spliced log)
+    ],
+)
+def test_no_turn_is_built_from_a_refused_id(session, refused_id, why):
+    """D1/D9: the only Stage0 submit is refused (one stale_fence warning); the log still records
+    submits, so the begin naming that id opens a response without an engine request and the
+    id's outputs join nothing (it is not a metrics-only log); nothing binds."""
     b = LogBuilder()
-    b.add("SessionOpened", "s1", 1.0)
-    b.add("TurnCommitted", "s1", 2.0, turn_id=0, response_id="resp-1", create_response=True)
-    b.add("StageRequestSubmitted", "s1", 2.01, stage_id=0, request_id=stale, num_tokens_in=5)
-    b.add("ResponseBegun", "s1", 2.02, response_id="resp-1", turn_id=0, request_id=stale)
-    b.add("StageOutput", "s1", 2.1, stage_id=0, request_id=stale, num_new_tokens=11)
-    b.add("ResponseEnded", "s1", 2.4, response_id="resp-1", cause="model")
+    b.add("SessionOpened", session, 1.0)
+    b.add("TurnCommitted", session, 2.0, turn_id=0, response_id="resp-1", create_response=True)
+    b.add("StageRequestSubmitted", session, 2.01, stage_id=0, request_id=refused_id, num_tokens_in=5)
+    b.add("ResponseBegun", session, 2.02, response_id="resp-1", turn_id=0, request_id=refused_id)
+    b.add("StageOutput", session, 2.1, stage_id=0, request_id=refused_id, num_new_tokens=11)
+    b.add("ResponseEnded", session, 2.4, response_id="resp-1", cause="model")
     p = project(b)
     (t,) = p.turn_tables
     assert t.request_id is None and t.stages == {}
     assert [kind for kind, _ in warnings(p)] == ["stale_fence", "begin_of_unheld_id", "output_of_stale_id"]
-
-
-def test_an_id_minted_for_another_session_is_refused():
-    """DOMAIN §1.3/§2.1: session s9 cannot hold an id minted for s1 (a copied or spliced log):
-    the submit is one stale_fence warning, nothing binds, and the begin has no engine request."""
-    b = LogBuilder()
-    b.add("SessionOpened", "s9", 1.0)
-    b.add("TurnCommitted", "s9", 2.0, turn_id=0, response_id="resp-1", create_response=True)
-    b.add("StageRequestSubmitted", "s9", 2.01, stage_id=0, request_id=X0, num_tokens_in=5)
-    b.add("ResponseBegun", "s9", 2.02, response_id="resp-1", turn_id=0, request_id=X0)
-    b.add("StageOutput", "s9", 2.1, stage_id=0, request_id=X0, num_new_tokens=11)
-    b.add("ResponseEnded", "s9", 2.4, response_id="resp-1", cause="model")
-    p = project(b)
-    (t,) = p.turn_tables
-    assert t.request_id is None
-    assert [kind for kind, _ in warnings(p)] == ["stale_fence", "begin_of_unheld_id", "output_of_stale_id"]
-    assert "another session" in p.findings()[0].detail
-    assert not p.session_resources("s9").bindings
+    assert why in p.findings()[0].detail
+    assert not p.session_resources(session).bindings
