@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from reports import cli_engine, cli_events, cli_metrics, cli_projections, cli_timeline, cli_verify
+from reports.cli_errors import OPERATIONAL, REJECTED, say
 
 app = typer.Typer(
     name="duplex-ledger",
@@ -32,8 +33,20 @@ cli_timeline.register(app)  # timeline (one session as a self-contained HTML pag
 
 
 def main() -> None:
-    """Console-script entry point (``duplex-ledger``)."""
-    app()
+    """Console-script entry point (``duplex-ledger``). A usage error (an unknown option, a value
+    out of range) is one line on stderr and exit 2, like every other rejected input
+    (:mod:`reports.cli_errors`), not click's multi-line box."""
+    try:
+        result = app(standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors (typer's own copy of click)
+        if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            say(f"error: {exc.format_message()}{hint}")  # type: ignore[attr-defined]
+        raise SystemExit(getattr(exc, "exit_code", REJECTED)) from None
+    except typer.Abort:
+        raise SystemExit(OPERATIONAL) from None
+    raise SystemExit(result if isinstance(result, int) else 0)
 
 
 if __name__ == "__main__":

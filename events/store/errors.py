@@ -66,3 +66,8 @@ class LedgerNotFound(SchemaRevisionError):
 
 class StoreClosed(StoreError):
     """The store was closed; no further appends are accepted."""
+
+
+class ForeignSchemaObject(SchemaRevisionError):
+    """A SQLite ledger file holds a trigger the ledger did not create (or one whose text was
+    changed): opening it would run code from the file. Nothing was changed."""

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 
 import migrations
 from events.store.backends import make_backend
-from events.store.errors import NotALedger, SchemaRevisionError
+from events.store.errors import ForeignSchemaObject, NotALedger, SchemaRevisionError
 from events.store.probe import read_sqlite
 from events.store.url import (
     backend_of,
@@ -193,6 +193,29 @@ def revision_status(revision: str | None) -> str:
     return "older" if revision is None or revision_known(revision) else "newer"
 
 
+SQLITE_TRIGGERS: dict[str, str] = {
+    "events_no_update": "CREATE TRIGGER events_no_update BEFORE UPDATE ON events "
+    "BEGIN SELECT RAISE(ABORT, 'events is append-only: UPDATE refused'); END",
+    "events_no_delete": "CREATE TRIGGER events_no_delete BEFORE DELETE ON events "
+    "BEGIN SELECT RAISE(ABORT, 'events is append-only: DELETE refused'); END",
+    "events_no_replace": "CREATE TRIGGER events_no_replace BEFORE INSERT ON events "
+    "WHEN EXISTS (SELECT 1 FROM events WHERE position = NEW.position) "
+    "OR EXISTS (SELECT 1 FROM events WHERE event_id = NEW.event_id) "
+    "OR EXISTS (SELECT 1 FROM events WHERE stream_id = NEW.stream_id AND version = NEW.version) "
+    "BEGIN SELECT RAISE(ABORT, 'events is append-only: an insert may not replace a stored row'); END",
+}
+"""The triggers a SQLite ledger at the head revision holds, as SQLite stores their text (the
+migrations create them; tests/store/test_migrations.py checks the two agree)."""
+
+
+def foreign_triggers(sync_conn: Connection) -> list[str]:
+    """SQLite: every trigger in the file the ledger did not create (``name on table``), or whose
+    text is not the ledger's. A ledger file is untrusted input and runs nothing of its own:
+    a planted trigger would run on the read models' writes."""
+    rows = sync_conn.execute(sa.text("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'"))
+    return sorted(f"{name} on {table}" for name, table, sql in rows if SQLITE_TRIGGERS.get(name) != sql)
+
+
 def check_revision(sync_conn: Connection, url: str) -> None:
     """Raise SchemaRevisionError unless the database is exactly at :func:`head_revision`
     (NotALedger for another application's database, see :func:`ledger_state`).
@@ -203,6 +226,12 @@ def check_revision(sync_conn: Connection, url: str) -> None:
     head = head_revision()
     status = revision_status(current)
     if status == "current":
+        if sync_conn.dialect.name == "sqlite" and (foreign := foreign_triggers(sync_conn)):
+            raise ForeignSchemaObject(
+                f"{redact(url)} holds trigger(s) the ledger did not create: {', '.join(foreign)}; a ledger file "
+                "runs nothing of its own, so it is not opened (nothing was changed). Drop them "
+                "(`sqlite3 FILE 'DROP TRIGGER name'`), or run `duplex-ledger verify` on a copy without them"
+            )
         return
     shown = redact(url)
     fix = f"run `duplex-ledger db upgrade --db {shown}`"

@@ -141,3 +141,25 @@ def test_an_id_that_would_be_a_spreadsheet_formula_is_text_in_csv(tmp_path: Path
     assert rows and {r["session_id"] for r in rows} == {"'" + session_id}
     turns = json.loads(cli("tables", "--format", "json").output)["turns"]
     assert {t["session_id"] for t in turns} == {session_id}
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["audit", "--max-idle", "-5"], "--max-idle"),
+        (["audit", "--format", "xml"], "--format"),
+        (["audit", "--bogus"], "--bogus"),
+        (["nosuch"], "nosuch"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(tmp_path: Path, args: list[str], names: str) -> None:
+    """README: one line per problem on stderr — usage errors too (the console entry point, not
+    click's multi-line box)."""
+    import subprocess
+    import sys
+
+    db = ["--db", f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"] if args[0] == "audit" else []
+    r = subprocess.run([sys.executable, "-m", "reports.cli", *args, *db], capture_output=True, text=True)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], r.stderr

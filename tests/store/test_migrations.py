@@ -66,3 +66,43 @@ async def test_store_refuses_newer_schema(db_url: str) -> None:
 async def test_unknown_revision_is_reported(sqlite_url: str) -> None:
     with pytest.raises(SchemaRevisionError, match="nope"):
         await migrate.upgrade(sqlite_url, "nope")
+
+
+def test_a_fresh_sqlite_ledger_holds_exactly_the_known_triggers(tmp_path):
+    """The trigger texts check_revision compares with are the ones the migrations create."""
+    import sqlite3
+
+    from events.store.migrate import SQLITE_TRIGGERS
+    from tests.cli.conftest import Cli
+
+    path = tmp_path / "fresh.db"
+    assert Cli(f"sqlite+aiosqlite:///{path}")("db", "upgrade").exit_code == 0
+    with sqlite3.connect(path) as conn:
+        found = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall())
+    assert found == SQLITE_TRIGGERS
+
+
+def test_a_planted_trigger_is_never_run_the_file_is_refused(tmp_path):
+    """A copied file with a trigger the ledger did not create (or a ledger trigger rewritten)
+    is refused before anything is written (exit 2, the trigger named), and left as it was."""
+    import sqlite3
+
+    from tests.cli.conftest import Cli
+
+    path = tmp_path / "copy.db"
+    cli = Cli(f"sqlite+aiosqlite:///{path}")
+    assert cli("db", "upgrade").exit_code == 0
+    plants = [
+        "CREATE TRIGGER planted AFTER INSERT ON rm_audit_findings BEGIN DELETE FROM rm_audit_findings; END",
+        "DROP TRIGGER events_no_update",
+        "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN SELECT 1; END",
+    ]
+    with sqlite3.connect(path) as conn:
+        for sql in plants:
+            conn.execute(sql)
+    before = path.read_bytes()
+    for command in ("audit", "tables", "verify", "rebuild"):
+        r = cli(command)
+        assert r.exit_code == 2 and "planted on rm_audit_findings" in r.output
+        assert "events_no_update on events" in r.output
+    assert path.read_bytes() == before
