@@ -128,6 +128,27 @@ def _int_field(obj: dict[str, Any], key: str, lineno: int, errors: list[LineErro
     return value
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names the same key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: one value per key. Python keeps the last of a repeated key,
+    other parsers the first, so a line with one would read differently elsewhere."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
 def _load(text: str | bytes, lineno: int) -> Any:
     """The line's JSON value. Raises JsonlError for bytes that are not UTF-8, invalid JSON,
     nesting deeper than Python's parser allows and integers too long to parse."""
@@ -139,7 +160,11 @@ def _load(text: str | bytes, lineno: int) -> Any:
                 [LineError(lineno, "", f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1}")]
             ) from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except DuplicateKey as exc:
+        raise JsonlError(
+            [LineError(lineno, exc.key, "appears twice in one object (parsers disagree on which wins)")]
+        ) from None
     except json.JSONDecodeError as exc:
         raise JsonlError([LineError(lineno, "", f"not valid JSON: {exc.msg} (column {exc.colno})")]) from None
     except RecursionError:

@@ -59,12 +59,14 @@ class TablesFormat(str, Enum):  # noqa: UP042 - typer's choice type
 
 
 async def _projected(db: str | None, until_position: int | None, session: str | None = None) -> tuple[Projector, int]:
-    """The projector at ``until_position`` (in memory), or caught up and persisted. Raises
-    UnknownSession for a ``session`` the log does not hold."""
+    """The projector at ``until_position`` (in memory; past the head it is the head, and the
+    position reported is the head's), or caught up and persisted. Raises UnknownSession for a
+    ``session`` the log does not hold."""
     async with await EventStore.open(db) as store:
         await check_session(store, session)
         if until_position is not None:
-            return await project_as_of(store, until_position=until_position), until_position
+            at = min(until_position, await store.head_position())
+            return await project_as_of(store, until_position=at), at
         runner = ProjectionRunner(store)
         position = await runner.checked_catch_up()
         assert runner.projector is not None

@@ -163,3 +163,25 @@ def test_a_usage_error_is_one_line_and_exit_2(tmp_path: Path, args: list[str], n
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("where", ["top", "data"])
+def test_a_line_with_a_repeated_key_is_refused_by_name(tmp_path: Path, where: str) -> None:
+    """Python keeps the last of a repeated JSON key, other parsers the first: such a line
+    would read differently elsewhere, so import refuses it (exit 2, line and key named)."""
+    if where == "top":
+        line = '{"stream":"S1","type":"SessionOpened","ts":1.0,"data":{},"stream":"S2"}'
+    else:
+        line = '{"stream":"S1","type":"SessionOpened","ts":1.0,"data":{"log_stats":true,"log_stats":false}}'
+    path = tmp_path / "dup.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")("events", "import", str(path))
+    assert r.exit_code == 2 and "line 1" in r.output and "appears twice" in r.output
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_until_position_past_the_head_reports_the_head(sqlite_cli: Cli) -> None:
+    sqlite_cli("events", "import", str(CASE_18))
+    past = sqlite_cli("audit", "--until-position", "500").output
+    assert "audit at position 23:" in past
+    assert past == sqlite_cli("audit", "--until-position", "23").output
