@@ -72,9 +72,16 @@ async def test_live_pair_takes_over_only_the_dead_replicas_session(tmp_path, liv
         assert running not in live_ports.thinker.live_request_ids()
         with pytest.raises(SessionError, match="session_taken_over"):
             # A learns of the takeover at its next write: the engine's abort of the running request
-            # (a durable-later StageRequestFinished) or, at the latest, this commit's submit intent.
+            # (a durable-later StageRequestFinished), this append's flush, or this commit's submit
+            # intent. That intent is pipelined (docs/design.md): commit() may return before its
+            # commit is refused; the session is fenced out then, and its next command raises.
             await s.append_text("Still there?")
             await s.commit()
+            for _ in range(200):
+                if s.taken_over:
+                    break
+                await asyncio.sleep(0.05)
+            await s.append_text("Anyone?")
         assert len(await b.store.read_stream("pair-a")) == len(history)  # nothing from A after it
         await mine.close()
         p = await project_as_of(b.store)
