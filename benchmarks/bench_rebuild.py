@@ -114,6 +114,17 @@ async def rebuild(path: Path, workers: int | None) -> tuple[int, float, int, int
     return position, elapsed, leaks, turns
 
 
+def ensure_log(db: Path, sessions: int, turns: int) -> None:
+    """Generate the synthetic log into ``db`` (in a child process, so its memory is not this
+    process's) unless a complete one of that size is there (marker file written last)."""
+    marker = db.with_suffix(f".{sessions}x{turns}.ok")
+    if db.exists() and marker.exists():
+        return
+    argv = ["--generate-only", "--sessions", str(sessions), "--turns", str(turns), "--db", str(db)]
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], check=True)
+    marker.touch()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=1000)
@@ -131,23 +142,7 @@ def main() -> None:
         n = build_db(args.db, args.sessions, args.turns)
         print(f"generated {n:,} events into {args.db}")
         return
-    marker = args.db.with_suffix(f".{args.sessions}x{args.turns}.ok")
-    if not (args.db.exists() and marker.exists()):
-        subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--generate-only",
-                "--sessions",
-                str(args.sessions),
-                "--turns",
-                str(args.turns),
-                "--db",
-                str(args.db),
-            ],
-            check=True,
-        )
-        marker.touch()
+    ensure_log(args.db, args.sessions, args.turns)
     from projections.parallel import default_workers
 
     workers = args.workers or default_workers()

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_rebuild import ceiling  # noqa: E402
+from benchmarks.bench_rebuild import ceiling, ensure_log  # noqa: E402
 
 
 async def run(path: Path, rounds: int) -> tuple[int, list[float], list[float], list[float], str]:
@@ -54,23 +53,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating repeats; medians are printed")
     parser.add_argument("--db", type=Path, default=Path("/tmp/duplex-ledger-bench-verify.db"))
     args = parser.parse_args()
-    marker = args.db.with_suffix(f".{args.sessions}x{args.turns}.ok")
-    if not (args.db.exists() and marker.exists()):
-        subprocess.run(
-            [
-                sys.executable,
-                str(Path(__file__).with_name("bench_rebuild.py")),
-                "--generate-only",
-                "--sessions",
-                str(args.sessions),
-                "--turns",
-                str(args.turns),
-                "--db",
-                str(args.db),
-            ],
-            check=True,
-        )
-        marker.touch()
+    ensure_log(args.db, args.sessions, args.turns)
     events, t_ceilings, t_verifies, t_chains, state = asyncio.run(run(args.db, args.rounds))
     t_ceiling, t_verify, t_chain = (statistics.median(t) for t in (t_ceilings, t_verifies, t_chains))
     eps_ceiling, eps_verify, eps_chain = events / t_ceiling, events / t_verify, events / t_chain

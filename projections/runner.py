@@ -257,7 +257,9 @@ class ProjectionRunner:
                 "as found (evidence: run `duplex-ledger verify`; `rebuild` rewrites it); served from a "
                 "fresh fold of the log"
             )
-            whole = await self.fresh_fold(head)
+            whole = consistency.FreshFold(head, fresh.projector, fresh.turn_rows)  # on from `at`, in memory
+            async for rows in self.store.read_row_batches(at + 1, until_position=head, batch_size=self.batch_size):
+                whole.feed(rows)
             self.projector, self.position, self.served_turn_rows = whole.projector, head, whole.turn_rows
             return head
         if at == 0:
