@@ -277,3 +277,14 @@ def walker_of(found: Sequence[Segment], head: int) -> ChainWalker | None:
     for s in found:
         walker.watched.update(s.watched)
     return walker
+
+
+async def walk_log(store: Any, batch_size: int = 10_000) -> tuple[Digest, ChainFault | None]:
+    """Check the whole chain of ``store`` (an ``EventStore``: its ``read_row_batches``) and
+    return the head's digest with the first fault (None: intact). A digest of a tampered log
+    would vouch for the tampering, so the caller looks at the fault first."""
+    walker = ChainWalker()
+    async for rows in store.read_row_batches(1, batch_size=batch_size):
+        if not walker.feed(rows):
+            break
+    return walker.digest(), walker.finish()

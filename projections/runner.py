@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from events.chain_walk import walk_log
 from events.records import StoredEvent
 from events.store.store import EventStore
 from events.store.url import sqlite_path
@@ -251,7 +252,13 @@ class ProjectionRunner:
         self.projector, self.position = fresh.projector, at
         if mismatch is not None:
             # Evidence is kept: the file is left as found, and what is served is a fold of the
-            # log in memory. The log itself may be what was edited: `verify` checks its chain.
+            # log in memory. The log itself may be what was edited: its chain says so.
+            _, fault = await walk_log(self.store, self.batch_size)
+            if fault is not None:
+                self.note(
+                    f"the log's hash chain is broken at {fault}: the events themselves were edited, "
+                    "so what follows is the edited log's account; keep the file as evidence"
+                )
             self.note(
                 f"derived state in the ledger differs from its log: {mismatch}; it is ignored and left "
                 "as found (evidence: run `duplex-ledger verify`; `rebuild` rewrites it); served from a "

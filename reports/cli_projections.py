@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from events.chain_walk import walk_log
 from events.limits import MAX_POSITION
 from events.store.owners import session_lifecycles
 from events.store.store import EventStore
@@ -265,8 +266,19 @@ def tables(
     typer.echo(text, nl=not text.endswith("\n"))
 
 
+class ChainBroken(RuntimeError):
+    """``rebuild`` of a log whose hash chain is broken: the read models that still disagree
+    with the edited events are the evidence, so they are not rewritten."""
+
+
 async def _rebuild(db: str | None, quiet: bool, workers: int | None) -> int:
     async with await EventStore.open(db) as store:
+        _, fault = await walk_log(store)
+        if fault is not None:
+            raise ChainBroken(
+                f"the log's hash chain is broken at {fault}; rebuilding would erase the read models that "
+                "still disagree with the edited events, so nothing was changed (run `duplex-ledger verify`)"
+            )
         runner = ProjectionRunner(store)
         if quiet or not Console(stderr=True).is_terminal:  # no bar when stderr is piped (issue 16)
             return await runner.rebuild(workers=workers)

@@ -24,7 +24,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from events.chain_walk import ChainFault, ChainWalker, Digest, check_sqlite_segment, walker_of
+from events.chain_walk import ChainFault, ChainWalker, Digest, check_sqlite_segment, walk_log, walker_of
 from events.store.store import EventStore
 from events.store.url import sqlite_path
 from projections import consistency, parallel
@@ -116,11 +116,7 @@ async def _walk_and_fold_in_parallel(
 async def head_digest(store: EventStore) -> tuple[Digest, ChainFault | None]:
     """The head's digest, after checking the whole chain (a digest of a tampered log would
     vouch for the tampering)."""
-    walker = ChainWalker()
-    async for rows in store.read_row_batches(1, batch_size=BATCH):
-        if not walker.feed(rows):
-            break
-    return walker.digest(), walker.finish()
+    return await walk_log(store, BATCH)
 
 
 def _read_digest(path: Path) -> Digest:

@@ -185,3 +185,26 @@ def test_until_position_past_the_head_reports_the_head(sqlite_cli: Cli) -> None:
     past = sqlite_cli("audit", "--until-position", "500").output
     assert "audit at position 23:" in past
     assert past == sqlite_cli("audit", "--until-position", "23").output
+
+
+def test_an_edited_event_row_is_named_and_rebuild_keeps_the_evidence(sqlite_cli: Cli, tmp_path: Path) -> None:
+    """A copied file whose event row 5 was edited (guard trigger dropped, hash not recomputed):
+    audit/tables name the broken chain on stderr, and rebuild refuses (exit 1, nothing
+    changed) instead of rewriting the read models that still disagree with the edit."""
+    import sqlite3
+
+    sqlite_cli("events", "import", str(CASE_18))
+    assert sqlite_cli("tables").exit_code == 0  # read models and checkpoint written
+    path = Path(sqlite_cli.url.split("///", 1)[1])
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TRIGGER events_no_update")
+        data = conn.execute("SELECT data FROM events WHERE position = 5").fetchone()[0]
+        forged = data.replace('"num_new_tokens":1', '"num_new_tokens":99')
+        assert forged != data
+        conn.execute("UPDATE events SET data = ? WHERE position = 5", (forged,))
+    before = path.read_bytes()
+    told = sqlite_cli("audit")
+    assert "hash chain is broken at position 5" in told.stderr
+    r = sqlite_cli("rebuild", "--quiet")
+    assert r.exit_code == 1 and "hash chain is broken at position 5" in r.output
+    assert path.read_bytes() == before
