@@ -127,6 +127,7 @@ class SessionResources:
     lives: dict[str, IdLife] = field(default_factory=dict)
     accepted_fence: tuple[int, int] = (-1, -1)  # (epoch, turn_id) high-water mark of this incarnation
     active_request_id: str | None = None
+    submits_seen: bool = False  # the log records Stage0 submits (accepted or refused): facts need a held id
     pending_retarget: tuple[int, float, str, str] | None = None  # (pos, ts, stale, new)
     last_position: int = 0
     last_ts: float = 0.0
@@ -377,14 +378,16 @@ class ResourcesFold:
     ) -> Verdict:
         """DOMAIN §5.7 D1/D9: a fact (output, metrics snapshot, finish, listen unit) of an id the
         session does not hold — aborted, released, or of an older epoch/incarnation — changes
-        nothing and is one warning. Ids the log never bound (logs that record no submits) pass:
-        the turns fold attributes them by the turn's own id."""
+        nothing and is one warning. So is a fact of an id the session never held, once the log
+        records Stage0 submits, whatever the id's grammar. In a log that records no submits,
+        facts pass: the turns fold attributes them by the turn's own id."""
         if request_id is None or (stage_id, request_id) in s.bindings:
             return ACCEPTED  # the hot path: a fact of a held key (one dict look-up per output event)
-        if not rid.is_duplex(request_id):
+        held_elsewhere = s.keys_of(request_id)
+        if not rid.is_duplex(request_id) and (held_elsewhere or not s.submits_seen):
             return ACCEPTED
         life = s.lives.get(request_id)
-        if s.keys_of(request_id):  # held on another stage: this stage's key may have ended
+        if held_elsewhere:  # held on another stage: this stage's key may have ended
             closed = life.closed_stages.get(stage_id) if life is not None and stage_id is not None else None
             if closed is None:
                 return ACCEPTED  # a stage the log never bound (no forwards recorded): attributed by id
@@ -399,8 +402,8 @@ class ResourcesFold:
             )
             return REFUSED
         stale = self._stale_fence(s, request_id, None)
-        if life is None and stale is None:
-            return ACCEPTED
+        if life is None and stale is None and not s.submits_seen:
+            return ACCEPTED  # a log that records no submits: the turns fold attributes by id
         if life is not None and life.abort_ok:
             kind, why = "output_after_abort", "the id was aborted"
         elif life is not None and life.submitted:
@@ -456,6 +459,8 @@ class ResourcesFold:
         return life
 
     def _submitted(self, s: SessionResources, st: StoredEvent, e: StageRequestSubmitted) -> Verdict:
+        if e.stage_id == 0:
+            s.submits_seen = True  # refused or not (the turns fold keeps the same flag, D1)
         key = (e.stage_id, e.request_id)
         existing = s.bindings.get(key)
         ephemeral = rid.is_ephemeral(e.request_id)

@@ -8,7 +8,8 @@ abort with per-pool acks, listen-only units, epoch changes, reopen under a new i
 and, at random points, injects the races of the field cases: late outputs, snapshots and
 finishes after an abort or release, duplicate and out-of-order acks, stale finalizes, resident
 tails before the next update, stale-fence submits, forwards of a dead id, a stale-fence forward
-of a live id and that stage's output, appends to a released id, facts of an older incarnation.
+of a live id and that stage's output, appends to a released id, facts of an older incarnation,
+facts of an id the session never held (any grammar).
 
 Alongside the log it records the truth:
 
@@ -242,6 +243,33 @@ class _Gen:
         if s.resident:
             self.add(s, "ActiveRequestBound", request_id=None)
 
+    def fact_of_unheld_id(self, s: _Session) -> None:
+        """D9: once the log records submits, a fact naming an id the session never held — in
+        the ledger's grammar (this session, incarnation and epoch, an unused turn) or in any other
+        (an id from another front end) — joins nothing and is one warning."""
+        never_held = self.r.choice(
+            [eph(s.sid, s.turn + 1000, s.epoch, s.incarnation), f"chatcmpl-{self.r.randrange(10**6)}", "req-7"]
+        )
+        kind = self.r.choice(["output", "finish", "snapshot", "listen"])
+        what = f"{kind} of an id never held"
+        if kind == "output":
+            stage_id = self.r.choice(range(s.stages))
+            self.inject(s, what, "StageOutput", stage_id=stage_id, request_id=never_held, num_new_tokens=3)
+        elif kind == "finish":
+            self.inject(s, what, "StageRequestFinished", stage_id=0, request_id=never_held, finish_reason="stop")
+        elif kind == "snapshot":
+            self.inject(
+                s,
+                what,
+                "StageMetricsReported",
+                stage_id=0,
+                request_id=never_held,
+                stage_submit_ts=self.ms / 1000,
+                stats={"num_tokens_out": 3, "num_tokens_in": 7},
+            )
+        else:
+            self.inject(s, what, "ResponseListened", turn_id=s.turn, request_id=never_held)
+
     def speak(self, s: _Session) -> None:
         self.append(s)
         s.n_resp += 1
@@ -273,6 +301,8 @@ class _Gen:
             n0 = self.r.randint(0, n0)  # interrupted part-way
         tokens0 = self.emit_outputs(s, 0, request_id, n0, end_turn=outcome == "stop" and not two)
         expected.output_tokens[0] = tokens0
+        if self.chance(0.15):
+            self.fact_of_unheld_id(s)
         if outcome == "engine_abort":  # vLLM reports no metrics for an aborted request
             _, end_ts = self.add(s, "StageRequestFinished", stage_id=0, request_id=request_id, finish_reason="abort")
             s.held[(0, request_id)] = True
