@@ -18,7 +18,7 @@ import typer
 
 from events.limits import MAX_POSITION
 from events.store.url import DEFAULT_URL, ENV_VAR, redact
-from reports.cli_errors import check_session, checked_url, run, say
+from reports.cli_errors import check_session, checked_url, fail, run, say
 
 DbOption = Annotated[
     str | None,
@@ -182,8 +182,12 @@ def events_export(
                 return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
             total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
             n = 0
+            try:
+                fh = output.open("w", encoding="utf-8", newline="\n")
+            except OSError as exc:  # the output's fault, not the database's: a usage error
+                fail(f"--output {str(output)!r}: cannot write: {exc.strerror or exc}")
             with (
-                output.open("w", encoding="utf-8", newline="\n") as fh,
+                fh,
                 progress_bar(f"exporting to {output.name}", total) as advance,
             ):  # terminal only
                 async for line in jsonl.export_lines(store, stream_id=stream, from_position=from_position):

@@ -97,6 +97,15 @@ def test_export_of_an_unknown_stream_is_an_error_not_an_empty_file(sqlite_cli: C
     assert sqlite_cli("events", "export", "--stream", "S1").output.count("\n") == 23
 
 
+def test_an_unwritable_export_output_names_the_option_not_the_database(sqlite_cli: Cli, tmp_path: Path) -> None:
+    sqlite_cli("events", "import", str(CASE_18))
+    target = tmp_path / "no" / "such" / "dir" / "out.jsonl"
+    r = sqlite_cli("events", "export", "--output", str(target))
+    assert r.exit_code == 2, r.output
+    assert "--output" in r.output and "cannot write" in r.output and "sqlite" not in r.output
+    assert sqlite_cli("events", "export").output.count("\n") > 0  # the ledger is untouched
+
+
 def test_verify_of_a_missing_ledger_names_the_file_not_an_exception_class(tmp_path: Path) -> None:
     for command in ("verify", "digest"):
         r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'missing.db'}")(command)
