@@ -165,7 +165,8 @@ def verify(
     and the checkpoint equal a fresh fold of the log.
 
     Exit 0 intact; 1 tampered (names the first bad position and what is wrong: edited,
-    missing, inserted, reordered, rewritten; or the first read-model row that differs);
+    missing, inserted, reordered, rewritten; or the first read-model row or checkpoint
+    difference; or the ledger's guard triggers missing or disabled);
     2 usage (missing ledger, bad digest file)."""
     expected = _read_digest(digest) if digest is not None else None
     verdict: Verdict = _run_on(db, lambda store: verify_store(store, expected), tolerate_missing=True)

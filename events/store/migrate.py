@@ -220,10 +220,12 @@ def missing_guards(sync_conn: Connection) -> list[str]:
         )
     ).all()
     state = {name: enabled for name, enabled in rows}
+    # tgenabled: O fires (origin), A always; D disabled, R only under session_replication_role
+    # = replica (``ENABLE REPLICA TRIGGER``): off for the application's sessions either way.
     return [
         f"trigger {name}" + (" (disabled)" if name in state else "")
         for name in PG_TRIGGERS
-        if state.get(name, "D") == "D"
+        if state.get(name) not in ("O", "A")
     ]
 
 

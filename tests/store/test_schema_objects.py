@@ -94,8 +94,9 @@ def test_a_dropped_trigger_and_an_edit_are_both_reported(tmp_path: Path) -> None
     assert r.exit_code == 1 and "trigger events_no_update" in r.stdout and "position 2" in r.stdout, r.output
 
 
+@pytest.mark.parametrize("how", ["DISABLE", "ENABLE REPLICA"])
 @pytest.mark.parametrize("trigger", PG_TRIGGERS)
-def test_a_disabled_guard_trigger_is_reported_on_postgresql(pg_url: str, trigger: str) -> None:
+def test_a_disabled_guard_trigger_is_reported_on_postgresql(pg_url: str, trigger: str, how: str) -> None:
     cli = ledger(pg_url)
 
     async def owner(sql: str) -> None:
@@ -106,7 +107,7 @@ def test_a_disabled_guard_trigger_is_reported_on_postgresql(pg_url: str, trigger
         finally:
             await engine.dispose()
 
-    asyncio.run(owner(f"ALTER TABLE events DISABLE TRIGGER {trigger}"))
+    asyncio.run(owner(f"ALTER TABLE events {how} TRIGGER {trigger}"))
     r = cli("verify")
     assert r.exit_code == 1 and f"trigger {trigger} (disabled)" in r.stdout, r.output
     r = cli("audit")
@@ -163,3 +164,14 @@ def test_sqlite_statistics_are_not_foreign(tmp_path: Path) -> None:
     cli, path = sqlite_file(tmp_path)
     execute(path, "ANALYZE")
     assert cli("verify").exit_code == 0
+
+
+def test_the_guard_benchmark_measures_the_ledger_trigger(tmp_path: Path) -> None:
+    """``bench_append --guard-variants``' baseline shape is the trigger the ledger holds, and
+    it refuses every replacement trick (benchmarks/guard_variants.py)."""
+    from benchmarks import guard_variants
+
+    assert guard_variants.VARIANTS["exists3"][1] == SQLITE_TRIGGERS["events_no_replace"]
+    assert guard_variants.check_refusals(tmp_path, "exists3") == []
+    assert guard_variants.check_refusals(tmp_path, "plain-idx") == []
+    assert guard_variants.check_refusals(tmp_path, "trigger floor")  # a trick gets through: it can fail
