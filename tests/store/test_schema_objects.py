@@ -142,6 +142,11 @@ FOREIGN = {
         "trigger events_no_update on events (text changed)",
     ),
     "table": ("CREATE TABLE notes (x TEXT DEFAULT (hex(randomblob(4))))", "table notes"),
+    "virtual table": ("CREATE VIRTUAL TABLE vt USING fts5(a)", "table vt"),
+    "generated column added to a ledger table": (
+        "ALTER TABLE rm_audit_findings ADD COLUMN g TEXT GENERATED ALWAYS AS (upper(detail)) VIRTUAL",
+        "table rm_audit_findings (text changed)",
+    ),
 }
 
 
