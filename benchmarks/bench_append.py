@@ -19,12 +19,14 @@ returns only once durable). Rows, all in one run on the same prepared events:
   to plain sqlite3 reading the rows plus ``json.loads`` of each payload (alternating, median).
 
 * ``--chain-cost``: instead, the store alone with and without the hash chain (issue 12: the
-  SHA-256 link per row and the SQLite insert trigger refusing replacements), interleaved over
-  ``--rounds`` rounds, in three arms (full chain, link only, neither); prints the medians of
-  process CPU per event and throughput, and the cost of the chain, the link and the trigger.
+  SHA-256 link per row and the SQLite insert trigger refusing replacements, "the guard"),
+  interleaved over ``--rounds`` rounds, in four arms (link + guard, link only, guard only,
+  neither); prints the medians of process CPU per event and throughput, each against neither.
+* ``--guard-variants``: instead, the guard's shapes in plain ``sqlite3``
+  (:mod:`benchmarks.guard_variants`; its options follow, e.g. ``--rounds``).
 
 Usage: ``.venv/bin/python benchmarks/bench_append.py [--sessions 32] [--events 400]
-[--per-call 1,8] [--sync FULL,NORMAL] [--repeats 3] [--no-peer] [--chain-cost --rounds 5]``. Needs the ``bench`` extra
+[--per-call 1,8] [--sync FULL,NORMAL] [--repeats 3] [--no-peer] [--chain-cost --rounds 5] [--guard-variants]``. Needs the ``bench`` extra
 (eventsourcing), except with ``--chain-cost``.
 """
 
@@ -45,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import group_commit_ceiling
+from benchmarks import group_commit_ceiling, guard_variants
 from events.store import EventStore
 from events.store.migrate import upgrade
 from events.store.rows import NewRow
@@ -94,8 +96,8 @@ async def bench_store(
     sync: str,
     chain: bool = True,
     trigger: bool | None = None,
-) -> tuple[float, float, str]:
-    """``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
+) -> tuple[float, float, float, str]:
+    """(events/s, process CPU µs/event, writer-thread CPU µs/event, URL). ``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
     pieces encoded before the lock, the SQLite ``events_no_replace`` trigger dropped), for
     --chain-cost. ``trigger`` (default: as ``chain``) keeps or drops the trigger alone."""
     from events.store import planning, rows
@@ -111,7 +113,7 @@ async def bench_store(
     if not chain:
         planning.link, planning.row_pieces, rows.row_pieces = _no_chain, _no_pieces, _no_pieces  # type: ignore[assignment]
     try:
-        return await _bench_store(url, events, per_call, sync)
+        return await _bench_store_threads(url, events, per_call, sync)
     finally:
         planning.link, planning.row_pieces, rows.row_pieces = saved
 
@@ -120,7 +122,18 @@ async def _bench_store(
     url: str, events: dict[str, list[EventBase]], per_call: int, sync: str
 ) -> tuple[float, float, str]:
     """(events/s, process CPU µs per event, the store's URL)."""
-    store = await EventStore.open(url, synchronous=sync)  # type: ignore[arg-type]
+    rate, cpu_us, _, url = await _bench_store_threads(url, events, per_call, sync)
+    return rate, cpu_us, url
+
+
+async def _bench_store_threads(
+    url: str, events: dict[str, list[EventBase]], per_call: int, sync: str
+) -> tuple[float, float, float, str]:
+    """(events/s, process CPU µs per event, the SQLite writer thread's CPU µs per event, the
+    store's URL). The writer thread plans, links and inserts: the chain's whole cost lands
+    there, away from the loop thread's noise."""
+    # tolerate_missing: the "no guard" arms drop events_no_replace on purpose
+    store = await EventStore.open(url, synchronous=sync, tolerate_missing=True)  # type: ignore[arg-type]
     total = sum(len(v) for v in events.values())
 
     async def session(sid: str, evs: list[EventBase]) -> None:
@@ -130,9 +143,20 @@ async def _bench_store(
     t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(session(sid, evs) for sid, evs in events.items()))
     elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    writer_s = _thread_cpu_s(store)
     assert await store.head_position() == total, "events lost"
     await store.close()
-    return total / elapsed, cpu_s / total * 1e6, url
+    return total / elapsed, cpu_s / total * 1e6, writer_s / total * 1e6, url
+
+
+def _thread_cpu_s(store: EventStore) -> float:
+    """CPU seconds of the store's writer thread so far (its whole life: it starts with the
+    store's first write); NaN when the backend has none."""
+    thread = store.recorder.backend.writer_thread
+    ident = getattr(getattr(thread, "_thread", None), "ident", None)
+    if ident is None:
+        return float("nan")
+    return time.clock_gettime(time.pthread_getcpuclockid(ident))
 
 
 async def bench_read(url: str) -> float:
@@ -261,7 +285,7 @@ def paired(
             if which == "bare":
                 runs["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
             else:
-                rate, cpu_us, url = asyncio.run(bench_store(root, events, per_call, sync))
+                rate, cpu_us, _, url = asyncio.run(bench_store(root, events, per_call, sync))
                 runs["store"].append((rate, cpu_us))
 
     def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
@@ -278,9 +302,14 @@ def main() -> None:
     ap.add_argument("--sync", default="FULL,NORMAL", help="SQLite synchronous levels (comma list)")
     ap.add_argument("--dir", default=None, help="where the database files go (default: a temp dir)")
     ap.add_argument("--chain-cost", action="store_true", help="the store with and without the hash chain only")
+    ap.add_argument("--guard-variants", action="store_true", help="the guard trigger's shapes (guard_variants.py)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds for --chain-cost")
     ap.add_argument("--repeats", type=int, default=3, help="alternating repeats of store vs bare group commit")
     ap.add_argument("--no-peer", action="store_true", help="skip the eventsourcing and executemany rows")
+    if "--guard-variants" in sys.argv:
+        sys.argv.remove("--guard-variants")
+        guard_variants.main()
+        return
     args = ap.parse_args()
     if args.chain_cost:
         chain_cost(args)
@@ -349,35 +378,49 @@ def read_back(url: str, repeats: int) -> tuple[float, float]:
     return statistics.median(rates["ceiling"]), statistics.median(rates["ours"])
 
 
+CHAIN_ARMS: dict[str, tuple[bool, bool]] = {
+    "link + guard": (True, True),
+    "link only": (True, False),
+    "guard only": (False, True),
+    "neither": (False, False),
+}
+"""--chain-cost arms: name -> (SHA-256 link computed, ``events_no_replace`` trigger kept)."""
+
+
 def chain_cost(args: argparse.Namespace) -> None:
     """The store with and without the chain, interleaved (rotating the arm order per round),
     medians: throughput and process CPU per event (all threads; less distorted by a loaded
-    machine). Three arms split the cost: the full chain; the SHA-256 link alone (the
-    ``events_no_replace`` trigger dropped); neither."""
+    machine). Four arms (:data:`CHAIN_ARMS`) split the cost: the SHA-256 link and the
+    ``events_no_replace`` guard each alone and together, each row against neither; also the
+    SQLite writer thread's CPU per event (where the link and the trigger run) and its
+    difference to neither in µs."""
     events = make_events(args.sessions, args.events)
-    arms = {"chain": (True, True), "link only": (True, False), "neither": (False, False)}
     print(
         f"{args.sessions} sessions x {args.events} events; {args.rounds} interleaved rounds; "
-        f"process CPU µs per event (ev/s)"
+        f"process CPU µs per event and ev/s, medians; each arm against 'neither'"
     )
-    print(f"{'row':34} {'chain':>16} {'link only':>16} {'neither':>16} {'cost: chain':>12} {'link':>7} {'trigger':>8}")
+    print(
+        f"{'row':34} {'arm':14} {'CPU µs/ev':>10} {'ev/s':>9} {'CPU vs neither':>15} {'ev/s vs neither':>16} "
+        f"{'writer µs/ev':>10} {'vs neither':>9}"
+    )
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for sync in args.sync.split(","):
             for pc in (int(x) for x in args.per_call.split(",")):
-                runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in arms}
-                names = list(arms)
+                runs: dict[str, list[tuple[float, float, float, str]]] = {name: [] for name in CHAIN_ARMS}
+                names = list(CHAIN_ARMS)
                 for r in range(args.rounds):
-                    for name in names[r % 3 :] + names[: r % 3]:
-                        chain, trigger = arms[name]
+                    for name in names[r % len(names) :] + names[: r % len(names)]:
+                        chain, trigger = CHAIN_ARMS[name]
                         runs[name].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain, trigger)))
-                rate = {n: statistics.median(x[0] for x in runs[n]) for n in arms}
-                cpu = {n: statistics.median(x[1] for x in runs[n]) for n in arms}
-                cells = " ".join(f"{cpu[n]:7.1f} ({rate[n]:6,.0f})" for n in arms)
-                print(
-                    f"{f'duplex-ledger store {sync}, {pc}/call':34} {cells} "
-                    f"{cpu['chain'] / cpu['neither'] - 1:12.1%} {cpu['link only'] / cpu['neither'] - 1:7.1%} "
-                    f"{cpu['chain'] / cpu['link only'] - 1:8.1%}"
-                )
+                rate = {n: statistics.median(x[0] for x in runs[n]) for n in names}
+                cpu = {n: statistics.median(x[1] for x in runs[n]) for n in names}
+                writer = {n: statistics.median(x[2] for x in runs[n]) for n in names}
+                for n in names:
+                    print(
+                        f"{f'duplex-ledger store {sync}, {pc}/call':34} {n:14} {cpu[n]:10.1f} {rate[n]:9,.0f} "
+                        f"{cpu[n] / cpu['neither'] - 1:+15.1%} {rate[n] / rate['neither'] - 1:+16.1%} "
+                        f"{writer[n]:10.1f} {writer[n] - writer['neither']:+9.1f}"
+                    )
 
 
 if __name__ == "__main__":

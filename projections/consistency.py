@@ -116,7 +116,12 @@ def compare(
     found: StoredModels, fresh: FreshFold, *, fold_version: int, log_hash: bytes, max_idle_s: float = 30.0
 ) -> Mismatch | None:
     """The first difference between ``found`` and ``fresh`` (module docstring), else None.
-    ``log_hash``: the log's chain hash at the checkpoint position."""
+    ``log_hash``: the log's chain hash at the checkpoint position. The checkpoint row itself
+    is checked first (:func:`_checkpoint_fault`), so a deleted, moved or swapped checkpoint is
+    named as the checkpoint, not as the read-model rows a fold at its position disagrees with."""
+    fault, sealed = _checkpoint_fault(found, fold_version, log_hash)
+    if fault is not None:
+        return fault
     projector = fresh.projector
     resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
     findings = readmodels.finding_rows(projector.findings(max_idle_s))
@@ -125,18 +130,47 @@ def compare(
         or _diff_rows("rm_request_resources", ("session_id", "stage_id", "request_id"), found.resources, resources)
         or _diff_rows("rm_audit_findings", ("finding_no",), found.findings, findings)
     )
-    if mismatch is not None or found.checkpoint is None:
+    if mismatch is not None or sealed is None:
         return mismatch
+    return _diff_state(sealed.state, projector)
+
+
+def _checkpoint_fault(
+    found: StoredModels, fold_version: int, log_hash: bytes
+) -> tuple[Mismatch | None, checkpoint.Sealed | None]:
+    """(what is wrong with the checkpoint row, its opened blob). The runner writes read-model
+    rows and the checkpoint in one transaction, so rows without a checkpoint mean it was
+    deleted; a row whose position is not the one its blob was sealed at was moved; a read-model
+    row from past the checkpoint's position means an older checkpoint was put back."""
+    if found.checkpoint is None:
+        if found.turns or found.resources or found.findings:
+            return Mismatch("checkpoint", "", "missing while the read models hold rows (deleted)"), None
+        return None, None
     position, _, blob = found.checkpoint
     try:
         sealed = checkpoint.open_blob(blob, fold_version=fold_version, expect=Projector)
     except checkpoint.CheckpointRefused as exc:
-        return Mismatch("checkpoint", "", f"refused: {exc}")
-    if sealed.position != position or sealed.log_hash != log_hash:
+        return Mismatch("checkpoint", "", f"refused: {exc}"), None
+    if sealed.position != position:
+        return Mismatch("checkpoint", "", f"moved: its row says position {position}, its state was sealed at "
+                        f"position {sealed.position}"), None  # fmt: skip
+    if sealed.log_hash != log_hash:
         return Mismatch(
             "checkpoint", "", f"bound to another log (position {sealed.position}, hash {sealed.log_hash.hex()[:16]}…)"
-        )
-    return _diff_state(sealed.state, projector)
+        ), None
+    latest = max(
+        (
+            *(r["finalize_position"] for r in found.turns),
+            *(r["since_position"] for r in found.resources),
+            *(r["last_position"] for r in found.findings),
+        ),
+        default=0,
+    )
+    if latest > position:
+        return Mismatch(
+            "checkpoint", "", f"at position {position}, behind its read models (a row of position {latest})"
+        ), None
+    return None, sealed
 
 
 def _diff_state(found: Projector, fresh: Projector) -> Mismatch | None:

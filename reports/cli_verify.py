@@ -11,12 +11,13 @@ With ``--digest`` (the JSON ``digest`` printed earlier, kept elsewhere) it also 
 truncated tail and a history rewritten and rehashed. It never writes to the ledger.
 
 Exit codes: 0 intact; 1 tampered (the first bad position and what is wrong, or the first
-read-model row that differs); 2 usage (a missing ledger, a bad digest file, an unreadable log).
+read-model row or checkpoint difference, or the ledger's guard triggers missing); 2 usage (a missing ledger, a bad digest file, an unreadable log).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +26,7 @@ import typer
 from rich.console import Console
 
 from events.chain_walk import ChainFault, ChainWalker, Digest, check_sqlite_segment, walk_log, walker_of
+from events.store.migrate import missing_guards
 from events.store.store import EventStore
 from events.store.url import sqlite_path
 from projections import consistency, parallel
@@ -45,7 +47,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 class Verdict:
     """What ``verify`` found: the chain ``fault`` or read-model ``mismatch`` (None: intact),
     the events checked, the digest of the head, the position the read models were compared
-    at, and a ``note`` (e.g. read models of another fold version, not compared)."""
+    at, a ``note`` (e.g. read models of another fold version, not compared) and the ledger's
+    schema objects ``missing`` (a guard trigger dropped or disabled: tampered too)."""
 
     fault: ChainFault | None
     mismatch: consistency.Mismatch | None
@@ -53,11 +56,17 @@ class Verdict:
     head: Digest
     compared_at: int | None
     note: str = ""
+    missing: tuple[str, ...] = ()
+
+    @property
+    def intact(self) -> bool:
+        return self.fault is None and self.mismatch is None and not self.missing
 
 
 async def verify_store(store: EventStore, digest: Digest | None = None, *, max_idle_s: float = 30.0) -> Verdict:
     """Check ``store`` (module docstring). Raises what reading or decoding the log raises."""
     found = await store.run_read(consistency.load_models)
+    missing = tuple(await store.run_read(missing_guards))
     note = ""
     until: int | None = 0
     if found.checkpoint is not None:
@@ -94,7 +103,7 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
             mismatch = consistency.compare(
                 found, fresh, fold_version=FOLD_VERSION, log_hash=walker.watched.get(until, b""), max_idle_s=max_idle_s
             )
-    return Verdict(fault, mismatch, walker.rows, walker.digest(), until, note)
+    return Verdict(fault, mismatch, walker.rows, walker.digest(), until, note, missing)
 
 
 async def _walk_and_fold_in_parallel(
@@ -127,9 +136,9 @@ def _read_digest(path: Path) -> Digest:
         raise typer.Exit(2) from None
 
 
-def _run_on(db: str | None, body):  # type: ignore[no-untyped-def]
+def _run_on(db: str | None, body, *, tolerate_missing: bool = False):  # type: ignore[no-untyped-def]
     async def run():  # type: ignore[no-untyped-def]
-        async with await EventStore.open(db) as store:
+        async with await EventStore.open(db, tolerate_missing=tolerate_missing) as store:
             return await body(store)
 
     try:
@@ -156,21 +165,25 @@ def verify(
     and the checkpoint equal a fresh fold of the log.
 
     Exit 0 intact; 1 tampered (names the first bad position and what is wrong: edited,
-    missing, inserted, reordered, rewritten; or the first read-model row that differs);
+    missing, inserted, reordered, rewritten; or the first read-model row or checkpoint
+    difference; or the ledger's guard triggers missing or disabled);
     2 usage (missing ledger, bad digest file)."""
     expected = _read_digest(digest) if digest is not None else None
-    verdict: Verdict = _run_on(db, lambda store: verify_store(store, expected))
+    verdict: Verdict = _run_on(db, lambda store: verify_store(store, expected), tolerate_missing=True)
     if verdict.note:
         err.print(f"note: {verdict.note}", markup=False)
+    if verdict.missing:
+        out.print(f"TAMPERED: {_missing_line(verdict.missing)}", markup=False)
     if verdict.fault is not None:
         out.print(f"TAMPERED: log {verdict.fault}", markup=False)
-        raise typer.Exit(1)
-    if verdict.mismatch is not None:
+    elif verdict.mismatch is not None:
+        what = "" if verdict.mismatch.what == "checkpoint" else "read model "
         out.print(
-            f"TAMPERED: read model {verdict.mismatch} (at position {verdict.compared_at}; "
+            f"TAMPERED: {what}{verdict.mismatch} (at position {verdict.compared_at}; "
             "`duplex-ledger rebuild` recomputes them from the log)",
             markup=False,
         )
+    if not verdict.intact:
         raise typer.Exit(1)
     checked = (
         ""
@@ -187,12 +200,24 @@ def verify(
 def digest(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """Print the log's head as JSON {position, hash, recorded_at, algorithm}, after checking
     the chain, for the operator to keep elsewhere (`verify --digest FILE` later). Exit 1 when
-    the chain is already broken."""
-    head, fault = _run_on(db, head_digest)
+    the chain is already broken or the ledger's guard triggers are missing (a digest of a
+    tampered ledger would vouch for the tampering)."""
+
+    async def check(store: EventStore) -> tuple[tuple[Digest, ChainFault | None], list[str]]:
+        return await head_digest(store), await store.run_read(missing_guards)
+
+    (head, fault), missing = _run_on(db, check, tolerate_missing=True)
+    if missing:
+        out.print(f"TAMPERED: {_missing_line(missing)}", markup=False)
     if fault is not None:
         out.print(f"TAMPERED: log {fault}", markup=False)
+    if missing or fault is not None:
         raise typer.Exit(1)
     typer.echo(head.to_json())
+
+
+def _missing_line(missing: Sequence[str]) -> str:
+    return f"schema: ledger object(s) missing: {', '.join(missing)} (the append-only guard was taken off)"
 
 
 def register(app: typer.Typer) -> None:

@@ -69,5 +69,11 @@ class StoreClosed(StoreError):
 
 
 class ForeignSchemaObject(SchemaRevisionError):
-    """A SQLite ledger file holds a trigger the ledger did not create (or one whose text was
-    changed): opening it would run code from the file. Nothing was changed."""
+    """A SQLite ledger file holds a trigger, view or index the ledger did not create (or one
+    whose text was changed): opening it would run code from the file. Nothing was changed."""
+
+
+class MissingSchemaObject(SchemaRevisionError):
+    """The ledger lacks one of its own schema objects (a guard trigger dropped; on PostgreSQL
+    also one disabled): its append-only guard was taken off. Every command but ``verify``
+    (which reports it as tampering) refuses it; nothing was changed."""

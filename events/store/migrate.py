@@ -28,8 +28,10 @@ from sqlalchemy.engine import Connection
 
 import migrations
 from events.store.backends import make_backend
-from events.store.errors import ForeignSchemaObject, NotALedger, SchemaRevisionError
+from events.store.errors import ForeignSchemaObject, MissingSchemaObject, NotALedger, SchemaRevisionError
 from events.store.probe import read_sqlite
+from events.store.sqlite_schema import SQLITE_TRIGGERS as SQLITE_TRIGGERS  # re-exported
+from events.store.sqlite_schema import schema_drift
 from events.store.url import (
     backend_of,
     missing_ancestor,
@@ -193,32 +195,46 @@ def revision_status(revision: str | None) -> str:
     return "older" if revision is None or revision_known(revision) else "newer"
 
 
-SQLITE_TRIGGERS: dict[str, str] = {
-    "events_no_update": "CREATE TRIGGER events_no_update BEFORE UPDATE ON events "
-    "BEGIN SELECT RAISE(ABORT, 'events is append-only: UPDATE refused'); END",
-    "events_no_delete": "CREATE TRIGGER events_no_delete BEFORE DELETE ON events "
-    "BEGIN SELECT RAISE(ABORT, 'events is append-only: DELETE refused'); END",
-    "events_no_replace": "CREATE TRIGGER events_no_replace BEFORE INSERT ON events "
-    "WHEN EXISTS (SELECT 1 FROM events WHERE position = NEW.position) "
-    "OR EXISTS (SELECT 1 FROM events WHERE event_id = NEW.event_id) "
-    "OR EXISTS (SELECT 1 FROM events WHERE stream_id = NEW.stream_id AND version = NEW.version) "
-    "BEGIN SELECT RAISE(ABORT, 'events is append-only: an insert may not replace a stored row'); END",
-}
-"""The triggers a SQLite ledger at the head revision holds, as SQLite stores their text (the
-migrations create them; tests/store/test_migrations.py checks the two agree)."""
+PG_TRIGGERS: tuple[str, ...] = ("events_no_truncate", "events_no_update_delete")
+"""The append-only guard of a PostgreSQL ledger (revision 0001), each present and enabled."""
 
 
 def foreign_triggers(sync_conn: Connection) -> list[str]:
-    """SQLite: every trigger in the file the ledger did not create (``name on table``), or whose
-    text is not the ledger's. A ledger file is untrusted input and runs nothing of its own:
-    a planted trigger would run on the read models' writes."""
-    rows = sync_conn.execute(sa.text("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'"))
-    return sorted(f"{name} on {table}" for name, table, sql in rows if SQLITE_TRIGGERS.get(name) != sql)
+    """SQLite: every trigger, view or index the ledger did not create, or whose text is not the
+    ledger's (``"<type> <name> on <table>"``, :func:`events.store.sqlite_schema.schema_drift`). A
+    ledger file is untrusted input and runs nothing of its own: a planted trigger would run on
+    the read models' writes, a view or an expression index calls SQL functions when read."""
+    return schema_drift(sync_conn).foreign
 
 
-def check_revision(sync_conn: Connection, url: str) -> None:
+def missing_guards(sync_conn: Connection) -> list[str]:
+    """The ledger's schema objects the database lacks (SQLite: any of
+    :data:`~events.store.sqlite_schema.SQLITE_SCHEMA`, e.g. ``trigger events_no_update``
+    dropped) or has disabled (PostgreSQL: :data:`PG_TRIGGERS`, ``ALTER TABLE … DISABLE
+    TRIGGER``). Empty for an intact ledger. A sync read function."""
+    if sync_conn.dialect.name == "sqlite":
+        return schema_drift(sync_conn).missing
+    rows = sync_conn.execute(
+        sa.text(
+            "SELECT tgname, tgenabled::text FROM pg_trigger WHERE tgrelid = 'events'::regclass AND NOT tgisinternal"
+        )
+    ).all()
+    state = {name: enabled for name, enabled in rows}
+    # tgenabled: O fires (origin), A always; D disabled, R only under session_replication_role
+    # = replica (``ENABLE REPLICA TRIGGER``): off for the application's sessions either way.
+    return [
+        f"trigger {name}" + (" (disabled)" if name in state else "")
+        for name in PG_TRIGGERS
+        if state.get(name) not in ("O", "A")
+    ]
+
+
+def check_revision(sync_conn: Connection, url: str, tolerate_missing: bool = False) -> None:
     """Raise SchemaRevisionError unless the database is exactly at :func:`head_revision`
-    (NotALedger for another application's database, see :func:`ledger_state`).
+    (NotALedger for another application's database, see :func:`ledger_state`), holds no
+    foreign schema object (:class:`ForeignSchemaObject`, SQLite) and lacks none of the
+    ledger's (:class:`MissingSchemaObject`, unless ``tolerate_missing``: ``verify`` opens such
+    a database to report it as tampered, :func:`missing_guards`).
 
     The message says what to run: ``duplex-ledger db upgrade --db URL`` for a missing or
     older schema; for a newer one, a newer duplex-ledger (or a downgrade run by it)."""
@@ -228,9 +244,18 @@ def check_revision(sync_conn: Connection, url: str) -> None:
     if status == "current":
         if sync_conn.dialect.name == "sqlite" and (foreign := foreign_triggers(sync_conn)):
             raise ForeignSchemaObject(
-                f"{redact(url)} holds trigger(s) the ledger did not create: {', '.join(foreign)}; a ledger file "
-                "runs nothing of its own, so it is not opened (nothing was changed). Drop them "
-                "(`sqlite3 FILE 'DROP TRIGGER name'`), or run `duplex-ledger verify` on a copy without them"
+                f"{redact(url)} holds schema object(s) the ledger did not create: {', '.join(foreign)}; a ledger "
+                "file runs nothing of its own, so it is not opened (nothing was changed). Drop them "
+                "(`sqlite3 FILE 'DROP TRIGGER name'`, `DROP VIEW`, `DROP INDEX`), or run `duplex-ledger verify` "
+                "on a copy without them"
+            )
+        if not tolerate_missing and (missing := missing_guards(sync_conn)):
+            raise MissingSchemaObject(
+                f"{redact(url)} lacks the ledger's {', '.join(missing)}: its append-only guard was taken off, so "
+                "it is not opened (nothing was changed). Run `duplex-ledger verify` (it reports this as "
+                "tampering and checks the log); if the log is intact, recreate it (SQLite: its statement in "
+                "events/store/sqlite_schema.py; PostgreSQL: `ALTER TABLE events ENABLE TRIGGER name` as the "
+                "owner) or restore the ledger from a backup"
             )
         return
     shown = redact(url)

@@ -69,6 +69,7 @@ class EventStore:
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = 30_000,
         max_batch_rows: int = 4000,
+        tolerate_missing: bool = False,
     ) -> EventStore:
         """Open the log at ``url`` (default: ``$DUPLEX_LEDGER_DB_URL`` or ``./duplex-ledger.db``).
 
@@ -82,7 +83,10 @@ class EventStore:
         that does not exist when ``create`` is false; NotALedger for another application's
         database, a directory or a non-database file; SchemaRevisionError when the schema is
         missing, older or newer than the code (the message says what to run); ValueError for
-        an empty or unsupported URL.
+        an empty or unsupported URL; ForeignSchemaObject for a SQLite file holding a trigger,
+        view or index the ledger did not create; MissingSchemaObject for a ledger lacking one of
+        its own (a guard trigger dropped or, on PostgreSQL, disabled) unless
+        ``tolerate_missing`` (``verify``, which reports it as tampering).
         """
         url = resolve_url(url)
         check_synchronous(synchronous)
@@ -92,11 +96,11 @@ class EventStore:
         if create:
             await upgrade(url)
         if sqlite:
-            read_sqlite(url, check_revision)
+            read_sqlite(url, check_revision, tolerate_missing)
         backend = make_backend(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, read_only=read_only)
         if not sqlite:
             try:
-                await backend.run_read(check_revision, url)
+                await backend.run_read(check_revision, url, tolerate_missing)
             except BaseException:
                 await backend.dispose()
                 raise

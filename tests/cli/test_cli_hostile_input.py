@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from events.store.sqlite_schema import SQLITE_TRIGGERS
 from reports.printable import printable
 from tests.cli.conftest import Cli
 from tests.cli.test_cli_events import write_jsonl
@@ -211,6 +212,7 @@ def test_an_edited_event_row_is_named_and_rebuild_keeps_the_evidence(sqlite_cli:
         forged = data.replace('"num_new_tokens":1', '"num_new_tokens":99')
         assert forged != data
         conn.execute("UPDATE events SET data = ? WHERE position = 5", (forged,))
+        conn.execute(SQLITE_TRIGGERS["events_no_update"])  # the guard put back: only the chain tells
     before = path.read_bytes()
     told = sqlite_cli("audit")
     assert "hash chain is broken at position 5" in told.stderr

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from events.store.sqlite_schema import SQLITE_TRIGGERS
 from tests.cases.logbook import LOG_DIR
 from tests.cli.conftest import Cli
 
@@ -49,10 +50,18 @@ def test_verify_exit_codes_for_tampering_and_usage(sqlite_cli: Cli, tmp_path: Pa
     assert sqlite_cli("verify", "--digest", str(tmp_path / "missing.json")).exit_code == 2
     assert Cli(f"sqlite+aiosqlite:///{tmp_path / 'nope.db'}")("verify").exit_code == 2
     _sql(sqlite_cli, "DROP TRIGGER events_no_delete", "DELETE FROM events WHERE position > 24")
+    r = sqlite_cli("verify")  # the guard left off is tampering by itself
+    assert r.exit_code == 1 and "missing: trigger events_no_delete" in r.output
+    _sql(sqlite_cli, SQLITE_TRIGGERS["events_no_delete"])  # put back: only the digest sees the truncation
     assert sqlite_cli("verify").exit_code == 0
     r = sqlite_cli("verify", "--digest", str(tmp_path / "d.json"))
     assert r.exit_code == 1 and "TAMPERED: log position 25: missing" in r.output and "truncated" in r.output
-    _sql(sqlite_cli, "DROP TRIGGER events_no_update", "UPDATE events SET ts_us = ts_us + 1 WHERE position = 7")
+    _sql(
+        sqlite_cli,
+        "DROP TRIGGER events_no_update",
+        "UPDATE events SET ts_us = ts_us + 1 WHERE position = 7",
+        SQLITE_TRIGGERS["events_no_update"],
+    )
     r = sqlite_cli("verify")
     assert r.exit_code == 1 and "TAMPERED: log position 7: edited" in r.output
     r = sqlite_cli("digest")

@@ -82,6 +82,26 @@ def test_a_fresh_sqlite_ledger_holds_exactly_the_known_triggers(tmp_path):
     assert found == SQLITE_TRIGGERS
 
 
+@pytest.mark.parametrize("start", ["fresh", "0001_events", "0002_read_models", "0003_hash_chain"])
+def test_a_sqlite_ledger_holds_exactly_the_known_schema(tmp_path, start: str) -> None:
+    """SQLITE_SCHEMA (what foreign/missing objects are judged against) is what the migrations
+    create, for a fresh file and for files upgraded from every older revision."""
+    import asyncio
+
+    from events.store.probe import read_sqlite
+    from events.store.sqlite_schema import SQLITE_SCHEMA, schema_drift
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
+    if start != "fresh":
+        asyncio.run(migrate.upgrade(url, start))
+    asyncio.run(migrate.upgrade(url))
+    drift = read_sqlite(url, lambda conn, _url: schema_drift(conn))
+    assert (drift.foreign, drift.missing) == ([], [])
+    named = read_sqlite(url, lambda conn, _url: conn.exec_driver_sql("SELECT count(*) FROM sqlite_master "
+                        "WHERE sql IS NOT NULL").scalar())  # fmt: skip
+    assert named == len(SQLITE_SCHEMA)
+
+
 def test_a_planted_trigger_is_never_run_the_file_is_refused(tmp_path):
     """A copied file with a trigger the ledger did not create (or a ledger trigger rewritten)
     is refused before anything is written (exit 2, the trigger named), and left as it was."""

@@ -199,6 +199,68 @@ async def test_an_edited_turn_table_and_a_forged_checkpoint_are_caught(ledger: E
     assert v.mismatch is not None and v.mismatch.what == "checkpoint" and "refused" in v.mismatch.detail
 
 
+async def _checkpoint_row(store: EventStore) -> dict:
+    async with store.recorder.backend.reader.connect() as conn:
+        return dict((await conn.execute(sa.select(readmodels.checkpoints))).one()._mapping)
+
+
+async def _put_checkpoint(store: EventStore, **values: object) -> None:
+    async with store.recorder.backend.reader.begin() as conn:
+        await conn.execute(readmodels.checkpoints.update().values(**values))
+
+
+@pytest.mark.parametrize("position", [1, 5, 9, 13, 17, 21, 25])
+async def test_a_moved_checkpoint_is_named_as_the_checkpoint(ledger: EventStore, position: int) -> None:
+    """Its row's position edited (generated): named as the checkpoint, not as the read-model
+    rows that a fold at the new position disagrees with."""
+    await _put_checkpoint(ledger, position=position)
+    v = await verdict(ledger)
+    assert v.fault is None and v.mismatch is not None and v.mismatch.what == "checkpoint", v.mismatch
+    assert f"its row says position {position}, its state was sealed at position 26" in v.mismatch.detail
+
+
+async def test_a_deleted_checkpoint_is_named_as_the_checkpoint(ledger: EventStore) -> None:
+    await sql(ledger, "DELETE FROM projection_checkpoints")
+    v = await verdict(ledger)
+    assert (v.mismatch.what, v.mismatch.detail) == ("checkpoint", "missing while the read models hold rows (deleted)")
+
+
+async def test_an_older_genuine_checkpoint_put_back_is_named_as_the_checkpoint(db_url: str) -> None:
+    """The checkpoint the runner wrote at position 12, put back over the one at 26: its seal
+    and log hash are genuine, but the read models hold rows from past position 12."""
+    rows = jsonl.parse_lines(LOG.read_text(encoding="utf-8").splitlines())
+    store = await EventStore.open(db_url, create=True)
+    try:
+        await jsonl.import_rows(store, rows[:12])
+        await ProjectionRunner(store, note=pytest.fail).catch_up()
+        old = await _checkpoint_row(store)
+        await jsonl.import_rows(store, rows[12:])
+        await ProjectionRunner(store, note=pytest.fail).catch_up()
+        assert (await verdict(store)).intact
+        await _put_checkpoint(store, position=old["position"], state=old["state"])
+        v = await verdict(store)
+        assert v.mismatch is not None and v.mismatch.what == "checkpoint", v.mismatch
+        assert "at position 12, behind its read models" in v.mismatch.detail
+    finally:
+        await store.close()
+
+
+def test_verify_names_a_tampered_checkpoint_as_the_checkpoint(tmp_path: Path) -> None:
+    from tests.cli.conftest import Cli
+
+    cli = Cli(f"sqlite+aiosqlite:///{tmp_path / 'l.db'}")
+    for args in (("db", "upgrade"), ("events", "import", str(LOG)), ("rebuild",)):
+        assert cli(*args).exit_code == 0
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "l.db")
+    with conn:
+        conn.execute("UPDATE projection_checkpoints SET position = 7")
+    conn.close()
+    r = cli("verify")
+    assert r.exit_code == 1 and r.stdout.startswith("TAMPERED: checkpoint: moved"), r.output
+
+
 async def _rows(store: EventStore) -> list[StoredRow]:
     return [r async for r in store.read_rows(1)]
 
