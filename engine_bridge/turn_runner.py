@@ -148,12 +148,23 @@ class TurnRunner:
         """End a halted turn's task; the session is idle."""
         if turn is not None:
             turn.chunks.put_nowait(None)
-            if turn.first is not None and not turn.first.done():  # the turn's task never awaited it
-                turn.first.cancel()
+            self._drop_first(turn)
             if turn.task is not None:
                 turn.task.cancel()
                 await asyncio.gather(turn.task, return_exceptions=True)
         self.release(turn)
+
+    @staticmethod
+    def _drop_first(turn: TurnRun) -> None:
+        """The turn's task may never await its eagerly started Stage0 step: cancel it (which
+        ends the engine iterator) or mark its failure seen."""
+        first = turn.first
+        if first is None:
+            return
+        if not first.done():
+            first.cancel()
+        elif not first.cancelled():
+            first.exception()
 
     def release(self, turn: TurnRun | None) -> None:
         """The turn is no longer the session's (its task may drain silently: a cancel whose
@@ -166,6 +177,8 @@ class TurnRunner:
         """Fencing: stop every task of the session without writing (engine requests end with
         their consumers)."""
         current = asyncio.current_task()
+        if self.active is not None:
+            self._drop_first(self.active)
         for task in (self.active.task if self.active else None, self.stream.task):
             if task is not None and task is not current and not task.done():
                 task.cancel()
