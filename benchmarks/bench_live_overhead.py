@@ -68,6 +68,7 @@ class Arm:
         self.loop_cpu_s = 0.0  # CPU of the event-loop thread (the vLLM frontend and the ledger)
         self.writer_cpu_s = 0.0  # CPU of the ledger's writer threads
         self.steps: list[list[int]] = []  # engine iterations per round, per stage
+        self.appends = 0  # ledger arms: store appends of the sessions' logs
 
 
 async def run_ledger(
@@ -75,7 +76,7 @@ async def run_ledger(
 ) -> tuple[int, int, tuple[int, float, float]]:
     """One round through SessionEngine, stamps into ``arm``; (events, log bytes, (durable
     and pipelined emits, seconds callers or gated outputs waited on them, seconds the
-    pipelined intents took to commit))."""
+    pipelined intents took to commit)). ``arm.appends`` counts the sessions' store appends."""
     from engine_bridge.engine import SessionEngine
     from engine_bridge.session_log import SessionLog
 
@@ -107,6 +108,7 @@ async def run_ledger(
     wall = time.perf_counter() - start
     arm.loop_cpu_s += time.thread_time() - cpu0
     events = sum(s.log.events_written for s in engine.sessions.values())
+    arm.appends += sum(s.log.appends for s in engine.sessions.values())
     durable = (
         sum(s.log.durable_emits + s.log.ahead_emits for s in engine.sessions.values()),
         sum(s.log.durable_wait_s for s in engine.sessions.values()),
@@ -314,7 +316,10 @@ def report(
         f"{durable_wait_s / turns * 1000:.1f} ms per turn on them; the pipelined intents' commits took "
         f"{ahead_s / turns * 1000:.1f} ms per turn (not waited on)"
     )
-    print(f"log: {events / turns:.1f} events per turn, {size / turns:,.0f} bytes of log per turn (SQLite file + WAL)")
+    print(
+        f"log: {events / turns:.1f} events per turn in {led.appends / turns:.1f} appends per turn, "
+        f"{size / turns:,.0f} bytes of log per turn (SQLite file + WAL)"
+    )
     if "ledger-strict" in arms:  # the same ledger with the engine call waiting for its intent's commit
         st = arms["ledger-strict"]
         print(

@@ -6,7 +6,8 @@ first-token time, so TTFT re-projects exactly); later outputs are merged per win
 window's last output (so the last-token time is exact too). Token totals and first/last token
 stamps are therefore those of a per-output log; the per-output receipt gaps are kept in the
 segment's metrics snapshot (``vllm_itls_ms``). A terminal output (``finished``/``finish_reason``)
-closes the window at once.
+closes the window at once. The events are held (``SessionLog.emit_held``): they commit with
+the turn's next intent or at its end.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class OutputCoalescer:
         self._tokens, self._text, self._first_ts, self._last = 0, [], None, None
 
     def _emit(self, n: int, text: str, chunk: StageChunk, last: StageChunk) -> None:
-        self.log.emit_later(
+        self.log.emit_held(
             StageOutput(
                 session_id=self.log.session_id,
                 ts=last.received_ts,

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from engine_bridge.client_feed import ClientFeed
+from engine_bridge.eager import start_eagerly
 from engine_bridge.ports import StageChunk, StagePort, StagePortError
 
 
@@ -22,11 +23,13 @@ class ResidentStream:
         self.feed = feed
         self.route = route
         self.request_id: str | None = None  # the resident request whose stream is open
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Future[None] | None = None
 
     def open(self, request_id: str, stream: AsyncIterator[StageChunk]) -> None:
+        """Start pumping ``stream``; its first step (the engine call) runs now, in the
+        caller's step (:func:`~engine_bridge.eager.start_eagerly`)."""
         self.request_id = request_id
-        self.task = asyncio.get_running_loop().create_task(self._pump(request_id, stream))
+        self.task = start_eagerly(self._pump(request_id, stream))
 
     def forget(self) -> None:
         """The request is gone (cancel, engine abort): the next turn opens a new stream."""

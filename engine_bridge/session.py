@@ -335,6 +335,8 @@ class Session:
                     self.log.emit_ahead(*events)  # the engine call follows; its outputs pass log.gated
                 case Record(events=events, durable=True):
                     await self.log.emit(*events)
+                case Record(events=events) if run.command == "turn":
+                    self.log.emit_held(*events)  # a running turn's: with its next intent or at its end
                 case Record(events=events):
                     self.log.emit_later(*events)
                 case Notify(type=type_, data=data):

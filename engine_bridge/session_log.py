@@ -19,10 +19,16 @@ turn state at all (M14).
   engine may hold without a durable intent is a request begun in the last commit's time, of an
   engine that dies with this process (docs/design.md, "Pipelined intents"). A failed intent
   commit ends the request (:meth:`gated` closes its iterator: vLLM aborts it) and raises.
-* :meth:`emit_later` — buffered: everything else (commands without an engine call, outputs,
-  results) is committed within ``flush_interval_s`` or by the next :meth:`emit`, in order. A
-  crash can lose at most that window: the log stays a prefix of what happened. The engine's
-  sessions share one :class:`FlushTicker`, so their buffered events commit together.
+* :meth:`emit_later` — buffered: everything else (commands without an engine call, results)
+  is committed within ``flush_interval_s`` or by the next :meth:`emit`, in order. A crash can
+  lose at most that window: the log stays a prefix of what happened. The engine's sessions
+  share one :class:`FlushTicker`, so their buffered events commit together.
+* :meth:`emit_held` — held (issue 15): what a running turn records (its outputs, results and
+  rules' events) commits with the turn's next intent (the Stage1 forward), at the turn's end
+  (:meth:`release_held`, then within ``flush_interval_s``) or once :attr:`max_held` events
+  wait — not on every tick of the clock while the turn streams (each tick cost the session a
+  task, a lock, an append and a writer round trip). A crash loses at most the running turn's
+  held results (docs/design.md, "Pipelined intents"); the log stays a prefix.
 
 Live folds see provisional positions (the stream version); findings' positions offline are the
 log's. A failed write leaves the projector ahead of the log: the log is then marked broken and
@@ -145,6 +151,9 @@ class SessionLog:
     #: request). For comparisons (bench_live_overhead ``ledger-strict`` arm); a resident
     #: ``update_stream`` is sent at once either way.
     pipelined = True
+    #: Held events after which :meth:`emit_held` asks for a flush (~6 s of coalesced outputs
+    #: of one stage at 0.1 s windows): bounds what a crash can lose of a long turn.
+    max_held = 64
 
     def __init__(
         self,
@@ -170,11 +179,13 @@ class SessionLog:
         self.on_applied = on_applied
         self.on_fenced: Callable[[ConcurrencyError], None] | None = None  # another writer moved the stream
         self.events_written = 0
+        self.appends = 0  # store appends (transactions' shares) this log made
         self.durable_emits = 0
         self.durable_wait_s = 0.0  # wall seconds callers spent awaiting durable emits (perf_counter)
         self.ahead_emits = 0  # pipelined intents (emit_ahead)
         self.ahead_commit_s = 0.0  # wall seconds pipelined intents took to commit, not waited on
         self._pending: list[EventBase] = []
+        self._held = 0  # events of _pending recorded by emit_held
         self._applied = version  # provisional positions for the live fold
         self._broken: BaseException | None = None
         self._lock = asyncio.Lock()
@@ -251,6 +262,19 @@ class SessionLog:
         self._apply(events)
         self.ticker.schedule(self)
 
+    def emit_held(self, *events: EventBase) -> None:
+        """Apply ``events`` now; append them (in order) with the next intent or flush, at the
+        latest once :attr:`max_held` events are held or :meth:`release_held` is called."""
+        self._apply(events)
+        self._held += len(events)
+        if self._held >= self.max_held:
+            self.ticker.schedule(self)
+
+    def release_held(self) -> None:
+        """The turn ended: what it holds is committed at the next flush."""
+        if self._pending:
+            self.ticker.schedule(self)
+
     async def flush(self) -> None:
         async with self._lock:
             await self._write()
@@ -277,7 +301,7 @@ class SessionLog:
                     logger.exception("session %s: printing the tables of %s failed", self.session_id, turn.response_id)
 
     async def _write(self) -> None:
-        batch, self._pending = self._pending, []
+        batch, self._pending, self._held = self._pending, [], 0
         if not batch:
             return
         try:
@@ -294,6 +318,7 @@ class SessionLog:
             raise
         self.version += len(batch)
         self.events_written += len(batch)
+        self.appends += 1
 
     async def close(self) -> None:
         await self.flush()

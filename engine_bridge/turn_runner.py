@@ -16,6 +16,7 @@ from typing import Any
 
 from engine_bridge.client_feed import ClientFeed
 from engine_bridge.conversation import Conversation
+from engine_bridge.eager import start_eagerly
 from engine_bridge.messages import EngineConfig
 from engine_bridge.outputs import OutputCoalescer
 from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment
@@ -47,6 +48,10 @@ class TurnRun:
     chunks: asyncio.Queue[StageChunk | None] = field(default_factory=asyncio.Queue)
     text: list[str] = field(default_factory=list)
     outputs: OutputCoalescer | None = None  # the stage currently streaming
+    # The Stage0 engine call, started eagerly by TurnRunner.start (inside the command's step):
+    # the ephemeral request's output stream and its first item, or the resident open/update.
+    stage0: AsyncIterator[StageChunk] | None = None
+    first: asyncio.Future[Any] | None = None
 
     @property
     def request_id(self) -> str:
@@ -101,14 +106,34 @@ class TurnRunner:
     def start(
         self, ref: TurnRef, kind: str, *, text: str, speak: bool, prompt: str, num_tokens_in: int, submit_ts: float
     ) -> None:
-        """Run the submitted turn ``ref`` (``kind``: initial / update of the resident stream)."""
+        """Run the submitted turn ``ref`` (``kind``: initial / update of the resident stream).
+        The Stage0 engine call is made here, in the caller's step (vLLM's ``add_request`` before
+        ``commit()`` returns, issue 15); the turn's task reads its outputs from the next pass."""
         turn = TurnRun(ref, text, speak)
         self.active = turn
         self.idle.clear()
         recorder = SegmentRecorder(
             stage_id=0, submit_ts=submit_ts, num_prompt_tokens=num_tokens_in, resident=self.resident
         )
-        turn.task = asyncio.get_running_loop().create_task(self._turn(turn, prompt, kind, recorder))
+        self._call_stage0(turn, prompt, kind)
+        turn.task = asyncio.get_running_loop().create_task(self._turn(turn, recorder))
+
+    def _call_stage0(self, turn: TurnRun, prompt: str, kind: str) -> None:
+        """Make the turn's Stage0 engine call now (:func:`start_eagerly`): the ephemeral
+        request's first ``__anext__`` (gated: its output waits for the submit intent), the
+        resident stream's open or update. Failures surface where the turn reads them."""
+        port0 = self.ports[0]
+        budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
+        params = generation_params(self.config, budget)
+        if not self.resident:
+            turn.stage0 = self.log.gated(port0.generate(turn.request_id, prompt, params))
+            turn.first = start_eagerly(turn.stage0.__anext__())
+            return
+        segment = StreamSegment(prompt, params)
+        if kind == "initial":
+            self.stream.open(turn.request_id, self.log.gated(port0.open_stream(turn.request_id, segment)))
+        else:
+            turn.first = start_eagerly(port0.update_stream(turn.request_id, segment))
 
     @staticmethod
     def halt(turn: TurnRun | None) -> None:
@@ -123,10 +148,23 @@ class TurnRunner:
         """End a halted turn's task; the session is idle."""
         if turn is not None:
             turn.chunks.put_nowait(None)
+            self._drop_first(turn)
             if turn.task is not None:
                 turn.task.cancel()
                 await asyncio.gather(turn.task, return_exceptions=True)
         self.release(turn)
+
+    @staticmethod
+    def _drop_first(turn: TurnRun) -> None:
+        """The turn's task may never await its eagerly started Stage0 step: cancel it (which
+        ends the engine iterator) or mark its failure seen."""
+        first = turn.first
+        if first is None:
+            return
+        if not first.done():
+            first.cancel()
+        elif not first.cancelled():
+            first.exception()
 
     def release(self, turn: TurnRun | None) -> None:
         """The turn is no longer the session's (its task may drain silently: a cancel whose
@@ -139,15 +177,17 @@ class TurnRunner:
         """Fencing: stop every task of the session without writing (engine requests end with
         their consumers)."""
         current = asyncio.current_task()
+        if self.active is not None:
+            self._drop_first(self.active)
         for task in (self.active.task if self.active else None, self.stream.task):
             if task is not None and task is not current and not task.done():
                 task.cancel()
         self.idle.set()
 
     # ------------------------------------------------------------------ one turn
-    async def _turn(self, turn: TurnRun, prompt: str, kind: str, recorder: SegmentRecorder) -> None:
+    async def _turn(self, turn: TurnRun, recorder: SegmentRecorder) -> None:
         try:
-            finish_reason = await self._consume_stage0(turn, prompt, kind, recorder)
+            finish_reason = await self._consume_stage0(turn, recorder)
             if turn.cancelled:
                 return
             if finish_reason == "abort":
@@ -165,6 +205,7 @@ class TurnRunner:
             if not turn.cancelled:
                 await self._run(FailTurn(time.time(), turn.ref, type(exc).__name__, str(exc), turn.answer()), turn)
         finally:
+            self.log.release_held()
             if self.active is turn:
                 self.active = None
             if not turn.cancelled:
@@ -172,19 +213,19 @@ class TurnRunner:
             if self.active is None:
                 self.idle.set()
 
-    async def _stage0_chunks(self, turn: TurnRun, prompt: str, kind: str) -> AsyncIterator[StageChunk]:
-        port0 = self.ports[0]
-        budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
-        params = generation_params(self.config, budget)
-        if not self.resident:
-            async for chunk in self.log.gated(port0.generate(turn.request_id, prompt, params)):
+    async def _stage0_chunks(self, turn: TurnRun) -> AsyncIterator[StageChunk]:
+        """The outputs of the Stage0 call :meth:`_call_stage0` made."""
+        if turn.stage0 is not None and turn.first is not None:
+            try:
+                first = await turn.first
+            except StopAsyncIteration:
+                return
+            yield first
+            async for chunk in turn.stage0:
                 yield chunk
             return
-        segment = StreamSegment(prompt, params)
-        if kind == "initial":
-            self.stream.open(turn.request_id, self.log.gated(port0.open_stream(turn.request_id, segment)))
-        else:
-            await port0.update_stream(turn.request_id, segment)
+        if turn.first is not None:
+            await turn.first  # the resident update (raises what update_stream raised)
         while True:
             routed = await turn.chunks.get()
             if routed is None:
@@ -193,10 +234,10 @@ class TurnRunner:
             if routed.segment_done or routed.finished:
                 return
 
-    async def _consume_stage0(self, turn: TurnRun, prompt: str, kind: str, recorder: SegmentRecorder) -> str | None:
+    async def _consume_stage0(self, turn: TurnRun, recorder: SegmentRecorder) -> str | None:
         finish_reason = None
         turn.outputs = OutputCoalescer(self.log, 0, turn.request_id, window_s=self.config.flush_interval_s)
-        async for chunk in self._stage0_chunks(turn, prompt, kind):
+        async for chunk in self._stage0_chunks(turn):
             if turn.cancelled:
                 continue
             recorder.add(chunk)
@@ -230,7 +271,7 @@ class TurnRunner:
             port1.generate(turn.request_id, text or " ", generation_params(config, budget, stage_id=1))
         )
         tx_ms = (time.perf_counter() - tx_start) * 1000.0
-        self.log.emit_later(
+        self.log.emit_held(
             TransferTx(
                 session_id=sid,
                 ts=time.time(),
@@ -276,7 +317,7 @@ class TurnRunner:
             raise asyncio.CancelledError
         stats, stamps = recorder.stats(port1.pop_finished_stats(turn.request_id))
         now = time.time()
-        self.log.emit_later(
+        self.log.emit_held(
             StageMetricsReported(
                 session_id=sid,
                 ts=now,
