@@ -196,6 +196,9 @@ class ApplicationRecorder(AggregateRecorder):
     ) -> list[StoredRow]:
         """Up to ``limit`` rows with ``from_position <= position <= until_position`` (no upper
         bound when None), optionally of one stream, in position order."""
+        raw = self.backend.select_rows_raw
+        if raw is not None:
+            return list(map(StoredRow._make, await raw(from_position, until_position, limit, stream_id)))
         q = sa.select(*events.c).where(events.c.position >= from_position)
         if until_position is not None:
             q = q.where(events.c.position <= until_position)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import struct
 from collections.abc import Iterable
@@ -153,15 +154,30 @@ class StoredRow(NamedTuple):
 
 
 def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[StoredEvent]:
-    """:meth:`StoredRow.decode` over many rows (the rebuild loop: one call, locals only)."""
+    """:meth:`StoredRow.decode` over many rows (the rebuild loop: one call, locals only).
+
+    The cyclic garbage collector is paused while the batch decodes (the objects built are
+    acyclic and all kept: each young-generation pass would only walk them again, ~30 % of
+    the decode's CPU on a 2,000-row batch), unless it was already off."""
     decode = struct_from_row_json if as_struct else from_row_json
-    return [
-        StoredEvent(
-            r.position,
-            r.stream_id,
-            r.version,
-            r.recorded_at_us / 1_000_000,
-            decode(r.type, r.schema_version, r.stream_id, r.event_id, r.ts_us, r.data),
-        )
-        for r in rows
-    ]
+    new = tuple.__new__  # StoredEvent's own __new__ without its Python frame
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return [
+            new(
+                StoredEvent,
+                (
+                    r.position,
+                    r.stream_id,
+                    r.version,
+                    r.recorded_at_us / 1_000_000,
+                    decode(r.type, r.schema_version, r.stream_id, r.event_id, r.ts_us, r.data),
+                ),
+            )
+            for r in rows
+        ]
+    finally:
+        if paused:
+            gc.enable()
