@@ -45,7 +45,9 @@ from events.structs import _DECODERS
 from events.types import EVENT_CLASSES, EventBase, ts_from_any
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
-# The only spelling of an event id the store writes (``str(UUID)``): 8-4-4-4-12 lower-case hex.
+# The only spelling of an event id the store writes (``str(UUID)``): 8-4-4-4-12 lower-case hex
+# (validation refuses another spelling as differing from the envelope). Stricter than
+# ``UUID(text)``, which also takes ``_`` between digits or a ``0x`` prefix.
 _UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
 _setattr = object.__setattr__
 _new = object.__new__
@@ -82,7 +84,7 @@ _REPLAYED: dict[str, Callable[[Any], Any] | None] = {
 class _Plan:
     """How to build one model class from its twin's values (field names, not positions)."""
 
-    __slots__ = ("cls", "fields_set", "nested", "replays", "ints", "deep", "flat")
+    __slots__ = ("cls", "fields_set", "nested", "replays", "ints", "deep", "flat", "decoder")
 
     def __init__(
         self,
@@ -99,6 +101,7 @@ class _Plan:
         # included: the decoded twin cannot hold anything nested, so the bracket count of the
         # payload text (the depth guard) has nothing to guard (model_from_row skips it).
         self.flat = False
+        self.decoder: Any = None  # the twin's msgspec.json.Decoder (top-level plans)
 
     def values(self, twin: Any) -> dict[str, Any]:
         """The model's ``__dict__`` from ``twin``; raises ValueError for a D12 value or when a
@@ -220,6 +223,8 @@ def _nests(annotation: Any) -> bool:
 _PLANS: dict[tuple[str, int], _Plan] = {
     (name, cls.SCHEMA_VERSION): plan for name, cls in EVENT_CLASSES.items() if (plan := plan_of(cls)) is not None
 }
+for _key, _plan in _PLANS.items():
+    _plan.decoder = _DECODERS[_key]
 
 
 def model_from_row(
@@ -227,8 +232,7 @@ def model_from_row(
 ) -> EventBase | None:
     """The model of a current-version stored row, built without pydantic validation, or None
     when the row must be validated (module doc: any doubt means None)."""
-    key = (type_name, schema_version)
-    plan = _PLANS.get(key)
+    plan = _PLANS.get((type_name, schema_version))
     if (
         plan is None
         or not MIN_TS_US <= ts_us <= MAX_TS_US
@@ -238,13 +242,11 @@ def model_from_row(
         and data_json.count("[") + data_json.count("{") > MAX_DEPTH
         or "\\u" in data_json
         and _SURROGATE_ESCAPE.search(data_json)
+        or _UUID_TEXT(event_id) is None
     ):
         return None
-    uuid = _uuid(event_id)
-    if uuid is None:
-        return None
     try:
-        twin = _DECODERS[key].decode(data_json)
+        twin = plan.decoder.decode(data_json)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     if twin.session_id is not _UNSET or twin.ts is not _UNSET or twin.event_id is not _UNSET:
@@ -253,19 +255,15 @@ def model_from_row(
         values = plan.values(twin)
     except ValueError:  # a D12 value, or a replayed validator refused: validation names it
         return None
+    uuid = _new(UUID)  # _uuid's own steps (the text was checked above), without a call
+    _setattr(uuid, "int", int(event_id.replace("-", ""), 16))
+    _setattr(uuid, "is_safe", _SAFE_UNKNOWN)
     values["session_id"] = stream_id
     values["ts"] = ts_us / 1_000_000
     values["event_id"] = uuid
-    return plan.build(values)  # type: ignore[no-any-return]
-
-
-def _uuid(text: str) -> UUID | None:
-    """The UUID of the hyphenated lower-case form ``8-4-4-4-12`` (the only one the store
-    writes; validation refuses another spelling as differing from the envelope), else None.
-    Stricter than ``UUID(text)``, which also takes ``_`` between digits or a ``0x`` prefix."""
-    if _UUID_TEXT(text) is None:
-        return None
-    uuid = _new(UUID)  # UUID(int=value)'s own steps, without its range checks (32 hex digits)
-    _setattr(uuid, "int", int(text.replace("-", ""), 16))
-    _setattr(uuid, "is_safe", _SAFE_UNKNOWN)
-    return uuid
+    model: Any = _new(plan.cls)  # plan.build's own steps, without a call
+    _setattr(model, "__dict__", values)
+    _setattr(model, "__pydantic_fields_set__", plan.fields_set)
+    _setattr(model, "__pydantic_extra__", None)
+    _setattr(model, "__pydantic_private__", None)
+    return model  # type: ignore[no-any-return]
