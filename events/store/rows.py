@@ -37,8 +37,10 @@ def dump_data(data: dict[str, Any]) -> str:
 
 def payload_json(event: EventBase) -> str:
     """A typed event's payload (``event.payload()``) as stored: compact JSON written by
-    pydantic directly (several times faster than dumping a dict)."""
-    return event.model_dump_json(exclude=_ENVELOPE)
+    pydantic directly (several times faster than dumping a dict). The model's serializer is
+    called as ``model_dump_json`` calls it (all other options at their defaults), without the
+    wrapper's Python frame (~1 µs an event)."""
+    return event.__pydantic_serializer__.to_json(event, exclude=_ENVELOPE).decode()  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,27 @@ class NewRow:
             )
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
+
+    @classmethod
+    def checked(cls, event: EventBase) -> NewRow:
+        """``NewRow.from_event(event).check()`` in one step (the append's per-event work on the
+        caller's side: one construction, :attr:`pieces` included). Raises what they raise."""
+        try:
+            event_id = str(event.event_id)
+            stream_id = event.session_id
+            type_ = event.type  # type: ignore[attr-defined]
+            schema_version = event.schema_version
+            ts_us = ts_to_us(event.ts)
+            data = payload_json(event)
+        except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
+            raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
+        if not MIN_TS_US <= ts_us <= MAX_TS_US or "\x00" in stream_id:
+            return cls(stream_id, event_id, type_, schema_version, ts_us, data).check()  # its own error
+        try:
+            pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data)
+        except (struct.error, UnicodeEncodeError):
+            pieces = None
+        return cls(stream_id, event_id, type_, schema_version, ts_us, data, None, None, pieces)
 
     def check(self) -> NewRow:
         """Raise :class:`InvalidRow` unless the store reads this row back identically (DOMAIN

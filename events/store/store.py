@@ -128,7 +128,7 @@ class EventStore:
             raise ValueError(f"append to {stream_id!r}: no events given")
         if expected_version is not None and expected_version < 0:
             raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
-        rows = [NewRow.from_event(e).check() for e in events]
+        rows = [NewRow.checked(e) for e in events]
         for e in events:
             if e.session_id != stream_id:
                 raise ValueError(f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}")
