@@ -172,8 +172,11 @@ class StoredRow(NamedTuple):
         """The typed, upcast event (its read-side twin when ``as_struct``, see
         :func:`events.records.struct_from_row_json`). Raises UnknownEventType,
         FutureSchemaVersion, MissingUpcaster or ValidationError (see
-        :func:`events.records.from_record`)."""
-        return decode_rows((self,), as_struct=as_struct)[0]
+        :func:`events.records.from_record`). One row: no collector pause (the live
+        ``subscribe`` path decodes row by row)."""
+        decode = struct_from_row_json if as_struct else from_row_json
+        event = decode(self.type, self.schema_version, self.stream_id, self.event_id, self.ts_us, self.data)
+        return StoredEvent(self.position, self.stream_id, self.version, self.recorded_at_us / 1_000_000, event)
 
 
 def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[StoredEvent]:

@@ -158,7 +158,7 @@ class EventStore:
     async def read_stream(self, stream_id: str, *, from_version: int = 1) -> list[StoredEvent]:
         """Events of one stream with ``version >= from_version``, decoded (upcast), in order.
         An unknown stream gives ``[]``."""
-        return [row.decode() for row in await self.recorder.select_stream(stream_id, from_version=from_version)]
+        return decode_rows(await self.recorder.select_stream(stream_id, from_version=from_version))
 
     async def read_row_batches(
         self,
