@@ -7,9 +7,10 @@ young ones, and every tenth of those passes the older ones — the whole fold st
 the same objects are walked once when it ends, and full passes become as rare as batches.
 
 Reference counting still frees everything acyclic at once; cyclic garbage made during a
-batch waits for the first collection after it. Pausing is a no-op when the collector is
-already off (nesting, or a caller that turned it off), and it is turned back on only by the
-pause that turned it off.
+batch waits for the young collection run when the pause ends. Pausing is a no-op when the
+collector is already off (nesting, or a caller that turned it off), and it is turned back on
+(and the young generation collected) only by the pause that turned it off. The projection
+runner pauses it around whole folds too (``projections.runner``).
 """
 
 from __future__ import annotations
@@ -30,3 +31,4 @@ def gc_paused() -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
+            gc.collect(0)
