@@ -18,7 +18,8 @@ path):
   infinities, numbers that overflow a float and lone-surrogate escapes; the build checks
   every ``int`` field against 64 bits and runs :func:`events.limits.check_value` on free-form
   fields (``Any`` inside, e.g. ``stats.extra``) when not empty; the payload text has at most
-  :data:`MAX_DEPTH` brackets in all (nesting) and no ``\\uD800``…``\\uDFFF`` escape; ``ts``
+  :data:`MAX_DEPTH` brackets in all (nesting; not counted for a model that cannot hold a
+  nested value, :attr:`_Plan.flat`) and no ``\\uD800``…``\\uDFFF`` escape; ``ts``
   (µs) is within 1970 … 9999 UTC; the stream id is non-empty without NUL;
 * the model's custom validators are replayed (:data:`_REPLAYED`); a model with any other
   field or model validator (one added later included) always takes the pydantic path.
@@ -33,7 +34,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Callable
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from uuid import UUID, SafeUUID
 
 import msgspec
@@ -44,6 +45,10 @@ from events.structs import _DECODERS
 from events.types import EVENT_CLASSES, EventBase, ts_from_any
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+# The only spelling of an event id the store writes (``str(UUID)``): 8-4-4-4-12 lower-case hex
+# (validation refuses another spelling as differing from the envelope). Stricter than
+# ``UUID(text)``, which also takes ``_`` between digits or a ``0x`` prefix.
+_UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
 _setattr = object.__setattr__
 _new = object.__new__
 _asdict = msgspec.structs.asdict
@@ -79,7 +84,7 @@ _REPLAYED: dict[str, Callable[[Any], Any] | None] = {
 class _Plan:
     """How to build one model class from its twin's values (field names, not positions)."""
 
-    __slots__ = ("cls", "fields_set", "nested", "replays", "ints", "deep")
+    __slots__ = ("cls", "fields_set", "nested", "replays", "ints", "deep", "flat", "decoder")
 
     def __init__(
         self,
@@ -92,6 +97,11 @@ class _Plan:
     ) -> None:
         self.cls, self.fields_set, self.nested, self.replays = cls, fields_set, nested, replays
         self.ints, self.deep = ints, deep
+        # No list, dict, tuple or free-form (Any) value anywhere in the model, nested models
+        # included: the decoded twin cannot hold anything nested, so the bracket count of the
+        # payload text (the depth guard) has nothing to guard (model_from_row skips it).
+        self.flat = False
+        self.decoder: Any = None  # the twin's msgspec.json.Decoder (top-level plans)
 
     def values(self, twin: Any) -> dict[str, Any]:
         """The model's ``__dict__`` from ``twin``; raises ValueError for a D12 value or when a
@@ -187,12 +197,34 @@ def plan_of(cls: type[BaseModel], *, top: bool = True) -> _Plan | None:
         for field in dec.info.fields
     ]
     fields_set = {n for n in names if not (top and n == "schema_version")}
-    return _Plan(cls, fields_set, nested, replays, ints, deep)
+    plan = _Plan(cls, fields_set, nested, replays, ints, deep)
+    plan.flat = not any(_nests(a) for a in annotations.values()) and all(sub.flat for _, sub in nested)
+    return plan
+
+
+def _nests(annotation: Any) -> bool:
+    """True when ``annotation`` is, or contains, a container type (list, dict, tuple, set…)
+    or ``Any``: a value of it may nest (nested models are judged by their own plan)."""
+    if annotation is Any:
+        return True
+    if isinstance(annotation, type):
+        return not issubclass(annotation, (BaseModel, str, int, float, bool, UUID, type(None)))
+    origin = get_origin(annotation)
+    if origin is None:  # a Literal's values and the like: judged by their own type below
+        return False
+    if origin is Literal:
+        return False
+    if origin not in (Union, types.UnionType, Annotated):
+        return True
+    args = get_args(annotation)
+    return any(_nests(a) for a in (args[:1] if origin is Annotated else args))
 
 
 _PLANS: dict[tuple[str, int], _Plan] = {
     (name, cls.SCHEMA_VERSION): plan for name, cls in EVENT_CLASSES.items() if (plan := plan_of(cls)) is not None
 }
+for _key, _plan in _PLANS.items():
+    _plan.decoder = _DECODERS[_key]
 
 
 def model_from_row(
@@ -200,23 +232,21 @@ def model_from_row(
 ) -> EventBase | None:
     """The model of a current-version stored row, built without pydantic validation, or None
     when the row must be validated (module doc: any doubt means None)."""
-    key = (type_name, schema_version)
-    plan = _PLANS.get(key)
+    plan = _PLANS.get((type_name, schema_version))
     if (
         plan is None
         or not MIN_TS_US <= ts_us <= MAX_TS_US
         or not stream_id
         or "\x00" in stream_id
-        or data_json.count("[") + data_json.count("{") > MAX_DEPTH
+        or not plan.flat
+        and data_json.count("[") + data_json.count("{") > MAX_DEPTH
         or "\\u" in data_json
         and _SURROGATE_ESCAPE.search(data_json)
+        or _UUID_TEXT(event_id) is None
     ):
         return None
-    uuid = _uuid(event_id)
-    if uuid is None:
-        return None
     try:
-        twin = _DECODERS[key].decode(data_json)
+        twin = plan.decoder.decode(data_json)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     if twin.session_id is not _UNSET or twin.ts is not _UNSET or twin.event_id is not _UNSET:
@@ -225,26 +255,15 @@ def model_from_row(
         values = plan.values(twin)
     except ValueError:  # a D12 value, or a replayed validator refused: validation names it
         return None
+    uuid = _new(UUID)  # _uuid's own steps (the text was checked above), without a call
+    _setattr(uuid, "int", int(event_id.replace("-", ""), 16))
+    _setattr(uuid, "is_safe", _SAFE_UNKNOWN)
     values["session_id"] = stream_id
     values["ts"] = ts_us / 1_000_000
     values["event_id"] = uuid
-    return plan.build(values)  # type: ignore[no-any-return]
-
-
-def _uuid(text: str) -> UUID | None:
-    """The UUID of the hyphenated lower-case form ``8-4-4-4-12`` (the only one the store
-    writes; validation refuses another spelling as differing from the envelope), else None.
-    Stricter than ``UUID(text)``, which also takes ``_`` between digits or a ``0x`` prefix."""
-    if len(text) != 36 or text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
-        return None
-    digits = text.replace("-", "")
-    if len(digits) != 32 or not (digits.isascii() and digits.isalnum()) or digits[1] == "x" or digits.lower() != digits:
-        return None
-    try:
-        value = int(digits, 16)
-    except ValueError:  # a letter beyond f
-        return None
-    uuid = _new(UUID)  # UUID(int=value)'s own steps, without its range checks (32 hex digits)
-    _setattr(uuid, "int", value)
-    _setattr(uuid, "is_safe", _SAFE_UNKNOWN)
-    return uuid
+    model: Any = _new(plan.cls)  # plan.build's own steps, without a call
+    _setattr(model, "__dict__", values)
+    _setattr(model, "__pydantic_fields_set__", plan.fields_set)
+    _setattr(model, "__pydantic_extra__", None)
+    _setattr(model, "__pydantic_private__", None)
+    return model  # type: ignore[no-any-return]

@@ -113,7 +113,7 @@ def fold_partition(
     ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``;
     returns a pickled :class:`PartitionResult`. Raises what decoding raises (the caller sees
     it)."""
-    gc.disable()  # the folds allocate many short-lived acyclic objects (see runner.gc_paused)
+    gc.disable()  # the folds allocate many short-lived acyclic objects (see events.gc_pause)
     conn = _read_only(db_path)
     conn.execute("CREATE TEMP TABLE dl_partition (stream_id TEXT PRIMARY KEY) WITHOUT ROWID")
     conn.executemany("INSERT INTO temp.dl_partition VALUES (?)", ((s,) for s in sessions))

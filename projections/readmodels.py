@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from events.gc_pause import gc_paused
 from events.records import StoredEvent
 from events.store.schema import events as events_table
 from events.types import ts_to_us
@@ -129,17 +130,20 @@ def fold_batch(
     projector: Projector, events: Iterable[StoredEvent], *, after_position: int = 0
 ) -> tuple[list[dict[str, Any]], dict[str, None]]:
     """Apply ``events`` (those after ``after_position``: redelivered ones are skipped) and
-    return the turn rows finalized on the way and the sessions touched (in first-seen order)."""
+    return the turn rows finalized on the way and the sessions touched (in first-seen order).
+    The cyclic garbage collector is paused meanwhile (:func:`events.gc_pause.gc_paused`: it
+    walked the whole fold state every few thousand events)."""
     turn_rows: list[dict[str, Any]] = []
     touched: dict[str, None] = {}
     apply, turns = projector.apply, projector.turns
-    for stored in events:
-        if stored.position <= after_position:
-            continue
-        apply(stored)
-        touched[stored.stream_id] = None
-        if turns.finalized:
-            turn_rows.extend(turn_row(t, stored.position) for t in turns.take_finalized())
+    with gc_paused():
+        for stored in events:
+            if stored.position <= after_position:
+                continue
+            apply(stored)
+            touched[stored.stream_id] = None
+            if turns.finalized:
+                turn_rows.extend(turn_row(t, stored.position) for t in turns.take_finalized())
     return turn_rows, touched
 
 

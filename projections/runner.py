@@ -25,15 +25,14 @@ leaking sessions and those closed since the last sweep.
 from __future__ import annotations
 
 import asyncio
-import gc
 import pickle
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from events.chain_walk import walk_log
+from events.gc_pause import gc_paused
 from events.records import StoredEvent
 from events.store.store import EventStore
 from events.store.url import sqlite_path
@@ -49,21 +48,6 @@ FOLD_VERSION = 4  # bump when the fold state's meaning changes: old checkpoints 
 def note_to_stderr(message: str) -> None:
     """The default ``note`` of :class:`ProjectionRunner`: one line on stderr."""
     print(f"duplex-ledger: {message}", file=sys.stderr)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while folding (the folds allocate many short-lived,
-    acyclic objects; collections in the middle of a batch cost ~30 % of a rebuild). Young
-    objects are collected once at the end."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-            gc.collect(0)
 
 
 class ProjectionRunner:

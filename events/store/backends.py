@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
@@ -53,6 +53,7 @@ WriteFn = Callable[..., T]
 # Arbitrary constant key of the advisory lock serialising position allocation ("dlgr").
 APPEND_LOCK_KEY = 0x646C6772
 IDLE_TX_TIMEOUT_MS = 5000  # PostgreSQL idle_in_transaction_session_timeout of the store's sessions
+_SELECT_ROWS = f"SELECT {', '.join(schema.ROW_COLUMNS)} FROM events WHERE position >= ?"
 _SQLITE_INSERT = str(schema.events.insert().compile(dialect=sqlite_dialect(paramstyle="qmark")))
 _events = schema.events
 HEAD = sa.select(sa.func.coalesce(sa.func.max(_events.c.position), 0))
@@ -125,6 +126,11 @@ class Backend:
         async with self.reader.connect() as conn:
             return await conn.run_sync(fn, *args)
 
+    select_rows_raw: Callable[[int, int | None, int, str | None], Awaitable[list[Any]]] | None = None
+    """``(from_position, until_position, limit, stream_id)`` -> the rows as plain tuples in
+    :data:`schema.ROW_COLUMNS` order, for a backend whose driver reads them faster than a
+    Core select (SQLite); None: the recorder runs the Core select."""
+
     def lock_for_append(self, conn: Connection) -> None:
         """Serialise position allocation with every other writer (inside the transaction)."""
 
@@ -168,11 +174,31 @@ class SqliteBackend(Backend):
         super().__init__(url, read_only=read_only)
         self._install_hooks(self.reader.sync_engine, begin=None, wal=False)  # autocommit reads
         self._thread = self.writer_thread = WriterThread("duplex-ledger-sqlite-writer")
+        self.select_rows_raw = self._select_rows_raw
         self._write_engine: Engine | None = None
         self._write_conn: Connection | None = None
 
     def _make_reader(self) -> AsyncEngine:
         return readonly_async_engine(self.url) if self.read_only else super()._make_reader()
+
+    async def _select_rows_raw(
+        self, from_position: int, until_position: int | None, limit: int, stream_id: str | None
+    ) -> list[Any]:
+        """The recorder's row read on the reader's own aiosqlite connection, its SQL sent
+        as is: sqlite3 already gives the column types the store reads (int, str, bytes), so
+        SQLAlchemy's result rows (~1.5 µs a row, a fifth of a decoded read) are skipped."""
+        sql, params = _SELECT_ROWS, [from_position]
+        if until_position is not None:
+            sql += " AND position <= ?"
+            params.append(until_position)
+        where_stream = () if stream_id is None else (stream_id,)
+        if stream_id is not None:
+            sql += " AND stream_id = ?"
+        async with self.reader.connect() as conn:
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+            return list(
+                await driver.execute_fetchall(f"{sql} ORDER BY position LIMIT ?", (*params, *where_stream, limit))
+            )
 
     def _reader_kwargs(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000}}

@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from events.chain import GENESIS, link, row_pieces
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.rows import NewRow
 
 
-@dataclass(frozen=True, slots=True)
-class Existing:
-    """A stored (or planned-in-this-batch) copy of an event id and its content."""
+class Existing(NamedTuple):
+    """A stored (or planned-in-this-batch) copy of an event id and its content. A NamedTuple:
+    one is built per appended row on the writer thread (a frozen dataclass cost ~1 µs more)."""
 
     stream_id: str
     version: int

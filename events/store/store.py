@@ -132,7 +132,7 @@ class EventStore:
             raise ValueError(f"append to {stream_id!r}: no events given")
         if expected_version is not None and expected_version < 0:
             raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
-        rows = [NewRow.from_event(e).check() for e in events]
+        rows = [NewRow.checked(e) for e in events]
         for e in events:
             if e.session_id != stream_id:
                 raise ValueError(f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}")
@@ -162,7 +162,7 @@ class EventStore:
     async def read_stream(self, stream_id: str, *, from_version: int = 1) -> list[StoredEvent]:
         """Events of one stream with ``version >= from_version``, decoded (upcast), in order.
         An unknown stream gives ``[]``."""
-        return [row.decode() for row in await self.recorder.select_stream(stream_id, from_version=from_version)]
+        return decode_rows(await self.recorder.select_stream(stream_id, from_version=from_version))
 
     async def read_row_batches(
         self,

@@ -134,3 +134,17 @@ def test_a_late_ts_reads_back_exactly(ts: float) -> None:
     assert row.ts_us / 1_000_000 == event.ts == ts and ts_to_us(ts) == row.ts_us
     back = from_row_json(row.type, row.schema_version, row.stream_id, row.event_id, row.ts_us, row.data)
     assert back == event
+
+
+def test_the_bracket_count_is_skipped_only_where_no_value_can_nest() -> None:
+    """A model of scalars only (StageOutput) cannot hold a nested value, so brackets inside
+    its text fields do not send it to validation; a model with a free-form or list field
+    (StageMetricsReported, AbortRequested) still counts them."""
+    from events.model_rows import _PLANS
+
+    assert _PLANS[("StageOutput", 1)].flat
+    assert not _PLANS[("StageMetricsReported", 1)].flat and not _PLANS[("AbortRequested", 1)].flat
+    args = ("StageOutput", 1, "S", EID, 1, OUTPUT % ('"' + "[{" * 40 + '"'))
+    fast = model_from_row(*args)
+    assert fast is not None and _shape(fast) == _shape(validate_row_json(*args))
+    assert model_from_row("AbortRequested", 1, "S", EID, 1, '{"stage_ids":' + "[" * 40 + "]" * 40 + "}") is None

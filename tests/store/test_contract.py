@@ -139,6 +139,31 @@ async def test_read_all_ranges_and_batches(store: EventStore) -> None:
     assert json.loads(rows[0].data) == {**rows[0].decode().event.payload()}
 
 
+async def test_sqlite_raw_row_read_equals_the_core_select(store: EventStore) -> None:
+    """The SQLite backend reads rows on the driver directly (no SQLAlchemy result rows): same
+    rows, types and bounds as the Core select the other backend runs."""
+    for i in range(3):
+        await store.append(f"S{i}", turns(f"S{i}", 4))
+    raw = store.recorder.backend.select_rows_raw
+    if store.backend_name != "sqlite":
+        assert raw is None
+        return
+    assert raw is not None
+    cases = [(1, None, 100, None), (3, 9, 4, None), (2, None, 100, "S1"), (5, 11, 2, "S1"), (13, None, 5, None)]
+    for case in cases:
+        store.recorder.backend.select_rows_raw = None
+        try:
+            core = await store.recorder.select_rows(case[0], until_position=case[1], limit=case[2], stream_id=case[3])
+        finally:
+            store.recorder.backend.select_rows_raw = raw
+        fast = await store.recorder.select_rows(case[0], until_position=case[1], limit=case[2], stream_id=case[3])
+        assert fast == core and [tuple(map(type, r)) for r in fast] == [tuple(map(type, r)) for r in core], case
+    assert [r.position for r in await store.recorder.select_rows(5, until_position=11, limit=2, stream_id="S1")] == [
+        5,
+        6,
+    ]
+
+
 async def test_subscribe_catches_up_then_follows(store: EventStore) -> None:
     await store.append("S1", turns("S1", 3))
     seen: list[int] = []

@@ -75,3 +75,30 @@ def test_same_id_with_other_content_is_a_conflict(changed: NewRow, field: str, b
     same = NewRow("A", "e1", "TurnCommitted", 1, 1, '{ "turn_id": 0 }')  # spacing is not content
     assert plan_call(state, AppendCall([same], None if bulk else "A", bulk=bulk), now_us=5).positions == [1]
     assert state.inserts == []
+
+
+def test_checked_row_is_from_event_then_check_and_refuses_alike() -> None:
+    """NewRow.checked (the append's one-step row) gives the same row and pieces as
+    from_event(...).check(), and the same InvalidRow for a value built around validation."""
+    from events.store.errors import InvalidRow
+    from events.types import StageMetricsReported, StageOutput, TurnCommitted
+
+    events = [
+        StageOutput(session_id="S", ts=1757000000.25, stage_id=0, request_id="r", text_delta="é [x]"),
+        TurnCommitted(session_id="S", ts=1.5, turn_id=3),
+        StageMetricsReported(session_id="S", ts=2.0, stage_id=1, request_id="r"),
+    ]
+    for event in events:
+        one, two = NewRow.checked(event), NewRow.from_event(event).check()
+        assert one == two and one.pieces == two.pieces and one.pieces is not None
+    bad = [
+        TurnCommitted.model_construct(session_id="S", ts=-1.0, turn_id=0),  # ts before 1970
+        TurnCommitted.model_construct(session_id="S\x00T", ts=1.0, turn_id=0),  # NUL in the stream id
+        TurnCommitted.model_construct(session_id="S", ts=float("nan"), turn_id=0),
+    ]
+    for event in bad:
+        with pytest.raises(InvalidRow) as one_error:
+            NewRow.checked(event)
+        with pytest.raises(InvalidRow) as two_error:
+            NewRow.from_event(event).check()
+        assert str(one_error.value) == str(two_error.value)
