@@ -63,9 +63,9 @@ class Digest:
     @classmethod
     def from_json(cls, text: str) -> Digest:
         """Parse :meth:`to_json` output. Raises ValueError naming what is wrong (not JSON, a
-        missing or malformed key, another algorithm)."""
+        missing, repeated or malformed key, another algorithm)."""
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, object_pairs_hook=_no_repeated_keys)
         except json.JSONDecodeError as exc:
             raise ValueError(f"digest is not JSON: {exc.msg}") from None
         if not isinstance(obj, dict):
@@ -81,6 +81,17 @@ class Digest:
         if isinstance(recorded, bool) or not isinstance(recorded, (int, float)):
             raise ValueError(f"digest recorded_at must be a number, got {recorded!r}")
         return cls(position, bytes.fromhex(digest), round(recorded * 1_000_000), ALGORITHM)
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's dict; ValueError for a key given twice (which one counts is ambiguous:
+    a digest file with two positions is a bad file, not a tampered log)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"digest key {key!r} is given more than once")
+        obj[key] = value
+    return obj
 
 
 def _hash_at(previous: bytes, row: Any, position: int) -> bytes:

@@ -25,8 +25,10 @@ Line format (keys in this order on export)::
   hash and this line's content, and a mismatch rejects the import naming the line (an edited,
   inserted, dropped or reordered line of an export). The first line of a partial export
   (``--from-position``, ``--stream``) has no predecessor in the file and is not checkable,
-  and neither is a line after a gap (a dropped line looks like a ``--stream`` export); lines
-  with hashes must come in increasing position order.
+  lines with hashes must come in increasing position order. A hashed line after a gap in
+  positions (the previous line holds ``q`` < ``p - 1``) is refused naming the line (a dropped
+  line) unless the file holds one stream only and the line is that stream's next ``version``
+  — a ``--stream`` export skips only other streams' positions; such a line is not checkable.
   A file is *chained* when any line carries a hash; then every line must (an export writes
   one on every line, so a line without one was edited): a chained file with a hashless line
   is refused naming that line. Its hash is still recomputed from its ``position``,
@@ -316,6 +318,35 @@ def _check_link(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, 
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Gap:
+    """A hashed line whose position does not follow the previous line's."""
+
+    line: int
+    position: int
+    after: int
+    stream_next: bool  # the previous line's stream at the next version (a --stream export's step)
+
+    def error(self) -> LineError:
+        first, last = self.after + 1, self.position - 1
+        gone = f"position {first} is" if first == last else f"positions {first}…{last} are"
+        return LineError(
+            self.line,
+            "position",
+            f"{self.position} after {self.after} on the line before: {gone} missing, and the file is not one "
+            "stream's export continuing at the next version (a --stream export skips only other streams' "
+            "positions): a line was dropped",
+        )
+
+
+def _gap(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, previous_row: ImportRow | None) -> _Gap | None:
+    if previous is None or previous_row is None or claim.position == previous.position + 1:
+        return None
+    same = previous_row.record.stream_id == row.record.stream_id and None not in (previous_row.version, row.version)
+    stream_next = same and row.version == (previous_row.version or 0) + 1
+    return _Gap(row.line or 0, claim.position, previous.position, stream_next)
+
+
 def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     """Validate every line (text, or bytes that must be UTF-8; blank lines are skipped).
     Raises JsonlError with every bad line, including an event id repeated within the input and
@@ -324,6 +355,8 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     errors: list[LineError] = []
     first_line: dict[UUID, int] = {}
     previous: ChainClaim | None = None
+    previous_row: ImportRow | None = None
+    gaps: list[_Gap] = []
     hashless: list[int] = []  # lines without a hash: refused when any other line has one
     chained = False
     for lineno, text in enumerate(lines, start=1):
@@ -350,15 +383,19 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
                     "an export are in position order (reordered?)",
                 )
             )
+        elif has_hash and claim is not None and (gap := _gap(row, claim, previous, previous_row)) is not None:
+            gaps.append(gap)  # refused below unless the file is one stream's export
         elif has_hash and claim is not None and (bad := _check_link(row, claim, previous, lineno)) is not None:
             errors.append(bad)
-        previous = claim
+        previous, previous_row = claim, row
         eid = row.record.event_id
         if eid in first_line:
             errors.append(LineError(lineno, "event_id", f"{eid} already used on line {first_line[eid]}"))
             continue
         first_line[eid] = lineno
         rows.append(row)
+    one_stream = len({row.record.stream_id for row in rows}) == 1
+    errors += [gap.error() for gap in gaps if not (one_stream and gap.stream_next)]
     if hashless and (chained or any(e.field == "hash" for e in errors)):
         errors += [
             LineError(
@@ -368,7 +405,7 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
             )
             for n in hashless
         ]
-        errors.sort(key=lambda e: e.line)
+    errors.sort(key=lambda e: e.line)
     if errors:
         raise JsonlError(errors)
     return rows

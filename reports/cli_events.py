@@ -18,7 +18,7 @@ import typer
 
 from events.limits import MAX_POSITION
 from events.store.url import DEFAULT_URL, ENV_VAR, redact
-from reports.cli_errors import check_session, checked_url, fail, run, say
+from reports.cli_errors import check_session, checked_url, run, say
 
 DbOption = Annotated[
     str | None,
@@ -168,11 +168,16 @@ def events_export(
     ] = None,
 ) -> None:
     """Export events as JSONL in log order (format: see README). Exporting a whole log and
-    importing it into an empty database reproduces the same export byte for byte."""
+    importing it into an empty database reproduces the same export byte for byte. An
+    ``--output`` that is the ledger file (or its -wal/-shm/-journal, or a link to one) is
+    refused (exit 2); a regular file is replaced only once the export is complete."""
     from events import jsonl
+    from reports.output_file import output_file, refuse_ledger_target
     from reports.progress import progress_bar
 
     url = checked_url(db)
+    if output is not None:
+        refuse_ledger_target(output, url)
 
     async def body() -> int:
         store = await _open(url)
@@ -182,12 +187,8 @@ def events_export(
                 return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
             total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
             n = 0
-            try:
-                fh = output.open("w", encoding="utf-8", newline="\n")
-            except OSError as exc:  # the output's fault, not the database's: a usage error
-                fail(f"--output {str(output)!r}: cannot write: {exc.strerror or exc}")
             with (
-                fh,
+                output_file(output) as fh,
                 progress_bar(f"exporting to {output.name}", total) as advance,
             ):  # terminal only
                 async for line in jsonl.export_lines(store, stream_id=stream, from_position=from_position):

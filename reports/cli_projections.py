@@ -263,7 +263,21 @@ def tables(
             if fmt is TablesFormat.json
             else text + render_summary.render_summaries_text(rollups)
         )
+    _warn_overflows(turns)
     typer.echo(text, nl=not text.endswith("\n"))
+
+
+def _warn_overflows(turns: list[TurnTables]) -> None:
+    """One stderr warning when some numbers overflowed (:mod:`reports.overflow`)."""
+    from reports.overflow import count_overflows
+
+    if n := count_overflows([t.to_dict() for t in turns]):
+        Console(stderr=True, soft_wrap=True).print(
+            f"warning: {n} value(s) overflowed (a sum that is not finite or beyond 64 bits): "
+            "shown as null (json), an empty cell (csv) or 'overflow' (text, markdown)",
+            highlight=False,
+            markup=False,
+        )
 
 
 class ChainBroken(RuntimeError):
@@ -306,7 +320,7 @@ def rebuild(
         help="Projection to rebuild: all, request_resources, audit or turn_tables. "
         "They share one checkpoint, so each rebuilds all three.",
     ),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no closing line (errors still print)."),
     workers: int | None = typer.Option(
         None,
         "--workers",
@@ -322,7 +336,8 @@ def rebuild(
         raise typer.Exit(2)
     url = checked_url(db)
     position = run(lambda: _rebuild(url, quiet, workers), url)
-    typer.echo(f"rebuilt read models up to position {position}")
+    if not quiet:
+        typer.echo(f"rebuilt read models up to position {position}")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,8 @@
 Reads the session's stored events (any ledger: a live deployment's database, a copied SQLite
 file, an imported JSONL export) and writes ``reports.timeline``'s plotly page. Needs neither
 vllm nor torch; the page needs no network. Exit 0, or 2 for a missing ledger, a session the
-log does not hold, or an unwritable output.
+log does not hold, or an unwritable output or one that is the ledger file itself
+(:mod:`reports.output_file`).
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ def timeline(
     """Write one session's timeline (speech, commits, each response's span per stage, aborts and
     their results, epochs, listen units, leaks and warnings; hover: event and position) as one
     self-contained HTML file."""
-    from reports.timeline import write_timeline
+    from reports.output_file import output_file, refuse_ledger_target
+    from reports.timeline import timeline_html
 
     url = checked_url(db)
+    refuse_ledger_target(output, url)
     events = run(lambda: session_events(url, session), url)
-    try:
-        size = write_timeline(events, output)
-    except OSError as exc:
-        typer.echo(f"error: cannot write {output}: {exc}", err=True)
-        raise typer.Exit(2) from None
+    page = timeline_html(events)
+    with output_file(output) as fh:
+        fh.write(page)
+    size = len(page.encode("utf-8"))
     typer.echo(f"wrote {output} ({size / 1024:.0f} KiB, {len(events)} events of session {session!r})")
 
 

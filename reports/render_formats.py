@@ -7,7 +7,8 @@ All three carry the numbers of :mod:`reports.render_text`, with units in the fie
   "turns": [TurnTables.to_dict(), ...]}``, floats to 3 decimals as the text tables print them
   (the ``*_ts_s`` stamps exact), ``null`` for "not reported" (a tokenless turn has
   ``"vllm_ttft_ms": null``; a turn that ended before any engine request has
-  ``"request_id": null``, D8). Strict JSON: a NaN/inf raises ValueError.
+  ``"request_id": null``, D8). A number that overflowed (a non-finite or beyond-64-bit sum,
+  :mod:`reports.overflow`) is ``null`` here, an empty cell in CSV, ``overflow`` in Markdown.
 * **CSV** (:func:`render_csv`): tidy long layout, one row per (turn, table, column, field), header
   ``session_id,response_id,request_id,turn_id,finished_reason,table,column,field,value``
   (``request_id`` empty for a turn that ended before any engine request, D8).
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from projections.turn_tables import JSON_RENAMES, TurnTables
+from reports.overflow import nulled
 from reports.printable import printable
 from reports.render_text import Table, has_text_tables, turn_sections
 
@@ -50,7 +52,7 @@ CSV_HEADER: tuple[str, ...] = (
 
 def render_json(turns: Iterable[TurnTables]) -> str:
     """JSON document of the turns in the order given (2-space indent, trailing newline)."""
-    doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "turns": [t.to_dict() for t in turns]}
+    doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "turns": [nulled(t.to_dict()) for t in turns]}
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
@@ -90,7 +92,7 @@ def render_csv(turns: Iterable[TurnTables]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for t in turns:
-        doc = t.to_dict()
+        doc = nulled(t.to_dict())
         ident = tuple(map(_no_formula, (t.session_id, t.response_id, t.request_id or ""))) + (
             str(t.turn_id),
             t.finished_reason,

@@ -77,12 +77,15 @@ def render_json_with_sessions(turns: Iterable[Any], sessions: Iterable[tuple[Ses
     ``sessions`` list of :func:`summary_to_dict` rows after ``turns``."""
     import json
 
+    from reports.overflow import nulled
     from reports.render_formats import JSON_FORMAT, JSON_VERSION
 
-    doc = {
-        "format": JSON_FORMAT,
-        "version": JSON_VERSION,
-        "turns": [t.to_dict() for t in turns],
-        "sessions": [summary_to_dict(r, leaked) for r, leaked in sessions],
-    }
+    doc = nulled(
+        {
+            "format": JSON_FORMAT,
+            "version": JSON_VERSION,
+            "turns": [t.to_dict() for t in turns],
+            "sessions": [summary_to_dict(r, leaked) for r, leaked in sessions],
+        }
+    )
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"

@@ -28,6 +28,7 @@ from typing import Any, get_args, get_origin
 from events.ids import is_duplex
 from events.stats import STAT_FIELDS, StageRequestStats
 from projections.turn_tables import PREPROCESS_TIMING_KEY, TurnTables
+from reports.overflow import number_text
 from reports.printable import printable
 
 NEVER_PRINTED_STAGE_FIELDS: frozenset[str] = frozenset(
@@ -75,17 +76,18 @@ string, D5)."""
 
 
 def format_cell(value: Any) -> str:
-    """One cell (DOMAIN §5.2): bool text, int ``1,234``, float ``1,234.500``, list mean."""
+    """One cell (DOMAIN §5.2): bool text, int ``1,234``, float ``1,234.500``, list mean;
+    ``overflow`` for a number that left the range (:mod:`reports.overflow`)."""
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, int):
-        return f"{value:,}"
+        return number_text(value, ",")
     if isinstance(value, float):
-        return f"{value:,.3f}"
+        return number_text(value, ",.3f")
     if isinstance(value, (list, tuple)):
         if not value:
             return ""
-        return f"{sum(float(v) for v in value) / len(value):,.3f} (n={len(value)})"
+        return f"{number_text(sum(float(v) for v in value) / len(value), ',.3f')} (n={len(value)})"
     return "" if value is None else str(value)
 
 
@@ -190,10 +192,10 @@ def omni_timing_line(t: TurnTables) -> str:
     pre = timing_preprocess_ms(t)
     total_ms = t.e2e["e2e_total_ms"]
     tokens = [f"req={t.request_id}"]
-    timing = [f"total={total_ms / 1000:.2f}s"]
+    timing = [f"total={number_text(total_ms / 1000, '.2f', 's')}"]
     if pre is not None:
-        timing.append(f"preprocess={pre / 1000:.2f}s")
-    timing.append(f"engine={(total_ms - (pre or 0.0)) / 1000:.2f}s")
+        timing.append(f"preprocess={number_text(pre / 1000, '.2f', 's')}")
+    timing.append(f"engine={number_text((total_ms - (pre or 0.0)) / 1000, '.2f', 's')}")
     if is_duplex(t.request_id):
         tokens += [f"response={t.response_id}", f"turn={t.turn_id}", f"reason={t.finished_reason}"]
         if pre is not None:
@@ -201,10 +203,15 @@ def omni_timing_line(t: TurnTables) -> str:
     else:
         tokens += timing
     if t.stages:
-        gen = ",".join(f"{s}:{(r.get('stage_gen_time_ms') or 0.0) / 1000:.2f}s" for s, r in sorted(t.stages.items()))
+        gen = ",".join(
+            f"{s}:{number_text((r.get('stage_gen_time_ms') or 0.0) / 1000, '.2f', 's')}"
+            for s, r in sorted(t.stages.items())
+        )
         tokens.append(f"stages=[{gen}]")
     if t.transfers:
-        tokens.append("transfers=[" + ",".join(f"{e.edge}={e.tx_time_ms:.2f}ms" for e in t.transfers) + "]")
+        tokens.append(
+            "transfers=[" + ",".join(f"{e.edge}={number_text(e.tx_time_ms, '.2f', 'ms')}" for e in t.transfers) + "]"
+        )
     return "[OmniTiming] " + " ".join(tokens)
 
 

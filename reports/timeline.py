@@ -328,10 +328,15 @@ def timeline_figure(events: Sequence[StoredEvent], *, title: str | None = None) 
     return fig
 
 
-def write_timeline(events: Sequence[StoredEvent], output: Path) -> int:
-    """Write the page (plotly.js inline, no network at view time); returns its size in bytes."""
-    fig = timeline_figure(events)
-    fig.write_html(
-        str(output), include_plotlyjs=True, full_html=True, config={"displaylogo": False, "responsive": True}
+def timeline_html(events: Sequence[StoredEvent]) -> str:
+    """The page as one HTML string (plotly.js inline, no network at view time)."""
+    html: str = timeline_figure(events).to_html(
+        include_plotlyjs=True, full_html=True, config={"displaylogo": False, "responsive": True}
     )
+    return html
+
+
+def write_timeline(events: Sequence[StoredEvent], output: Path) -> int:
+    """Write the page (:func:`timeline_html`) to ``output``; returns its size in bytes."""
+    output.write_text(timeline_html(events), encoding="utf-8")
     return output.stat().st_size

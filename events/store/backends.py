@@ -44,7 +44,7 @@ from events.chain import GENESIS
 from events.store import schema
 from events.store.errors import ReadOnlyStore
 from events.store.probe import readonly_async_engine
-from events.store.url import backend_of, redact, sqlite_path
+from events.store.url import backend_of, numeric_query, redact, sqlite_path
 from events.store.writer_thread import WriterThread
 
 Synchronous = Literal["FULL", "NORMAL"]
@@ -335,7 +335,10 @@ class PostgresBackend(Backend):
         return {
             "pool_size": 5,
             "max_overflow": 10,
-            "connect_args": {"server_settings": {"idle_in_transaction_session_timeout": idle_ms}},
+            "connect_args": {
+                "server_settings": {"idle_in_transaction_session_timeout": idle_ms},
+                **numeric_query(self.url),
+            },
         }
 
     async def run_write(self, fn: Callable[..., T], *args: Any) -> T:

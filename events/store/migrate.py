@@ -14,6 +14,7 @@ refused untouched (:class:`NotALedger`).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ import migrations
 from events.store.backends import make_backend
 from events.store.errors import ForeignSchemaObject, MissingSchemaObject, NotALedger, SchemaRevisionError
 from events.store.probe import read_sqlite
+from events.store.sqlite_schema import SQLITE_SCHEMA, schema_drift
 from events.store.sqlite_schema import SQLITE_TRIGGERS as SQLITE_TRIGGERS  # re-exported
-from events.store.sqlite_schema import schema_drift
 from events.store.url import (
     backend_of,
     missing_ancestor,
@@ -154,12 +155,16 @@ async def downgrade(url: str | None = None, revision: str = "base") -> str | Non
     return await current_revision(url)
 
 
-def ledger_state(sync_conn: Connection, url: str) -> str | None:
-    """The database's schema revision (None: no ledger schema yet, e.g. an empty file).
+def ledger_state(sync_conn: Connection, url: str, tolerate_missing: bool = False) -> str | None:
+    """The database's schema revision (None: no ledger schema yet, e.g. an empty file), after
+    checking that its schema objects are exactly those of that revision (:func:`refuse_drift`:
+    at EVERY revision, before any migration runs — a trigger planted in an older file would run
+    during the upgrade's backfill).
 
     Raises NotALedger when the database holds tables but no ledger (another application's
     database), SchemaRevisionError when it holds the ledger's ``events`` table but no
-    revision record (``alembic_version`` dropped: upgrading would try to create it again)."""
+    revision record (``alembic_version`` dropped: upgrading would try to create it again),
+    ForeignSchemaObject / MissingSchemaObject (see :func:`refuse_drift`)."""
     tables = set(sa.inspect(sync_conn).get_table_names())
     revision = MigrationContext.configure(sync_conn).get_current_revision() if "alembic_version" in tables else None
     shown = redact(url)
@@ -174,7 +179,65 @@ def ledger_state(sync_conn: Connection, url: str) -> str | None:
             "or empty); refusing to migrate it. Restore alembic_version from a backup, or export the events "
             "with an older copy and import them into a new ledger"
         )
+    refuse_drift(sync_conn, url, revision, tolerate_missing)
     return revision
+
+
+@functools.cache
+def sqlite_schema_at(revision: str | None) -> dict[tuple[str, str], str]:
+    """(type, name) -> text of every named object a SQLite ledger file at ``revision`` holds
+    (None: a file with no ledger yet, which may hold only an empty ``alembic_version``). The
+    head's is :data:`~events.store.sqlite_schema.SQLITE_SCHEMA`; an older revision's is read
+    from a scratch in-memory database migrated to it (once per process). Raises
+    SchemaRevisionError for a revision this code does not know."""
+    if revision is None:
+        return {key: sql for key, sql in SQLITE_SCHEMA.items() if key == ("table", "alembic_version")}
+    if revision == head_revision():
+        return SQLITE_SCHEMA
+    if not revision_known(revision):
+        raise SchemaRevisionError(f"unknown schema revision {revision!r}")
+    engine = sa.create_engine("sqlite+pysqlite://", poolclass=sa.pool.StaticPool)
+    try:
+        with engine.begin() as conn:
+            cfg = Config()
+            cfg.set_main_option("script_location", SCRIPT_LOCATION)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+            rows = conn.execute(text("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")).all()
+    finally:
+        engine.dispose()
+    return {(kind, name): sql for kind, name, sql in rows}
+
+
+def refuse_drift(sync_conn: Connection, url: str, revision: str | None, tolerate_missing: bool = False) -> None:
+    """Raise ForeignSchemaObject when a SQLite file holds a trigger, view, index or table that
+    the ledger's migrations up to ``revision`` did not create (or whose text differs), naming
+    them; MissingSchemaObject when it lacks one of that revision's objects (PostgreSQL: a guard
+    trigger missing or disabled), unless ``tolerate_missing`` (``verify`` reports it as
+    tampering). A revision newer than this code is not checked (its objects are unknown)."""
+    if revision is not None and not revision_known(revision):
+        return
+    shown = redact(url)
+    if sync_conn.dialect.name == "sqlite":
+        drift = schema_drift(sync_conn, sqlite_schema_at(revision))
+        foreign, missing = drift.foreign, ([] if revision is None else drift.missing)
+    else:
+        foreign, missing = [], ([] if revision is None else missing_guards(sync_conn))
+    if foreign:
+        raise ForeignSchemaObject(
+            f"{shown} holds schema object(s) the ledger did not create: {', '.join(foreign)}; a ledger "
+            "file runs nothing of its own, so it is not opened or migrated (nothing was changed). Drop them "
+            "(`sqlite3 FILE 'DROP TRIGGER name'`, `DROP VIEW`, `DROP INDEX`, `DROP TABLE`), or run "
+            "`duplex-ledger verify` on a copy without them"
+        )
+    if missing and not tolerate_missing:
+        raise MissingSchemaObject(
+            f"{shown} lacks the ledger's {', '.join(missing)}: its append-only guard was taken off, so "
+            "it is not opened or migrated (nothing was changed). Run `duplex-ledger verify` (it reports this as "
+            "tampering and checks the log); if the log is intact, recreate it (SQLite: its statement in "
+            "events/store/sqlite_schema.py; PostgreSQL: `ALTER TABLE events ENABLE TRIGGER name` as the "
+            "owner) or restore the ledger from a backup"
+        )
 
 
 async def current_revision(url: str | None = None) -> str | None:
@@ -238,25 +301,10 @@ def check_revision(sync_conn: Connection, url: str, tolerate_missing: bool = Fal
 
     The message says what to run: ``duplex-ledger db upgrade --db URL`` for a missing or
     older schema; for a newer one, a newer duplex-ledger (or a downgrade run by it)."""
-    current = ledger_state(sync_conn, url)
+    current = ledger_state(sync_conn, url, tolerate_missing)
     head = head_revision()
     status = revision_status(current)
     if status == "current":
-        if sync_conn.dialect.name == "sqlite" and (foreign := foreign_triggers(sync_conn)):
-            raise ForeignSchemaObject(
-                f"{redact(url)} holds schema object(s) the ledger did not create: {', '.join(foreign)}; a ledger "
-                "file runs nothing of its own, so it is not opened (nothing was changed). Drop them "
-                "(`sqlite3 FILE 'DROP TRIGGER name'`, `DROP VIEW`, `DROP INDEX`), or run `duplex-ledger verify` "
-                "on a copy without them"
-            )
-        if not tolerate_missing and (missing := missing_guards(sync_conn)):
-            raise MissingSchemaObject(
-                f"{redact(url)} lacks the ledger's {', '.join(missing)}: its append-only guard was taken off, so "
-                "it is not opened (nothing was changed). Run `duplex-ledger verify` (it reports this as "
-                "tampering and checks the log); if the log is intact, recreate it (SQLite: its statement in "
-                "events/store/sqlite_schema.py; PostgreSQL: `ALTER TABLE events ENABLE TRIGGER name` as the "
-                "owner) or restore the ledger from a backup"
-            )
         return
     shown = redact(url)
     fix = f"run `duplex-ledger db upgrade --db {shown}`"

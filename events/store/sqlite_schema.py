@@ -91,27 +91,25 @@ def _same(found: str | None, expected: str) -> bool:
     return found is not None and " ".join(found.split()) == " ".join(expected.split())
 
 
-def schema_drift(sync_conn: Connection) -> SchemaDrift:
-    """Compare the file's ``sqlite_master`` with :data:`SQLITE_SCHEMA` (a sync read function)."""
+def schema_drift(sync_conn: Connection, schema: dict[tuple[str, str], str] | None = None) -> SchemaDrift:
+    """Compare the file's ``sqlite_master`` with ``schema`` (default :data:`SQLITE_SCHEMA`, the
+    head's; an older revision's comes from :func:`events.store.migrate.sqlite_schema_at`). A
+    sync read function."""
+    schema = SQLITE_SCHEMA if schema is None else schema
     found = sync_conn.execute(sa.text("SELECT type, name, tbl_name, sql FROM sqlite_master")).all()
     foreign, seen = [], set()
     for kind, name, table, sql in found:
         seen.add((kind, name))
-        expected = SQLITE_SCHEMA.get((kind, name))
+        expected = schema.get((kind, name))
         if kind == "trigger" and expected is not None and sql == expected:
             continue
         if kind != "trigger" and expected is not None and _same(sql, expected):
             continue
-        if (
-            kind == "index"
-            and sql is None
-            and name.startswith("sqlite_autoindex_")
-            and ("table", table) in SQLITE_SCHEMA
-        ):
+        if kind == "index" and sql is None and name.startswith("sqlite_autoindex_") and ("table", table) in schema:
             continue  # a constraint's index: its table's text fixes it
         if kind == "table" and name.startswith("sqlite_stat"):
             continue
         shown = f"{kind} {name}" if kind == "table" else f"{kind} {name} on {table}"
         foreign.append(shown + (" (text changed)" if expected is not None else ""))
-    missing = [f"{kind} {name}" for kind, name in SQLITE_SCHEMA if (kind, name) not in seen]
+    missing = [f"{kind} {name}" for kind, name in schema if (kind, name) not in seen]
     return SchemaDrift(sorted(foreign), sorted(missing))

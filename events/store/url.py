@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -109,6 +110,32 @@ def _check_postgresql(u: URL) -> None:
             raise ValueError(f"{where}: unknown query parameter {key!r} (accepted: {', '.join(sorted(ASYNCPG_QUERY))})")
         if key == "ssl" and value not in SSL_MODES:
             raise ValueError(f"{where}: ssl={value!r} is not one of {', '.join(SSL_MODES)}")
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: query parameter {key!r} is given more than once")
+        if key in NUMBER_QUERY and (problem := NUMBER_QUERY[key](value)) is not None:
+            raise ValueError(f"{where}: {key}={value!r} {problem}")
+
+
+def _seconds(value: str) -> str | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return "is not a number of seconds"
+    return None if math.isfinite(number) and number > 0 else "must be a positive, finite number of seconds"
+
+
+def _count(value: str) -> str | None:
+    return None if value.isascii() and value.isdigit() and len(value) < 19 else "must be a whole number >= 0"
+
+
+NUMBER_QUERY = {
+    "timeout": _seconds,
+    "command_timeout": _seconds,
+    "statement_cache_size": _count,
+    "prepared_statement_cache_size": _count,
+}
+"""Numeric query parameters, each checked before connecting (asyncpg raises a TypeError or an
+error that does not name the URL at connect time): its check returns what is wrong, or None."""
 
 
 def sqlite_path(url: str) -> Path:
@@ -193,3 +220,15 @@ def remove_sqlite_file(created: Path) -> None:
         return
     for suffix in ("", "-wal", "-shm", "-journal"):
         Path(f"{created}{suffix}").unlink(missing_ok=True)
+
+
+def numeric_query(url: str) -> dict[str, float | int]:
+    """The numeric query parameters of a (checked) PostgreSQL URL as numbers, for the
+    driver's ``connect_args`` (SQLAlchemy hands ``timeout=5`` to asyncpg as the string
+    ``'5'``, a TypeError at connect time): seconds as float, cache sizes as int."""
+    query = parse_url(url).query
+    return {
+        key: (float(value) if NUMBER_QUERY[key] is _seconds else int(value))
+        for key, value in query.items()
+        if key in NUMBER_QUERY and isinstance(value, str)
+    }

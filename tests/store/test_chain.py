@@ -107,8 +107,9 @@ async def test_an_edited_export_is_refused_at_import(store: EventStore, tmp_path
     with pytest.raises(jsonl.JsonlError) as caught:
         jsonl.parse_lines(edited)
     assert [str(e).split(":")[0:2] for e in caught.value.errors] == [["line 3", " hash"]]
-    dropped = lines[:1] + lines[2:]  # line 2 removed: line 3's predecessor is not in the file
-    assert len(jsonl.parse_lines(dropped)) == 3
+    dropped = lines[:1] + lines[2:]  # line 2 removed: a gap that is not a --stream export's
+    with pytest.raises(jsonl.JsonlError, match="line 2: position: 3 after 1 on the line before: position 2 is missing"):
+        jsonl.parse_lines(dropped)
     swapped = [lines[0], lines[2], lines[1], lines[3]]
     with pytest.raises(jsonl.JsonlError, match="line 3: position: 2 after 3"):
         jsonl.parse_lines(swapped)
@@ -177,3 +178,53 @@ def test_a_file_without_any_hash_imports_unverified_and_one_with_a_single_hash_i
     with pytest.raises(jsonl.JsonlError) as caught:
         jsonl.parse_lines(mixed)
     assert [e.line for e in caught.value.errors] == list(range(2, len(EXPORT) + 1))
+
+
+@pytest.mark.parametrize("index", range(1, len(EXPORT) - 1))
+def test_a_line_dropped_from_inside_an_export_is_refused_naming_the_next_line(index: int) -> None:
+    """Issue M12: a dropped line left the next one uncheckable and the import passed. Every
+    interior line of a whole-log export (two streams) dropped: the line after it is named."""
+    lines = EXPORT[:index] + EXPORT[index + 1 :]
+    with pytest.raises(jsonl.JsonlError) as caught:
+        jsonl.parse_lines(lines)
+    assert [(e.line, e.field) for e in caught.value.errors] == [(index + 1, "position")]
+    assert f"position {index + 1} is missing" in str(caught.value.errors[0])
+
+
+def _interleaved_exports() -> dict[str, list[str]]:
+    """Exports of a log whose two streams alternate: whole, each --stream, --from-position."""
+
+    async def export(path: str) -> dict[str, list[str]]:
+        store = await EventStore.open(f"sqlite+aiosqlite:///{path}", create=True)
+        try:
+            for a, b in zip(turns("S1", 4), turns("S2", 4), strict=True):
+                await store.append("S1", [a])
+                await store.append("S2", [b])
+            return {
+                name: [line async for line in jsonl.export_lines(store, stream_id=stream, from_position=start)]
+                for name, stream, start in (
+                    ("whole", None, 0),
+                    ("S1", "S1", 0),
+                    ("S2", "S2", 0),
+                    ("S2 from 3", "S2", 3),
+                    ("from 4", None, 4),
+                )
+            }
+        finally:
+            await store.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return asyncio.run(export(os.path.join(tmp, "l.db")))
+
+
+INTERLEAVED = _interleaved_exports()
+
+
+@pytest.mark.parametrize("name", sorted(INTERLEAVED))
+def test_partial_exports_still_import_and_a_line_dropped_from_a_stream_export_is_refused(name: str) -> None:
+    """A --stream export skips other streams' positions (not a gap); --from-position starts
+    anywhere. Dropping an interior line of either is refused."""
+    lines = INTERLEAVED[name]
+    assert len(lines) >= 3 and len(jsonl.parse_lines(lines)) == len(lines)
+    with pytest.raises(jsonl.JsonlError, match="line 2: position: .* missing"):
+        jsonl.parse_lines(lines[:1] + lines[2:])

@@ -1,0 +1,119 @@
+"""Files a command writes (``--output``): never the ledger itself, and written whole or not
+at all.
+
+A ``--output`` that resolves to the SQLite ledger file or one of its ``-wal``, ``-shm`` or
+``-journal`` siblings (by path after following symlinks, or by device and inode: a hard link)
+is refused before anything is opened for writing — writing it would destroy the log. A
+regular file is written to a temporary file in its directory and renamed over the target
+when complete (``os.replace``), so a failed export leaves an existing target as it was; a
+device or FIFO (``/dev/stdout``, ``/dev/full``) is written in place. Every write error names
+``--output`` (exit 2, like an unopenable output), not the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn, TextIO
+
+from events.store.url import backend_of, sqlite_path
+from reports.cli_errors import fail
+
+LEDGER_SUFFIXES: tuple[str, ...] = ("", "-wal", "-shm", "-journal")
+"""The ledger file and the siblings SQLite keeps next to it."""
+
+
+def _ledger_files(url: str) -> set[str]:
+    base = str(sqlite_path(url))
+    return {name + suffix for name in (base, os.path.realpath(base)) for suffix in LEDGER_SUFFIXES}
+
+
+def refuse_ledger_target(output: Path, url: str, option: str = "--output") -> None:
+    """Exit 2 (one line naming ``option``) when ``output`` is the SQLite ledger of ``url`` or
+    one of its -wal/-shm/-journal files: same real path (symlinks followed) or same
+    ``st_dev``/``st_ino`` (a hard link). PostgreSQL URLs have no such file: nothing to check."""
+    if backend_of(url) != "sqlite":
+        return
+    target = os.path.realpath(output)
+    try:
+        out_stat: os.stat_result | None = os.stat(output)
+    except OSError:
+        out_stat = None
+    for name in sorted(_ledger_files(url)):
+        same = os.path.realpath(name) == target
+        if not same and out_stat is not None:
+            with contextlib.suppress(OSError):
+                found = os.stat(name)
+                same = (found.st_dev, found.st_ino) == (out_stat.st_dev, out_stat.st_ino)
+        if same:
+            fail(
+                f"{option} {str(output)!r} is the ledger file {name!r} (or links to it); writing it would destroy the log"
+            )
+
+
+class _Checked:
+    """A text handle whose write errors exit 2 naming the option (not the database)."""
+
+    def __init__(self, fh: TextIO, output: Path, option: str) -> None:
+        self.fh, self.output, self.option = fh, output, option
+
+    def write(self, text: str) -> int:
+        try:
+            return self.fh.write(text)
+        except OSError as exc:
+            cannot_write(self.output, exc, self.option)
+
+
+def cannot_write(output: Path, exc: OSError, option: str = "--output") -> NoReturn:
+    """Exit 2 with ``--output 'PATH': cannot write: REASON``."""
+    fail(f"{option} {str(output)!r}: cannot write: {exc.strerror or exc}")
+
+
+def _mode_for(target: Path) -> int:
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def output_file(output: Path, option: str = "--output") -> Iterator[_Checked]:
+    """Open ``output`` for writing UTF-8 text (``\\n`` newlines) and yield a handle with
+    ``write(str)``; on leaving the block without an error the text replaces the target
+    atomically (regular files) or has been flushed (devices, FIFOs). On an error in the block
+    the temporary file is removed and the target is untouched. Open, write, flush and rename
+    errors exit 2 naming ``option``. Call :func:`refuse_ledger_target` first."""
+    target = Path(os.path.realpath(output))
+    regular = not target.exists() or target.is_file()
+    tmp: str | None = None
+    try:
+        if regular:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            fh: TextIO = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        else:
+            fh = target.open("w", encoding="utf-8", newline="\n")
+    except OSError as exc:
+        cannot_write(output, exc, option)
+    done = False
+    try:
+        yield _Checked(fh, output, option)
+        try:
+            fh.close()
+            if tmp is not None:
+                os.chmod(tmp, _mode_for(target))
+                os.replace(tmp, target)
+        except OSError as exc:
+            cannot_write(output, exc, option)
+        done = True
+    finally:
+        if not done:
+            with contextlib.suppress(OSError):
+                fh.close()
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
