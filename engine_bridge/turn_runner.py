@@ -125,25 +125,28 @@ class TurnRunner:
     def _call_stage0(self, turn: TurnRun, prompt: str, kind: str) -> None:
         """Make the turn's Stage0 engine call now (:func:`start_eagerly`): the ephemeral
         request's first ``__anext__`` (gated: its output waits for the submit intent), the
-        resident stream's open or update. Failures surface where the turn reads them."""
+        resident stream's open or update. Failures surface where the turn reads them — also a
+        port method that raises at once (``open_stream`` of a dead engine): the turn fails
+        with it (D14), the command does not raise."""
+        try:
+            self._stage0_call(turn, prompt, kind)
+        except Exception as exc:  # noqa: BLE001 - the turn's task fails the turn with it (D14)
+            turn.stage0 = None
+            turn.first = asyncio.get_running_loop().create_future()
+            turn.first.set_exception(exc)
+
+    def _stage0_call(self, turn: TurnRun, prompt: str, kind: str) -> None:
         port0 = self.ports[0]
         budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
         params = generation_params(self.config, budget)
         if not self.resident:
             turn.stage0 = self.log.gated(port0.generate(turn.request_id, prompt, params))
             turn.first = start_eagerly(turn.stage0.__anext__())
-            return
-        segment = StreamSegment(prompt, params)
-        if kind != "initial":
-            turn.first = start_eagerly(port0.update_stream(turn.request_id, segment))
-            return
-        try:
-            stream = port0.open_stream(turn.request_id, segment)  # may raise at once (engine dead)
-        except Exception as exc:  # noqa: BLE001 - the turn's task fails the turn with it (D14)
-            turn.first = asyncio.get_running_loop().create_future()
-            turn.first.set_exception(exc)
-            return
-        self.stream.open(turn.request_id, self.log.gated(stream))
+        elif kind != "initial":
+            turn.first = start_eagerly(port0.update_stream(turn.request_id, segment=StreamSegment(prompt, params)))
+        else:
+            stream = port0.open_stream(turn.request_id, StreamSegment(prompt, params))
+            self.stream.open(turn.request_id, self.log.gated(stream))
 
     @staticmethod
     def halt(turn: TurnRun | None) -> None:

@@ -125,13 +125,19 @@ class _Broken(RuntimeError):
     """Not a port error: a bug anywhere in the turn's task."""
 
 
-@pytest.mark.parametrize(("resident", "stage"), list(itertools.product((True, False), (0, 1))))
-async def test_any_exception_in_a_turn_task_ends_the_turn_on_the_error_path(tmp_path, resident, stage) -> None:
+@pytest.mark.parametrize(
+    ("resident", "stage", "at_call"), list(itertools.product((True, False), (0, 1), (False, True)))
+)
+async def test_any_exception_in_a_turn_task_ends_the_turn_on_the_error_path(tmp_path, resident, stage, at_call) -> None:
+    """``at_call``: the port method raises when called (before any iterator), else the
+    stream raises after its first item."""
     errors = _loop_errors()
     ports = _ports(2)
     make = ports[stage].open_stream if resident and stage == 0 else ports[stage].generate
 
     def failing(*args: Any) -> AsyncIterator[Any]:
+        if at_call:
+            raise _Broken("injected at call")
         inner = make(*args)
 
         async def items() -> AsyncIterator[Any]:
