@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from events.limits import storable_text
+
 
 class StagePortError(RuntimeError):
     """A port operation failed; ``request_id`` names the request when there is one."""
@@ -101,6 +103,13 @@ class StageChunk:
     received_ts: float
     num_prompt_tokens: int | None = None
     metrics: EngineMetrics | None = None
+
+    def __post_init__(self) -> None:
+        # At the door: model text that cannot be stored (a lone surrogate) becomes U+FFFD, so
+        # what the client sees and what the log keeps agree (DOMAIN §5.7 D12, docs/design.md).
+        text = storable_text(self.text_delta)
+        if text is not self.text_delta:
+            object.__setattr__(self, "text_delta", text)
 
 
 @dataclass(frozen=True, slots=True)

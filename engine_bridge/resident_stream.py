@@ -9,15 +9,20 @@ from collections.abc import AsyncIterator, Callable
 
 from engine_bridge.client_feed import ClientFeed
 from engine_bridge.eager import start_eagerly
-from engine_bridge.ports import StageChunk, StagePort, StagePortError
+from engine_bridge.ports import StageChunk, StagePort
 
 
 class ResidentStream:
     """``route(request_id)``: the chunk queue of the turn that owns ``request_id``'s current
-    segment, or None (the chunk is dropped: no turn reads it)."""
+    segment, or None (the chunk is dropped: no turn reads it). A failure of the stream
+    (StagePortError, or any exception) is put on that queue for the turn to fail with; with no turn it is
+    sent to the client as ``error`` ``stage_error``."""
 
     def __init__(
-        self, port: StagePort, feed: ClientFeed, route: Callable[[str], asyncio.Queue[StageChunk | None] | None]
+        self,
+        port: StagePort,
+        feed: ClientFeed,
+        route: Callable[[str], asyncio.Queue[StageChunk | Exception | None] | None],
     ) -> None:
         self.port = port
         self.feed = feed
@@ -49,11 +54,12 @@ class ResidentStream:
                 queue = self.route(request_id)
                 if queue is not None:
                     queue.put_nowait(chunk)
-        except StagePortError as exc:
+        except Exception as exc:  # noqa: BLE001 - a port error or any other: the turn fails with it
             queue = self.route(request_id)
             if queue is not None:
-                queue.put_nowait(None)
-            self.feed.send("error", code="stage_error", message=str(exc))
+                queue.put_nowait(exc)  # the turn fails with it: FailTurn (its code, D14, a new epoch)
+            else:
+                self.feed.send("error", code="stage_error", message=str(exc))
         finally:
             if self.request_id == request_id:
                 self.request_id = None

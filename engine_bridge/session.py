@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine_bridge.cleanup import CleanupFailed, cleanup_id
 from engine_bridge.client_feed import ClientFeed
 from engine_bridge.conversation import Conversation
@@ -177,8 +179,9 @@ class Session:
 
     async def append_text(self, text: str, *, is_speech: bool = True, fence: Fence | None = None) -> None:
         """Append a text chunk (a transcript unit) to the input buffer. ``fence``: the fence the
-        client last saw; a stale one raises SessionError ``stale_fence``."""
-        fields = dict(input_kind="text", text=text, size_bytes=len(text.encode()))
+        client last saw; a stale one raises SessionError ``stale_fence``. A text that cannot be
+        stored (a lone surrogate) raises SessionError ``invalid_input`` naming the field (D12)."""
+        fields = dict(input_kind="text", text=text, size_bytes=len(text.encode("utf-8", "surrogatepass")))
         await self._command("append", lambda: Append(time.time(), fields, text, is_speech, fence))
 
     async def append_audio(
@@ -214,8 +217,11 @@ class Session:
         """input_audio_buffer.commit. Returns the commit action taken: START_AUTO_RESPONSE,
         COMMIT_ONLY, DEFER_ACTIVE_RESPONSE or LISTEN (silent commit). Raises SessionError
         ``input_audio_buffer_empty`` on an empty buffer, ``runtime_append_failed`` when the
-        stale id's abort failed (R3), ``prompt_too_long`` when the model refuses the prompt,
-        ``stale_fence`` for a ``fence`` of another incarnation or an older epoch."""
+        stale id's abort failed (R3), ``stale_fence`` for a ``fence`` of another incarnation or
+        an older epoch. What the engine does with the prompt is not raised (the commit was
+        accepted): a prompt the model refuses or a dead engine fails the turn — the client gets
+        ``error`` (``prompt_too_long``, ``engine_dead``, ``stage_error``) then ``response.done``
+        reason ``error`` when a response was created (D14), and the log finalizes it ``error``."""
         c = self.conversation
         return await self._command(
             "commit",
@@ -309,7 +315,9 @@ class Session:
     async def _command(self, name: str, command: Callable[[], Any]) -> Any:
         """Decide and execute one client command under the session's lock. ``command`` builds
         it inside the lock (what it observes is current). A cleanup the command needed that
-        failed refuses it (``runtime_append_failed``, R3)."""
+        failed refuses it (``runtime_append_failed``, R3). Input that cannot be stored (a lone
+        surrogate in a text, DOMAIN §5.7 D12) raises SessionError ``invalid_input`` naming
+        the field; nothing is recorded (the events are built before any is applied)."""
         if self.taken_over:
             raise SessionError(
                 "session_taken_over",
@@ -320,6 +328,9 @@ class Session:
             run = _Execution(name, self.runner.active)
             try:
                 return await self._run(command(), run)
+            except ValidationError as exc:  # the client's input cannot be an event (D12): refused
+                fields = "; ".join(f"field {'.'.join(map(str, e['loc']))!r}: {e['msg']}" for e in exc.errors())
+                raise SessionError("invalid_input", f"{name}: {fields}", session_id=self.session_id) from exc
             except CleanupFailed as exc:
                 return await self._run(CleanupRefused(time.time(), name, exc.request_id, str(exc)), run)
 

@@ -84,16 +84,14 @@ class _Gated:
     def __aiter__(self) -> _Gated:
         return self
 
-    def __anext__(self) -> Any:
-        if self._log._ahead is None and not self._wait_first:
-            return self._stream.__anext__()  # nothing pending: no extra frame per item
-        return self._next()
-
-    async def _next(self) -> Any:
+    async def __anext__(self) -> Any:
         if self._wait_first:  # strict: the engine call (first item) waits for the intent
             self._wait_first = False
             await self._durable()
         item = await self._stream.__anext__()
+        # Checked when the item is about to be handed on, not when it was asked for: a reader
+        # parked in the engine's stream (the resident pump) waits through intents started
+        # meanwhile (the next turn's update), so every intent started before it is in.
         if self._log._ahead is not None:
             await self._durable()
         return item
@@ -253,8 +251,8 @@ class SessionLog:
     def gated(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
         """``stream`` (an engine call's outputs), each item handed on only once every intent
         started so far is durable (:meth:`durable`). When that commit fails, ``stream`` is
-        closed (vLLM aborts the request) and SessionLogBroken raised. With no intent pending an
-        item costs one attribute test (the stream's own awaitable is handed out)."""
+        closed (vLLM aborts the request) and SessionLogBroken raised. The test is made when an
+        item has arrived (after the wait), so intents started while the reader waited count."""
         return _Gated(self, stream, wait_first=not self.pipelined)
 
     def emit_later(self, *events: EventBase) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,6 +36,8 @@ from projections.session_rules import (
     TurnRef,
 )
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class TurnRun:
@@ -45,7 +48,8 @@ class TurnRun:
     speak: bool
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
-    chunks: asyncio.Queue[StageChunk | None] = field(default_factory=asyncio.Queue)
+    # What the resident pump routes to the turn: a chunk, the stream's failure, or None (ended).
+    chunks: asyncio.Queue[StageChunk | Exception | None] = field(default_factory=asyncio.Queue)
     text: list[str] = field(default_factory=list)
     outputs: OutputCoalescer | None = None  # the stage currently streaming
     # The Stage0 engine call, started eagerly by TurnRunner.start (inside the command's step):
@@ -98,7 +102,7 @@ class TurnRunner:
         self.idle.set()
         self.stream = ResidentStream(ports[0], feed, self._route)
 
-    def _route(self, request_id: str) -> asyncio.Queue[StageChunk | None] | None:
+    def _route(self, request_id: str) -> asyncio.Queue[StageChunk | Exception | None] | None:
         turn = self.active
         return turn.chunks if turn is not None and turn.request_id == request_id else None
 
@@ -121,19 +125,28 @@ class TurnRunner:
     def _call_stage0(self, turn: TurnRun, prompt: str, kind: str) -> None:
         """Make the turn's Stage0 engine call now (:func:`start_eagerly`): the ephemeral
         request's first ``__anext__`` (gated: its output waits for the submit intent), the
-        resident stream's open or update. Failures surface where the turn reads them."""
+        resident stream's open or update. Failures surface where the turn reads them — also a
+        port method that raises at once (``open_stream`` of a dead engine): the turn fails
+        with it (D14), the command does not raise."""
+        try:
+            self._stage0_call(turn, prompt, kind)
+        except Exception as exc:  # noqa: BLE001 - the turn's task fails the turn with it (D14)
+            turn.stage0 = None
+            turn.first = asyncio.get_running_loop().create_future()
+            turn.first.set_exception(exc)
+
+    def _stage0_call(self, turn: TurnRun, prompt: str, kind: str) -> None:
         port0 = self.ports[0]
         budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
         params = generation_params(self.config, budget)
         if not self.resident:
             turn.stage0 = self.log.gated(port0.generate(turn.request_id, prompt, params))
             turn.first = start_eagerly(turn.stage0.__anext__())
-            return
-        segment = StreamSegment(prompt, params)
-        if kind == "initial":
-            self.stream.open(turn.request_id, self.log.gated(port0.open_stream(turn.request_id, segment)))
+        elif kind != "initial":
+            turn.first = start_eagerly(port0.update_stream(turn.request_id, segment=StreamSegment(prompt, params)))
         else:
-            turn.first = start_eagerly(port0.update_stream(turn.request_id, segment))
+            stream = port0.open_stream(turn.request_id, StreamSegment(prompt, params))
+            self.stream.open(turn.request_id, self.log.gated(stream))
 
     @staticmethod
     def halt(turn: TurnRun | None) -> None:
@@ -201,9 +214,9 @@ class TurnRunner:
             await self._talk(turn)
             self.conversation.remember(turn.user_text, turn.answer())
             await self._run(EndTurn(time.time(), turn.ref, turn.answer(), finish_reason), turn)
-        except StagePortError as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure ends the turn on D14's error path
             if not turn.cancelled:
-                await self._run(FailTurn(time.time(), turn.ref, type(exc).__name__, str(exc), turn.answer()), turn)
+                await self._fail(turn, exc)
         finally:
             self.log.release_held()
             if self.active is turn:
@@ -212,6 +225,26 @@ class TurnRunner:
                 await self._on_done()
             if self.active is None:
                 self.idle.set()
+
+    async def _fail(self, turn: TurnRun, exc: Exception) -> None:
+        """The turn failed (a port error, or anything else its task raised): it finishes
+        ``error`` in the log and the client gets ``error`` then ``response.done`` (D14). When
+        even that cannot be recorded (the log is broken), the client is told all the same."""
+        if not isinstance(exc, StagePortError):
+            logger.error("session %s: turn %s failed", self.log.session_id, turn.request_id, exc_info=exc)
+        try:
+            await self._run(FailTurn(time.time(), turn.ref, type(exc).__name__, str(exc), turn.answer()), turn)
+        except Exception as failure:  # noqa: BLE001 - nothing more can be written: tell the client
+            logger.error("session %s: failing turn %s failed", self.log.session_id, turn.request_id, exc_info=failure)
+            self.feed.send("error", code="internal_error", message=f"{type(exc).__name__}: {exc}")
+            if turn.ref.response_id is not None:
+                self.feed.send(
+                    "response.done",
+                    response_id=turn.ref.response_id,
+                    reason="error",
+                    finish_reason="error",
+                    text=turn.answer(),
+                )
 
     async def _stage0_chunks(self, turn: TurnRun) -> AsyncIterator[StageChunk]:
         """The outputs of the Stage0 call :meth:`_call_stage0` made."""
@@ -230,6 +263,8 @@ class TurnRunner:
             routed = await turn.chunks.get()
             if routed is None:
                 return
+            if isinstance(routed, Exception):
+                raise routed  # the resident stream failed (prompt too long, engine dead)
             yield routed
             if routed.segment_done or routed.finished:
                 return

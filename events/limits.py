@@ -29,6 +29,19 @@ MAX_POSITION = 2**63 - 1  # a log position (and a stream version) is a signed 64
 MAX_DEPTH = 32  # lists/dicts inside a free-form field: deeper cannot be read back on every path
 
 
+def storable_text(text: str) -> str:
+    """``text`` with every code point UTF-8 cannot encode (a lone surrogate, ``"\\ud800"``)
+    replaced by U+FFFD, else ``text`` itself. For text the engine produced (model outputs),
+    which is stored as it came save for these: DOMAIN §5.7 D12."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+    return text
+
+
 def check_value(value: Any, where: str = "", depth: int = 0) -> Any:
     """Return ``value`` unchanged when it is storable, else raise ValueError saying why.
 

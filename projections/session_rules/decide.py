@@ -575,7 +575,9 @@ def _(command: EndTurn, state: SessionState) -> list[Step]:
 def _(command: FailTurn, state: SessionState) -> list[Step]:
     """A stage port refused or lost the request: it finishes ``error``, its response is
     finalized ``error``, the commit is refused (logged, told; not raised: the work was
-    already accepted), ``response.done`` follows its error (D14), and its keys are released."""
+    already accepted), ``response.done`` follows its error (D14), and its keys are released.
+    A resident request's stream is gone with it: the session moves to a new epoch and holds
+    the new epoch's id, so no id is opened twice (DOMAIN §2.1, R8)."""
     t, ts, sid = command.turn, command.ts, state.session_id
     events: list[Any] = [
         StageRequestFinished(session_id=sid, ts=ts, stage_id=0, request_id=t.request_id, finish_reason="error")
@@ -599,7 +601,11 @@ def _(command: FailTurn, state: SessionState) -> list[Step]:
         for stage_id in (0, 1)
         if state.binding(t.request_id, stage_id) is not None
     )
-    return [*steps, Record(released)] if released else steps
+    if released:
+        steps.append(Record(released))
+    if state.resident:  # the stream is gone with its id: the next turn opens a new one, new epoch
+        steps += [ForgetStream(), Then(AdvanceEpoch(ts)), Then(Reserve(ts))]
+    return steps
 
 
 @_rule.register
