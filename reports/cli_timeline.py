@@ -2,7 +2,8 @@
 
 Reads the session's stored events (any ledger: a live deployment's database, a copied SQLite
 file, an imported JSONL export) and writes ``reports.timeline``'s plotly page. Needs neither
-vllm nor torch; the page needs no network. Exit 0, or 2 for a missing ledger, a session the
+vllm nor torch; the page needs no network. Exit 0, 1 when the log's hash chain is broken up to
+the session's last event (after writing the page), or 2 for a missing ledger, a session the
 log does not hold, or an unwritable output.
 """
 
@@ -12,19 +13,22 @@ from pathlib import Path
 
 import typer
 
+from events.chain_walk import ChainFault, chain_fault
 from events.records import StoredEvent
 from events.store.store import EventStore
-from reports.cli_errors import UnknownSession, checked_url, run
+from reports.cli_errors import UnknownSession, checked_url, exit_if_tampered, run
 from reports.cli_projections import DB_HELP
 
 
-async def session_events(db: str | None, session: str) -> list[StoredEvent]:
-    """The session's events in log order; raises UnknownSession when the log has none."""
+async def session_events(db: str | None, session: str) -> tuple[list[StoredEvent], ChainFault | None]:
+    """The session's events in log order, with the first fault of the log's hash chain up to
+    the session's last event (None: intact); raises UnknownSession when the log has none."""
     async with await EventStore.open(db, read_only=True) as store:
         events = await store.read_stream(session)
+        fault = await chain_fault(store, events[-1].position) if events else None
     if not events:
         raise UnknownSession(f"no session {session!r} in the log")
-    return events
+    return events, fault
 
 
 def timeline(
@@ -38,13 +42,14 @@ def timeline(
     from reports.timeline import write_timeline
 
     url = checked_url(db)
-    events = run(lambda: session_events(url, session), url)
+    events, fault = run(lambda: session_events(url, session), url)
     try:
         size = write_timeline(events, output)
     except OSError as exc:
         typer.echo(f"error: cannot write {output}: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"wrote {output} ({size / 1024:.0f} KiB, {len(events)} events of session {session!r})")
+    exit_if_tampered(fault, url)
 
 
 def register(app: typer.Typer) -> None:
