@@ -222,9 +222,14 @@ class ProjectionRunner:
         # Every row folded below is chain-checked first (one walk, events.chain_walk): a file
         # whose events were edited is served, in memory, as the edited log's account, and the
         # caller reports ``chain_fault`` (exit 1, as ``verify``).
-        self.chain_fault = await chain_fault(self.store, head)
+        # The walk (a thread, SQLite) runs while the fold to the checkpoint is done (worker
+        # processes for a large SQLite log); nothing is written before its verdict.
+        checking = asyncio.ensure_future(chain_fault(self.store, head))
         at = min(found.checkpoint[0], head) if found.checkpoint is not None else 0
-        fresh = await self.fresh_fold(at)
+        try:
+            fresh = await self.fresh_fold(at)
+        finally:
+            self.chain_fault = await checking
         log_hash = await self.store.run_read(readmodels.log_hash_at, at) if at else b""
         # A checkpoint of another fold version is compared like any other (consistency.compare
         # names it): its version never leads to a rewrite or a skipped comparison.
