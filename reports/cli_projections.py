@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import time
 from collections.abc import Callable
 from enum import Enum
 from typing import Annotated
@@ -41,7 +43,7 @@ from projections.findings import Finding
 from projections.projector import Projector
 from projections.runner import ProjectionRunner, project_as_of
 from projections.turn_tables import TurnTables
-from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, exit_if_tampered, run
+from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, exit_if_tampered, fail, run, say
 from reports.printable import printable
 from reports.render_formats import render_csv, render_json, render_markdown
 from reports.render_text import render_tables_text
@@ -143,21 +145,37 @@ def audit(
         None, "--until-position", min=0, max=MAX_POSITION, help="Audit the log as of this position (time travel)."
     ),
     fmt: AuditFormat = typer.Option(AuditFormat.text, "--format", help="text or json."),
+    now: str | None = typer.Option(
+        None,
+        "--now",
+        help="The time idle ids are judged at: epoch seconds, or 'wall' for this machine's clock "
+        "(a crashed deployment's log). Default: the ts of the last event folded (reproducible).",
+    ),
 ) -> None:
     """Find leaked engine request ids, with the log positions that prove each leak.
 
-    Exit 0 when clean, 1 when leaks were found (warnings alone do not fail), 2 on usage or
-    data errors (a missing ledger file, a --session the log does not hold) — so it can gate
-    a deployment.
+    Exit 0 when clean, 1 when leaks were found (warnings alone do not fail) or the log's hash
+    chain is broken (stderr says which), 2 on usage or data errors (a missing ledger file, a
+    --session the log does not hold, a bad --now) — so it can gate a deployment. Open
+    sessions still holding engine ids at the end of the log that are not leaks as of "now"
+    (a crashed deployment's, with the default "now") are listed: JSON ``held_at_end``, text a
+    note on stderr.
     """
     url = checked_url(db)
+    as_of_ts = _now(now)
     projector, position, fault = run(lambda: _projected(url, until_position, session), url)
-    findings = [f for f in projector.findings(max_idle) if session is None or f.session_id == session]
+    findings = [f for f in projector.findings(max_idle, as_of_ts) if session is None or f.session_id == session]
     leaks = [f for f in findings if f.severity == "leak"]
     warnings = [f for f in findings if f.severity == "warning"]
     running = projector.resources.running(session)
     held = projector.resources.held(session)
     replicas = run(lambda: _replicas_of(url, {f.session_id for f in findings}, until_position), url) if findings else {}
+    leaking = {f.session_id for f in leaks}
+    held_at_end = [
+        {"session_id": sid, "held": n, "last_position": pos, "last_ts": ts}
+        for sid, n, pos, ts in projector.resources.held_at_end()
+        if sid not in leaking and (session is None or sid == session)
+    ]
     if fmt is AuditFormat.json:
 
         def doc(f: Finding) -> dict[str, object]:
@@ -175,6 +193,7 @@ def audit(
                     "tampered": None if fault is None else dataclasses.asdict(fault),
                     "leaks": [doc(f) for f in leaks],
                     "warnings": [doc(f) for f in warnings],
+                    "held_at_end": held_at_end,
                 },
                 indent=2,
             )
@@ -192,8 +211,32 @@ def audit(
             highlight=False,
             markup=False,
         )
+        as_of = "the last event's ts" if as_of_ts is None else f"--now {as_of_ts:.6f}"
+        for h in held_at_end:
+            say(
+                f"note: session {h['session_id']} still holds {h['held']} engine id(s) at the end of the log "
+                f"(position {h['last_position']}, ts {h['last_ts']:.6f}; possibly crashed): not a leak as of "
+                f"{as_of} with --max-idle {max_idle:g}; `--now wall` judges it against this machine's clock",
+                url,
+            )
     exit_if_tampered(fault, url)
     raise typer.Exit(1 if leaks else 0)
+
+
+def _now(value: str | None) -> float | None:
+    """``--now``: None (the last event's ts), ``wall`` (``time.time()``, epoch s) or epoch
+    seconds; exits 2 for anything else."""
+    if value is None:
+        return None
+    if value == "wall":
+        return time.time()
+    try:
+        ts = float(value)
+    except ValueError:
+        fail(f"--now must be epoch seconds or 'wall', got {value!r}")
+    if not math.isfinite(ts) or ts < 0:
+        fail(f"--now must be finite epoch seconds >= 0, got {value!r}")
+    return ts
 
 
 async def _turns(
