@@ -18,6 +18,7 @@ A :class:`Digest` is what ``duplex-ledger digest`` prints for the operator to ke
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -290,12 +291,35 @@ def walker_of(found: Sequence[Segment], head: int) -> ChainWalker | None:
     return walker
 
 
-async def walk_log(store: Any, batch_size: int = 10_000) -> tuple[Digest, ChainFault | None]:
-    """Check the whole chain of ``store`` (an ``EventStore``: its ``read_row_batches``) and
-    return the head's digest with the first fault (None: intact). A digest of a tampered log
-    would vouch for the tampering, so the caller looks at the fault first."""
+async def walk_log(
+    store: Any, batch_size: int = 10_000, until_position: int | None = None
+) -> tuple[Digest, ChainFault | None]:
+    """Check the whole chain of ``store`` (an ``EventStore``: its ``read_row_batches``), or
+    its rows 1..``until_position``, and return the head's digest with the first fault (None:
+    intact). A digest of a tampered log would vouch for the tampering, so the caller looks at
+    the fault first."""
     walker = ChainWalker()
-    async for rows in store.read_row_batches(1, batch_size=batch_size):
+    async for rows in store.read_row_batches(1, until_position=until_position, batch_size=batch_size):
         if not walker.feed(rows):
             break
     return walker.digest(), walker.finish()
+
+
+async def chain_fault(store: Any, until_position: int) -> ChainFault | None:
+    """The first fault of the chain of rows 1..``until_position`` of ``store`` (an
+    ``EventStore``), None when intact: what a reader that folds those rows checks first
+    (``audit``, ``tables``, ``metrics``, ``timeline``, ``events export``; README "Reading an
+    untrusted ledger"). A SQLite log is checked with plain ``sqlite3`` on a thread
+    (:func:`check_sqlite_segment`, no driver overhead); a broken one, or a PostgreSQL log, is
+    walked in order (:func:`walk_log`), which names the fault."""
+    if until_position <= 0:
+        return None
+    if store.backend_name == "sqlite":
+        from events.store.url import sqlite_path
+
+        path = sqlite_path(store.url)
+        if path.name not in ("", ":memory:"):
+            segment = await asyncio.to_thread(check_sqlite_segment, str(path.resolve()), 1, until_position)
+            if segment.intact:
+                return None
+    return (await walk_log(store, until_position=until_position))[1]

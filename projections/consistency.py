@@ -119,20 +119,34 @@ def compare(
     ``log_hash``: the log's chain hash at the checkpoint position. The checkpoint row itself
     is checked first (:func:`_checkpoint_fault`), so a deleted, moved or swapped checkpoint is
     named as the checkpoint, not as the read-model rows a fold at its position disagrees with."""
+    if found.checkpoint is not None and found.checkpoint[1] != fold_version:
+        # Derived state that does not match this build (or a version number edited to make a
+        # reader skip the comparison): the rows are compared all the same, and the version is
+        # named whether they differ or not.
+        version = f"the checkpoint says fold version {found.checkpoint[1]!r}, this code folds version {fold_version}"
+        rows = _diff_models(found, fresh, max_idle_s)
+        if rows is not None:
+            return Mismatch(rows.what, rows.key, f"{rows.detail} ({version})")
+        return Mismatch("checkpoint", "", f"{version}: derived state that does not match this build")
     fault, sealed = _checkpoint_fault(found, fold_version, log_hash)
     if fault is not None:
         return fault
+    mismatch = _diff_models(found, fresh, max_idle_s)
+    if mismatch is not None or sealed is None:
+        return mismatch
+    return _diff_state(sealed.state, fresh.projector)
+
+
+def _diff_models(found: StoredModels, fresh: FreshFold, max_idle_s: float) -> Mismatch | None:
+    """The first read-model row of ``found`` that differs from ``fresh``'s."""
     projector = fresh.projector
     resources = readmodels.resource_rows(projector.resources, sorted(projector.resources.sessions))
     findings = readmodels.finding_rows(projector.findings(max_idle_s))
-    mismatch = (
+    return (
         _diff_rows("rm_turn_tables", ("session_id", "response_id"), found.turns, fresh.turn_rows)
         or _diff_rows("rm_request_resources", ("session_id", "stage_id", "request_id"), found.resources, resources)
         or _diff_rows("rm_audit_findings", ("finding_no",), found.findings, findings)
     )
-    if mismatch is not None or sealed is None:
-        return mismatch
-    return _diff_state(sealed.state, projector)
 
 
 def _checkpoint_fault(

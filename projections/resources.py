@@ -812,6 +812,18 @@ class ResourcesFold:
         )
         return sum(len({k[1] for k in s.bindings}) for s in sessions)
 
+    def held_at_end(self) -> list[tuple[str, int, int, float]]:
+        """Open sessions that still hold engine ids at the current point (the end of the log
+        folded): ``(session_id, ids held, last position, last ts in s)``, by session id. A
+        crashed deployment's sessions look like this: nothing after their last event, so with
+        "now" the last event's ts (DOMAIN §0) they are not idle yet (§4.2 orphans need
+        ``max_idle_s`` of silence)."""
+        return [
+            (s.session_id, len({k[1] for k in s.bindings}), s.last_position, s.last_ts)
+            for _, s in sorted(self.sessions.items())
+            if s.closed_at is None and s.bindings
+        ]
+
     def running(self, session_id: str | None = None) -> int:
         """Running ids (distinct, submitted, not finished/aborted/released), per session or global."""
         if session_id is not None:

@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from events.chain_walk import walk_log
+from events.chain_walk import ChainFault, chain_fault
 from events.gc_pause import gc_paused
 from events.records import StoredEvent
 from events.store.store import EventStore
@@ -72,6 +72,8 @@ class ProjectionRunner:
         # Turn rows of a fold served from memory (derived state found in the file differed):
         # :meth:`turn_tables` reads them instead of the file's read model.
         self.served_turn_rows: list[dict[str, Any]] | None = None
+        # The first fault of the log's hash chain :meth:`checked_catch_up` found (None: intact).
+        self.chain_fault: ChainFault | None = None
 
     async def _run_write(self, fn, *args):  # type: ignore[no-untyped-def]
         return await self.store.run_write(fn, *args)
@@ -212,20 +214,25 @@ class ProjectionRunner:
         never the stored state, is what the runner continues from. When they differ (an edited
         or deleted read-model row, a forged checkpoint…) ``note`` says what differs and nothing
         is written: the whole log is folded in memory and the file keeps its evidence for
-        ``verify``. Returns the new position (the head)."""
+        ``verify``. The log's hash chain is checked first (:func:`events.chain_walk.chain_fault`,
+        every row folded): on a fault (kept in :attr:`chain_fault` for the caller to report)
+        nothing is written either. Returns the new position (the head)."""
         found = await self.store.run_read(consistency.load_models)
-        if found.checkpoint is not None and found.checkpoint[1] != FOLD_VERSION:
-            self.note(
-                f"the read models were built by fold version {found.checkpoint[1]} (this code: "
-                f"{FOLD_VERSION}); rebuilding them from the log"
-            )
-            await self._run_write(readmodels.clear_read_models)
-            self.projector, self.position = Projector(), 0
-            return await self.catch_up(progress)
         head = await self.store.head_position()
+        # Every row folded below is chain-checked first (one walk, events.chain_walk): a file
+        # whose events were edited is served, in memory, as the edited log's account, and the
+        # caller reports ``chain_fault`` (exit 1, as ``verify``).
+        # The walk (a thread, SQLite) runs while the fold to the checkpoint is done (worker
+        # processes for a large SQLite log); nothing is written before its verdict.
+        checking = asyncio.ensure_future(chain_fault(self.store, head))
         at = min(found.checkpoint[0], head) if found.checkpoint is not None else 0
-        fresh = await self.fresh_fold(at)
+        try:
+            fresh = await self.fresh_fold(at)
+        finally:
+            self.chain_fault = await checking
         log_hash = await self.store.run_read(readmodels.log_hash_at, at) if at else b""
+        # A checkpoint of another fold version is compared like any other (consistency.compare
+        # names it): its version never leads to a rewrite or a skipped comparison.
         mismatch = consistency.compare(
             found, fresh, fold_version=FOLD_VERSION, log_hash=log_hash or b"", max_idle_s=self.max_idle_s
         )
@@ -234,20 +241,15 @@ class ProjectionRunner:
                 "checkpoint", "", f"position {found.checkpoint[0]} is beyond the log's head {head}"
             )
         self.projector, self.position = fresh.projector, at
-        if mismatch is not None:
+        if mismatch is not None or self.chain_fault is not None:
             # Evidence is kept: the file is left as found, and what is served is a fold of the
-            # log in memory. The log itself may be what was edited: its chain says so.
-            _, fault = await walk_log(self.store, self.batch_size)
-            if fault is not None:
+            # log in memory.
+            if mismatch is not None:
                 self.note(
-                    f"the log's hash chain is broken at {fault}: the events themselves were edited, "
-                    "so what follows is the edited log's account; keep the file as evidence"
+                    f"derived state in the ledger differs from its log: {mismatch}; it is ignored and left "
+                    "as found (evidence: run `duplex-ledger verify`; `rebuild` rewrites it); served from a "
+                    "fresh fold of the log"
                 )
-            self.note(
-                f"derived state in the ledger differs from its log: {mismatch}; it is ignored and left "
-                "as found (evidence: run `duplex-ledger verify`; `rebuild` rewrites it); served from a "
-                "fresh fold of the log"
-            )
             whole = consistency.FreshFold(head, fresh.projector, fresh.turn_rows)  # on from `at`, in memory
             async for rows in self.store.read_row_batches(at + 1, until_position=head, batch_size=self.batch_size):
                 whole.feed(rows)

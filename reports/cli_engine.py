@@ -277,7 +277,7 @@ def _live_run(
     cli_projections.tables(db=url, session=None, response=None, until_position=None, fmt=TablesFormat.text)
     typer.echo(AUDIT_MARK)
     try:
-        cli_projections.audit(db=url, session=None, max_idle=30.0, until_position=None, fmt=AuditFormat.text)
+        cli_projections.audit(db=url, session=None, max_idle=30.0, until_position=None, fmt=AuditFormat.text, now=None)
         code = 0
     except typer.Exit as exc:
         code = exc.exit_code

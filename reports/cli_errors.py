@@ -11,6 +11,10 @@ Exit codes (the same error gives the same code from every command):
   system failed, a lock could not be had, or anything unexpected (the message names the
   exception; ``DUPLEX_LEDGER_DEBUG=1`` shows its traceback). ``audit`` also exits 1 for
   leaks; its error line on stderr tells the two apart.
+* **1 — tampered**: a command that folds or exports the log's events (``audit``, ``tables``,
+  ``metrics``, ``timeline``) found its hash chain broken; it prints its output (the edited
+  log's account), then one line on stderr naming the first bad position and what is wrong
+  (:func:`exit_if_tampered`), as ``verify`` does.
 
 Every message is one line per problem on stderr, printed without rich markup (user data such
 as ``--session '[/]'`` is text, not markup), with characters the terminal cannot encode
@@ -33,12 +37,14 @@ from events.store.url import redact, scrub
 from reports.printable import printable
 
 if TYPE_CHECKING:
+    from events.chain_walk import ChainFault
     from events.store.store import EventStore
 
 T = TypeVar("T")
 MAX_IDLE_S = 366 * 86400.0  # --max-idle: a year; more is a typo, not a policy
 REJECTED = 2
 OPERATIONAL = 1
+TAMPERED = 1
 DEBUG_ENV = "DUPLEX_LEDGER_DEBUG"
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -120,6 +126,16 @@ def report(exc: BaseException, url: str | None = None) -> NoReturn:
     for line in describe(exc, url):
         say(line, url)
     raise typer.Exit(exit_code(exc))
+
+
+def exit_if_tampered(fault: ChainFault | None, url: str | None = None) -> None:
+    """Nothing for an intact chain (``fault`` None); else one line on stderr naming the first
+    bad position and what is wrong, and exit 1 (tampered). Called after the command's output,
+    so what the edited log says is still shown."""
+    if fault is not None:
+        say(f"TAMPERED: the log's hash chain is broken at {fault} (the output above is the edited log's "
+            "account; run `duplex-ledger verify`)", url)  # fmt: skip
+        raise typer.Exit(TAMPERED)
 
 
 def checked_url(db: str | None) -> str:

@@ -3,7 +3,8 @@
 The same fold the live engine feeds (``projections.metrics`` through ``engine_bridge.prometheus``)
 runs over the stored events, so a log gives the samples the live ``/metrics`` showed for it
 (``running_counter_drift`` needs live engines and is left out). Needs neither vllm nor torch.
-Exit 0, or 2 for a missing ledger or a data error.
+Exit 0, 1 when the log's hash chain is broken (after the output: the edited log's account),
+or 2 for a missing ledger or a data error.
 """
 
 from __future__ import annotations
@@ -11,20 +12,32 @@ from __future__ import annotations
 import typer
 
 from engine_bridge.prometheus import LedgerMetrics
+from events.chain_walk import ChainFault, chain_fault
 from events.limits import MAX_POSITION
 from events.store.store import EventStore
 from projections.metrics import SessionRollup
-from reports.cli_errors import MAX_IDLE_S, checked_url, run
+from reports.cli_errors import MAX_IDLE_S, checked_url, exit_if_tampered, run
 from reports.cli_projections import DB_HELP
 
 
 async def project_metrics(db: str | None, until_position: int | None = None, max_idle_s: float = 30.0) -> LedgerMetrics:
     """Fold the log (up to ``until_position``) into a fresh :class:`LedgerMetrics`."""
+    return (await _fold(db, until_position, max_idle_s, check_chain=False))[0]
+
+
+async def _fold(
+    db: str | None, until_position: int | None, max_idle_s: float, *, check_chain: bool
+) -> tuple[LedgerMetrics, ChainFault | None]:
+    """(the metrics folded up to ``until_position``, the first fault of the hash chain of the
+    rows folded — checked only when ``check_chain``; None: intact or not checked)."""
     metrics = LedgerMetrics(max_idle_s=max_idle_s)
     async with await EventStore.open(db, read_only=True) as store:
-        async for stored in store.read_all(0, until_position=until_position, as_structs=True):
+        head = await store.head_position()
+        until = head if until_position is None else min(until_position, head)
+        fault = await chain_fault(store, until) if check_chain else None
+        async for stored in store.read_all(0, until_position=until, as_structs=True):
             metrics.apply(stored)
-    return metrics
+    return metrics, fault
 
 
 def metrics(
@@ -39,9 +52,10 @@ def metrics(
     """Print the Prometheus exposition (vllm_omni:* and duplex_ledger:* families) re-projected
     from the log: the samples the live engine's /metrics gives for the same events."""
     url = checked_url(db)
-    result = run(lambda: project_metrics(url, until_position, max_idle), url)
+    result, fault = run(lambda: _fold(url, until_position, max_idle, check_chain=True), url)
     text = result.exposition()
     typer.echo(text, nl=not text.endswith("\n"))
+    exit_if_tampered(fault, url)
 
 
 def register(app: typer.Typer) -> None:

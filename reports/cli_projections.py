@@ -8,7 +8,12 @@ without checking them against a fresh fold of its log
 is named on stderr and ignored, and the file is left as found (the evidence stays for
 ``verify``; ``rebuild`` rewrites it) — the output is the log's, whatever the file holds.
 
-Exit codes (:mod:`reports.cli_errors`): ``audit`` 0 clean, 1 leaks found; every command 2 for
+Every row folded is hash-chain checked first (:func:`events.chain_walk.chain_fault`): on a
+broken chain the output is printed (the edited log's account, folded in memory, nothing
+written), then a ``TAMPERED`` line on stderr names the first bad position, and the exit is 1.
+
+Exit codes (:mod:`reports.cli_errors`): ``audit`` 0 clean, 1 leaks found or the log tampered
+(JSON: ``"tampered"`` is null or the fault; stderr tells which); every command 2 for
 rejected input (bad URL, missing or foreign file, schema at another revision, unknown
 ``--session``) and 1 for an operational failure (database unreachable…), with one line on
 stderr. A file that is not a ledger is inspected read-only and left byte-identical.
@@ -16,7 +21,10 @@ stderr. A file that is not a ledger is inspected read-only and left byte-identic
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import time
 from collections.abc import Callable
 from enum import Enum
 from typing import Annotated
@@ -27,7 +35,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from events.chain_walk import walk_log
+from events.chain_walk import ChainFault, chain_fault, walk_log
 from events.limits import MAX_POSITION
 from events.store.owners import session_lifecycles
 from events.store.store import EventStore
@@ -35,7 +43,7 @@ from projections.findings import Finding
 from projections.projector import Projector
 from projections.runner import ProjectionRunner, project_as_of
 from projections.turn_tables import TurnTables
-from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, run
+from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, exit_if_tampered, fail, run, say
 from reports.printable import printable
 from reports.render_formats import render_csv, render_json, render_markdown
 from reports.render_text import render_tables_text
@@ -59,19 +67,22 @@ class TablesFormat(str, Enum):  # noqa: UP042 - typer's choice type
     markdown = "markdown"
 
 
-async def _projected(db: str | None, until_position: int | None, session: str | None = None) -> tuple[Projector, int]:
+async def _projected(
+    db: str | None, until_position: int | None, session: str | None = None
+) -> tuple[Projector, int, ChainFault | None]:
     """The projector at ``until_position`` (in memory; past the head it is the head, and the
-    position reported is the head's), or caught up and persisted. Raises UnknownSession for a
-    ``session`` the log does not hold."""
+    position reported is the head's), or caught up and persisted, with the first fault of the
+    hash chain of the rows folded (None: intact). Raises UnknownSession for a ``session`` the
+    log does not hold."""
     async with await EventStore.open(db) as store:
         await check_session(store, session)
         if until_position is not None:
             at = min(until_position, await store.head_position())
-            return await project_as_of(store, until_position=at), at
+            return await project_as_of(store, until_position=at), at, await chain_fault(store, at)
         runner = ProjectionRunner(store)
         position = await runner.checked_catch_up()
         assert runner.projector is not None
-        return runner.projector, position
+        return runner.projector, position, runner.chain_fault
 
 
 def short_detail(detail: str, limit: int = DETAIL_MAX) -> str:
@@ -134,21 +145,37 @@ def audit(
         None, "--until-position", min=0, max=MAX_POSITION, help="Audit the log as of this position (time travel)."
     ),
     fmt: AuditFormat = typer.Option(AuditFormat.text, "--format", help="text or json."),
+    now: str | None = typer.Option(
+        None,
+        "--now",
+        help="The time idle ids are judged at: epoch seconds, or 'wall' for this machine's clock "
+        "(a crashed deployment's log). Default: the ts of the last event folded (reproducible).",
+    ),
 ) -> None:
     """Find leaked engine request ids, with the log positions that prove each leak.
 
-    Exit 0 when clean, 1 when leaks were found (warnings alone do not fail), 2 on usage or
-    data errors (a missing ledger file, a --session the log does not hold) — so it can gate
-    a deployment.
+    Exit 0 when clean, 1 when leaks were found (warnings alone do not fail) or the log's hash
+    chain is broken (stderr says which), 2 on usage or data errors (a missing ledger file, a
+    --session the log does not hold, a bad --now) — so it can gate a deployment. Open
+    sessions still holding engine ids at the end of the log that are not leaks as of "now"
+    (a crashed deployment's, with the default "now") are listed: JSON ``held_at_end``, text a
+    note on stderr.
     """
     url = checked_url(db)
-    projector, position = run(lambda: _projected(url, until_position, session), url)
-    findings = [f for f in projector.findings(max_idle) if session is None or f.session_id == session]
+    as_of_ts = _now(now)
+    projector, position, fault = run(lambda: _projected(url, until_position, session), url)
+    findings = [f for f in projector.findings(max_idle, as_of_ts) if session is None or f.session_id == session]
     leaks = [f for f in findings if f.severity == "leak"]
     warnings = [f for f in findings if f.severity == "warning"]
     running = projector.resources.running(session)
     held = projector.resources.held(session)
     replicas = run(lambda: _replicas_of(url, {f.session_id for f in findings}, until_position), url) if findings else {}
+    leaking = {f.session_id for f in leaks}
+    held_at_end = [
+        {"session_id": sid, "held": n, "last_position": pos, "last_ts": ts}
+        for sid, n, pos, ts in projector.resources.held_at_end()
+        if sid not in leaking and (session is None or sid == session)
+    ]
     if fmt is AuditFormat.json:
 
         def doc(f: Finding) -> dict[str, object]:
@@ -163,8 +190,10 @@ def audit(
                     "running": running,
                     "held": held,
                     "clean": not leaks,
+                    "tampered": None if fault is None else dataclasses.asdict(fault),
                     "leaks": [doc(f) for f in leaks],
                     "warnings": [doc(f) for f in warnings],
+                    "held_at_end": held_at_end,
                 },
                 indent=2,
             )
@@ -182,27 +211,55 @@ def audit(
             highlight=False,
             markup=False,
         )
+        as_of = "the last event's ts" if as_of_ts is None else f"--now {as_of_ts:.6f}"
+        for h in held_at_end:
+            say(
+                f"note: session {h['session_id']} still holds {h['held']} engine id(s) at the end of the log "
+                f"(position {h['last_position']}, ts {h['last_ts']:.6f}; possibly crashed): not a leak as of "
+                f"{as_of} with --max-idle {max_idle:g}; `--now wall` judges it against this machine's clock",
+                url,
+            )
+    exit_if_tampered(fault, url)
     raise typer.Exit(1 if leaks else 0)
+
+
+def _now(value: str | None) -> float | None:
+    """``--now``: None (the last event's ts), ``wall`` (``time.time()``, epoch s) or epoch
+    seconds; exits 2 for anything else."""
+    if value is None:
+        return None
+    if value == "wall":
+        return time.time()
+    try:
+        ts = float(value)
+    except ValueError:
+        fail(f"--now must be epoch seconds or 'wall', got {value!r}")
+    if not math.isfinite(ts) or ts < 0:
+        fail(f"--now must be finite epoch seconds >= 0, got {value!r}")
+    return ts
 
 
 async def _turns(
     db: str | None, session: str | None, response: str | None, until_position: int | None
-) -> list[TurnTables]:
+) -> tuple[list[TurnTables], ChainFault | None]:
+    """The turns chosen, with the first fault of the hash chain of the rows folded."""
     async with await EventStore.open(db) as store:
         await check_session(store, session)
         if until_position is not None:
             projector = await project_as_of(store, until_position=until_position)
             turns = projector.turn_tables
+            fault = await chain_fault(store, min(until_position, await store.head_position()))
         else:
             runner = ProjectionRunner(store)
             await runner.checked_catch_up()
             turns = await runner.turn_tables(session, response)
+            fault = runner.chain_fault
     chosen = [
         t
         for t in turns
         if (session is None or t.session_id == session) and (response is None or t.response_id == response)
     ]
-    return chosen
+    return chosen, fault
 
 
 RENDERERS: dict[TablesFormat, Callable[[list[TurnTables]], str]] = {
@@ -240,7 +297,7 @@ def tables(
         typer.echo("error: --summary works with --format text or json", err=True)
         raise typer.Exit(2)
     url = checked_url(db)
-    turns = run(lambda: _turns(url, session, response, until_position), url)
+    turns, fault = run(lambda: _turns(url, session, response, until_position), url)
     if not turns:
         wanted = ", ".join(
             f"{k} {v!r}"
@@ -265,6 +322,7 @@ def tables(
         )
     _warn_overflows(turns)
     typer.echo(text, nl=not text.endswith("\n"))
+    exit_if_tampered(fault, url)
 
 
 def _warn_overflows(turns: list[TurnTables]) -> None:

@@ -2,7 +2,8 @@
 
 Reads the session's stored events (any ledger: a live deployment's database, a copied SQLite
 file, an imported JSONL export) and writes ``reports.timeline``'s plotly page. Needs neither
-vllm nor torch; the page needs no network. Exit 0, or 2 for a missing ledger, a session the
+vllm nor torch; the page needs no network. Exit 0, 1 when the log's hash chain is broken up to
+the session's last event (after writing the page), or 2 for a missing ledger, a session the
 log does not hold, or an unwritable output or one that is the ledger file itself
 (:mod:`reports.output_file`).
 """
@@ -13,19 +14,22 @@ from pathlib import Path
 
 import typer
 
+from events.chain_walk import ChainFault, chain_fault
 from events.records import StoredEvent
 from events.store.store import EventStore
-from reports.cli_errors import UnknownSession, checked_url, run
+from reports.cli_errors import UnknownSession, checked_url, exit_if_tampered, run
 from reports.cli_projections import DB_HELP
 
 
-async def session_events(db: str | None, session: str) -> list[StoredEvent]:
-    """The session's events in log order; raises UnknownSession when the log has none."""
+async def session_events(db: str | None, session: str) -> tuple[list[StoredEvent], ChainFault | None]:
+    """The session's events in log order, with the first fault of the log's hash chain up to
+    the session's last event (None: intact); raises UnknownSession when the log has none."""
     async with await EventStore.open(db, read_only=True) as store:
         events = await store.read_stream(session)
+        fault = await chain_fault(store, events[-1].position) if events else None
     if not events:
         raise UnknownSession(f"no session {session!r} in the log")
-    return events
+    return events, fault
 
 
 def timeline(
@@ -41,12 +45,13 @@ def timeline(
 
     url = checked_url(db)
     refuse_ledger_target(output, url)
-    events = run(lambda: session_events(url, session), url)
+    events, fault = run(lambda: session_events(url, session), url)
     page = timeline_html(events)
     with output_file(output) as fh:
         fh.write(page)
     size = len(page.encode("utf-8"))
     typer.echo(f"wrote {output} ({size / 1024:.0f} KiB, {len(events)} events of session {session!r})")
+    exit_if_tampered(fault, url)
 
 
 def register(app: typer.Typer) -> None:

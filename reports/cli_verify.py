@@ -48,7 +48,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 class Verdict:
     """What ``verify`` found: the chain ``fault`` or read-model ``mismatch`` (None: intact),
     the events checked, the digest of the head, the position the read models were compared
-    at, a ``note`` (e.g. read models of another fold version, not compared) and the ledger's
+    at (whatever fold version the checkpoint names: another one is a mismatch), a ``note`` for
+    stderr and the ledger's
     schema objects ``missing`` (a guard trigger dropped or disabled: tampered too)."""
 
     fault: ChainFault | None
@@ -69,15 +70,9 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
     found = await store.run_read(consistency.load_models)
     missing = tuple(await store.run_read(missing_guards))
     note = ""
-    until: int | None = 0
-    if found.checkpoint is not None:
-        until = found.checkpoint[0]
-        if found.checkpoint[1] != FOLD_VERSION:
-            note = (
-                f"the read models were built by fold version {found.checkpoint[1]} (this code: {FOLD_VERSION}); "
-                "not compared: the next audit/tables/rebuild rebuilds them"
-            )
-            until = None
+    # Compared whatever the checkpoint says (a fold version edited to skip the comparison hid a
+    # deleted finding): another version is named as a mismatch by consistency.compare.
+    until: int | None = found.checkpoint[0] if found.checkpoint is not None else 0
     watch = [p for p in (until, digest.position if digest else None) if p]
     head = await store.head_position()
     walker = None

@@ -260,6 +260,12 @@ def revision_status(revision: str | None) -> str:
 
 PG_TRIGGERS: tuple[str, ...] = ("events_no_truncate", "events_no_update_delete")
 """The append-only guard of a PostgreSQL ledger (revision 0001), each present and enabled."""
+PG_GUARD_FUNCTIONS: dict[str, str] = {
+    "events_append_only": "BEGIN RAISE EXCEPTION 'events is append-only: % refused', TG_OP; END",
+}
+"""The functions :data:`PG_TRIGGERS` execute, with their bodies as migration 0001 creates them
+(``CREATE OR REPLACE FUNCTION … RETURN OLD`` neuters the guard while the triggers stay
+enabled; tests/store/test_guard_functions.py checks this text against the migration's)."""
 
 
 def foreign_triggers(sync_conn: Connection) -> list[str]:
@@ -274,22 +280,42 @@ def missing_guards(sync_conn: Connection) -> list[str]:
     """The ledger's schema objects the database lacks (SQLite: any of
     :data:`~events.store.sqlite_schema.SQLITE_SCHEMA`, e.g. ``trigger events_no_update``
     dropped) or has disabled (PostgreSQL: :data:`PG_TRIGGERS`, ``ALTER TABLE … DISABLE
-    TRIGGER``). Empty for an intact ledger. A sync read function."""
+    TRIGGER``), or whose guard function's body was replaced or whose trigger calls another
+    function (:data:`PG_GUARD_FUNCTIONS`, compared to ``pg_proc.prosrc`` with whitespace
+    collapsed). Empty for an intact ledger. A sync read function."""
     if sync_conn.dialect.name == "sqlite":
         return schema_drift(sync_conn).missing
     rows = sync_conn.execute(
         sa.text(
-            "SELECT tgname, tgenabled::text FROM pg_trigger WHERE tgrelid = 'events'::regclass AND NOT tgisinternal"
+            "SELECT t.tgname, t.tgenabled::text, p.proname, p.prosrc FROM pg_trigger t "
+            "JOIN pg_proc p ON p.oid = t.tgfoid WHERE t.tgrelid = 'events'::regclass AND NOT t.tgisinternal"
         )
     ).all()
-    state = {name: enabled for name, enabled in rows}
+    state = {name: (enabled, function, body) for name, enabled, function, body in rows}
     # tgenabled: O fires (origin), A always; D disabled, R only under session_replication_role
     # = replica (``ENABLE REPLICA TRIGGER``): off for the application's sessions either way.
-    return [
+    out = [
         f"trigger {name}" + (" (disabled)" if name in state else "")
         for name in PG_TRIGGERS
-        if state.get(name) not in ("O", "A")
+        if name not in state or state[name][0] not in ("O", "A")
     ]
+    for name in PG_TRIGGERS:
+        if name not in state:
+            continue
+        _, function, body = state[name]
+        if function not in PG_GUARD_FUNCTIONS:
+            out.append(f"trigger {name} (calls {function}(), not the guard)")
+        elif _normalized(body) != _normalized(PG_GUARD_FUNCTIONS[function]):
+            line = f"function {function}() (its body was replaced; the guard no longer refuses)"
+            if line not in out:
+                out.append(line)
+    return out
+
+
+def _normalized(body: str) -> str:
+    """A PL/pgSQL body with its whitespace runs collapsed (what ``prosrc`` keeps is the text
+    between the ``$$`` quotes, as written)."""
+    return " ".join(body.split())
 
 
 def check_revision(sync_conn: Connection, url: str, tolerate_missing: bool = False) -> None:
