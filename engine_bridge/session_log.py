@@ -4,7 +4,9 @@ Every event the engine records goes through :class:`SessionLog`. It is applied a
 session's :class:`projections.projector.Projector` — the same folds the offline audit and
 tables use, so live decisions and offline re-projection cannot disagree — and appended to the
 session's stream in order (optimistic concurrency on the stream version). Turn tables the
-fold finalizes are handed to ``on_turn`` (live ``--log-stats`` printing) and not kept; the
+fold finalizes are handed to ``on_turn`` (live ``--log-stats`` printing) once the events that
+finalized them are durable, so a crash cannot leave a printed table the log does not hold;
+they are not kept; the
 fold is the live one (``Projector(live=True)``), so a session with log_stats off builds no
 turn state at all (M14).
 
@@ -184,6 +186,7 @@ class SessionLog:
         self.ahead_commit_s = 0.0  # wall seconds pipelined intents took to commit, not waited on
         self._pending: list[EventBase] = []
         self._held = 0  # events of _pending recorded by emit_held
+        self._unprinted: list[TurnTables] = []  # finalized by events of _pending: printed once durable
         self._applied = version  # provisional positions for the live fold
         self._broken: BaseException | None = None
         self._lock = asyncio.Lock()
@@ -292,15 +295,26 @@ class SessionLog:
                 except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
                     logger.exception("session %s: metrics hook failed on %s", self.session_id, event.type)
         for turn in self.projector.turns.take_finalized() if self.projector.turns.finalized else ():
-            if self.on_turn is not None:  # handed on, not kept: a long-lived session stays flat
-                try:
-                    self.on_turn(turn)
-                except Exception:  # noqa: BLE001 - DOMAIN §5.5: printing failures never block
-                    logger.exception("session %s: printing the tables of %s failed", self.session_id, turn.response_id)
+            if self.on_turn is not None:  # handed on once durable, not kept: a long-lived session stays flat
+                self._unprinted.append(turn)
+
+    def _print(self, turns: list[TurnTables]) -> None:
+        """Hand turns whose finalizing events are now durable to ``on_turn``: what the live
+        engine prints is what an offline re-projection of the log prints, even after a crash."""
+        on_turn = self.on_turn
+        if on_turn is None:
+            return
+        for turn in turns:
+            try:
+                on_turn(turn)
+            except Exception:  # noqa: BLE001 - DOMAIN §5.5: printing failures never block
+                logger.exception("session %s: printing the tables of %s failed", self.session_id, turn.response_id)
 
     async def _write(self) -> None:
         batch, self._pending, self._held = self._pending, [], 0
+        printable, self._unprinted = self._unprinted, []
         if not batch:
+            self._print(printable)
             return
         try:
             await self.store.append(self.session_id, batch, expected_version=self.version)
@@ -317,6 +331,7 @@ class SessionLog:
         self.version += len(batch)
         self.events_written += len(batch)
         self.appends += 1
+        self._print(printable)
 
     async def close(self) -> None:
         await self.flush()

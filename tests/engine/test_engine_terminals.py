@@ -171,6 +171,7 @@ async def test_log_stats_off_session_holds_no_turn_state(tmp_path):
             await turn(s, "Hello")
         assert quiet.log.projector.turns.sessions == {}  # no aggregator, nothing buffered (M14)
         assert "loud" in loud.log.projector.turns.sessions
+        await loud.log.flush()  # a turn is printed once the events that finalized it are durable
         assert [t.session_id for t in engine.printed] == ["loud"]
         for s in (quiet, loud):
             await s.close()

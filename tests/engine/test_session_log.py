@@ -103,3 +103,34 @@ async def test_gated_closes_the_stream_and_raises_when_the_intent_commit_fails()
         async for item in log.gated(_items(3, closed)):
             got.append(item)
     assert got == [] and closed == [True]
+
+
+@pytest.mark.parametrize("fail", [None, OSError("disk full")])
+async def test_a_turn_is_printed_only_once_the_events_that_finalized_it_are_durable(fail) -> None:
+    """What the live engine prints (on_turn) is what the log holds: a turn's tables are handed
+    on after the append that holds its finalizing events commits, and never if it fails."""
+    from tests.logbuilder import LogBuilder, eph
+
+    x0 = eph("s", 0)
+    b = LogBuilder()
+    b.add("SessionOpened", "s", 1.0)
+    b.add("TurnCommitted", "s", 2.0, turn_id=0, response_id="resp-0", create_response=True)
+    b.add("StageRequestSubmitted", "s", 2.01, stage_id=0, request_id=x0, num_tokens_in=5)
+    b.add("ResponseBegun", "s", 2.02, response_id="resp-0", turn_id=0, request_id=x0)
+    b.add("StageOutput", "s", 2.1, stage_id=0, request_id=x0, num_new_tokens=3)
+    b.add("ResponseEnded", "s", 2.4, response_id="resp-0", cause="model")
+    store = _HeldStore(fail)
+    printed: list[str] = []
+    log = SessionLog(store, "s", 0, on_turn=lambda t: printed.append(t.response_id))  # type: ignore[arg-type]
+    log.emit_later(*(st.event for st in b.stored))
+    flushing = asyncio.ensure_future(log.flush())
+    await asyncio.sleep(0.01)
+    assert printed == []  # finalized in the fold, not yet durable: not printed
+    store.release.set()
+    if fail is None:
+        await flushing
+        assert printed == ["resp-0"] and "ResponseEnded" in store.appended
+    else:
+        with pytest.raises(OSError):
+            await flushing
+        assert printed == []  # never recorded: never printed
