@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from events.limits import INT64_MAX, INT64_MIN
+
 OVERFLOW_TEXT = "overflow"
 
 
