@@ -128,7 +128,8 @@ def events_import(
     file that does not exist yet is created as a new ledger (once every line passed)."""
     from events import jsonl
     from events.store import EventStore
-    from events.store.url import missing_ancestor, missing_sqlite_file, remove_sqlite_file
+    from events.store.probe import undo_creation
+    from events.store.url import missing_ancestor, missing_sqlite_file
     from reports.progress import shows_progress, stderr_console, track_lines
 
     url = checked_url(db)
@@ -147,7 +148,7 @@ def events_import(
         except BaseException:
             await store.close()
             if created is not None:  # nothing was imported: leave no new ledger file behind either
-                remove_sqlite_file(created)
+                undo_creation(url, created)  # unless another process appended to it meanwhile
             raise
         finally:
             await store.close()

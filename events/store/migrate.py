@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 import migrations
 from events.store.backends import make_backend
 from events.store.errors import ForeignSchemaObject, MissingSchemaObject, NotALedger, SchemaRevisionError
-from events.store.probe import read_sqlite
+from events.store.probe import read_sqlite, undo_creation
 from events.store.sqlite_schema import SQLITE_SCHEMA, schema_drift
 from events.store.sqlite_schema import SQLITE_TRIGGERS as SQLITE_TRIGGERS  # re-exported
 from events.store.url import (
@@ -38,7 +38,6 @@ from events.store.url import (
     missing_ancestor,
     missing_sqlite_file,
     redact,
-    remove_sqlite_file,
     require_existing,
     resolve_url,
 )
@@ -76,15 +75,20 @@ async def _with_connection(url: str | None, fn: Any, *args: Any) -> Any:
 
 
 async def _read(url: str, fn: Any) -> Any:
-    """Run ``fn(sync_conn, url)`` on a read connection; a SQLite file is opened read-only
-    (left byte-identical, :mod:`events.store.probe`)."""
+    """Run ``fn(sync_conn, url)`` on a read connection, all of it on one snapshot (a migration
+    committed meanwhile is seen whole or not at all); a SQLite file is opened read-only (left
+    byte-identical, :mod:`events.store.probe`), PostgreSQL reads at REPEATABLE READ."""
     if backend_of(url) == "sqlite":
         return read_sqlite(url, fn)
     backend = make_backend(url)
     try:
-        return await backend.run_read(fn, url)
+        return await backend.run_read(_repeatable_read, fn, url)
     finally:
         await backend.dispose()
+
+
+def _repeatable_read(sync_conn: Connection, fn: Any, url: str) -> Any:
+    return fn(sync_conn.execution_options(isolation_level="REPEATABLE READ"), url)
 
 
 def revision_known(revision: str) -> bool:
@@ -123,7 +127,7 @@ async def upgrade(url: str | None = None, revision: str = "head") -> str | None:
     Raises SchemaRevisionError for an unknown revision (checked before anything is created:
     no file is left behind), NotALedger for a database that holds another application's
     tables (left untouched). A SQLite file this call created is removed again when the
-    upgrade fails."""
+    upgrade fails, unless another process has appended events to it meanwhile."""
     url = resolve_url(url)
     if not revision_known(revision):
         raise _unknown_target(url, revision)
@@ -135,7 +139,7 @@ async def upgrade(url: str | None = None, revision: str = "head") -> str | None:
         await _with_connection(url, _command, "upgrade", revision)
     except BaseException:
         if created is not None:
-            remove_sqlite_file(created)
+            undo_creation(url, created)
         raise
     return await current_revision(url)
 

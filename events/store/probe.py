@@ -21,8 +21,8 @@ from sqlalchemy import create_engine, pool
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from events.store.errors import NotALedger
-from events.store.url import redact, require_existing, sqlite_path
+from events.store.errors import LedgerNotFound, NotALedger
+from events.store.url import redact, remove_sqlite_file, require_existing, sqlite_path
 
 T = TypeVar("T")
 
@@ -51,15 +51,23 @@ def not_a_database(url: str, exc: BaseException) -> NotALedger | None:
 
 
 def read_sqlite(url: str, fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(sync_connection, url, *args)`` on a read-only connection to the SQLite file.
-    Raises LedgerNotFound, NotALedger, or what ``fn`` raises."""
+    """Run ``fn(sync_connection, url, *args)`` on a read-only connection to the SQLite file,
+    inside one read transaction: every statement ``fn`` runs sees the same snapshot, so a
+    migration another process commits meanwhile cannot show a revision from before it and a
+    table list from after it (CI, stop 19: four concurrent ``db upgrade`` runs). The
+    transaction is rolled back (it wrote nothing). Raises LedgerNotFound, NotALedger, or what
+    ``fn`` raises."""
     path = check_openable(url)
     engine = create_engine(
-        "sqlite+pysqlite://", creator=lambda: sqlite3.connect(readonly_uri(path), uri=True), poolclass=pool.NullPool
+        "sqlite+pysqlite://",
+        # the driver's own implicit BEGIN comes only before DML: every SELECT would be its own snapshot
+        creator=lambda: sqlite3.connect(readonly_uri(path), uri=True, isolation_level=None),
+        poolclass=pool.NullPool,
     )
     try:
         with engine.connect() as conn:
-            return fn(conn, url, *args)
+            conn.exec_driver_sql("BEGIN")  # deferred: the snapshot is taken at the first read
+            return fn(conn, url, *args)  # closing the connection rolls the transaction back
     except DBAPIError as exc:
         refused = not_a_database(url, exc)
         if refused is None:
@@ -67,6 +75,29 @@ def read_sqlite(url: str, fn: Callable[..., T], *args: Any) -> T:
         raise refused from exc
     finally:
         engine.dispose()
+
+
+def _holds_events(conn: Any, _url: str) -> bool:
+    if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'").first() is None:
+        return False
+    return conn.exec_driver_sql("SELECT 1 FROM events LIMIT 1").first() is not None
+
+
+def undo_creation(url: str, created: Path) -> bool:
+    """Remove a SQLite ledger this process created (``created``: the file, or the topmost
+    folder made for it, :func:`events.store.url.missing_ancestor`) after its first write
+    failed, unless the file now holds events: another process may have opened the new file
+    meanwhile (``create=True``) and appended to it, and its events are never deleted. A file
+    that cannot be read is kept too. Returns True when it was removed."""
+    try:
+        keep = read_sqlite(url, _holds_events)
+    except LedgerNotFound:
+        keep = False
+    except Exception:  # unreadable: keep it rather than guess
+        keep = sqlite_path(url).exists()
+    if not keep:
+        remove_sqlite_file(created)
+    return not keep
 
 
 def readonly_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
