@@ -78,6 +78,25 @@ def check_value(value: Any, where: str = "", depth: int = 0) -> Any:
     return value
 
 
+def overflows(value: Any) -> bool:
+    """True for a float that is not finite and an int (not bool) outside signed 64 bits: a
+    number no output format carries (a sum over stored values can become one even though
+    every stored value is within these limits). Rule: DOMAIN §5.7 D12, hostile L13."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return not INT64_MIN <= value <= INT64_MAX
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def derived(value: float, *inputs: Any) -> float:
+    """``value``, or ``inf`` when any of the ``inputs`` it was computed from overflows
+    (:func:`overflows`): a rate or mean taken from a sum that left the range is no figure
+    either (``tokens / e2e`` with ``tokens`` past 64 bits is finite and wrong), so it is shown
+    as an overflow too (hostile N1)."""
+    return math.inf if any(overflows(x) for x in inputs) else value
+
+
 def short_number(value: int | float) -> str:
     """A number for a message: whole when short, else its first digits and its length."""
     digits = str(value)

@@ -65,6 +65,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from events.limits import derived
 from events.stats import STAT_FIELDS, StageRequestStats
 
 logger = logging.getLogger(__name__)
@@ -238,7 +239,8 @@ class StageCollapse:
         if count <= 1:
             return 0.0
         ttfo = row["serving_time_to_first_output_ms"] or 0.0
-        return max((row["stage_gen_time_ms"] or 0.0) - ttfo, 0.0) / (count - 1)
+        gen = row["stage_gen_time_ms"] or 0.0
+        return derived(max(gen - ttfo, 0.0) / (count - 1), count, gen, ttfo)
 
 
 EMPTY = StageCollapse()

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from events.limits import derived
 from projections.collapse import Segment, collapse_segments
 from projections.intervals import span_ms
 from projections.reasons import normalize_reason
@@ -221,7 +222,7 @@ def build_turn_tables(
         "e2e_wall_time_ms": e2e_total_ms,
         "e2e_total_tokens": tokens,
         "e2e_avg_time_per_request_ms": e2e_total_ms,
-        "e2e_avg_tokens_per_s": tokens * 1000.0 / e2e_total_ms if e2e_total_ms > 0 else 0.0,
+        "e2e_avg_tokens_per_s": derived(tokens * 1000.0 / e2e_total_ms if e2e_total_ms > 0 else 0.0, tokens),
     }
     if preprocess is not None:
         summary["input_preprocess_time_ms"] = preprocess

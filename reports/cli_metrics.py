@@ -13,7 +13,7 @@ import typer
 
 from engine_bridge.prometheus import LedgerMetrics
 from events.chain_walk import ChainFault, chain_fault
-from events.limits import MAX_POSITION
+from events.limits import MAX_POSITION, overflows
 from events.store.store import EventStore
 from projections.metrics import SessionRollup
 from reports.cli_errors import MAX_IDLE_S, checked_url, exit_if_tampered, run
@@ -54,8 +54,25 @@ def metrics(
     url = checked_url(db)
     result, fault = run(lambda: _fold(url, until_position, max_idle, check_chain=True), url)
     text = result.exposition()
+    if n := overflowed_samples(result):
+        typer.echo(
+            f"warning: {n} sample(s) overflowed (a sum over the log that is not finite or beyond 64 bits); "
+            "Prometheus carries them as floats, so they are printed, but they are no exact totals",
+            err=True,
+        )
     typer.echo(text, nl=not text.endswith("\n"))
     exit_if_tampered(fault, url)
+
+
+def overflowed_samples(result: LedgerMetrics) -> int:
+    """How many samples of the registry overflow by the tables' rule (:mod:`reports.overflow`:
+    not finite, or an integer total beyond signed 64 bits), ``*_created`` stamps aside."""
+    return sum(
+        overflows(sample.value) or overflows(int(sample.value))  # int(): only once finite
+        for metric in result.registry.collect()
+        for sample in metric.samples
+        if not sample.name.endswith("_created")
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -3,28 +3,21 @@
 A metric summed over hostile or corrupt input can leave the range the formats carry: a float
 sum becomes ``inf`` (``1.7e308`` twice) or NaN, an integer sum grows past 64 bits
 (``2**63 - 1`` plus more tokens). The rule, the same for every output format: such a value
-*overflows* (:func:`overflows`) and is written ``null`` in JSON, an empty cell in CSV and
-``overflow`` in text and Markdown; the ``tables`` command prints one warning on stderr
-counting them (:func:`count_overflows`). Pure functions.
+*overflows* (:func:`overflows`) and is written ``null`` in JSON (the turn then lists the paths
+of its overflowed numbers under ``"overflowed"``, so they are not taken for "not reported"),
+``overflow`` in CSV, text and Markdown; a figure derived from such a sum (a rate, a KiB
+size) overflows too (:func:`events.limits.derived`). The ``tables`` command prints one
+warning on stderr counting them (:func:`count_overflows`), ``metrics`` one for its samples.
+Pure functions.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from events.limits import INT64_MAX, INT64_MIN
+from events.limits import overflows as overflows  # the rule itself, shared with the folds
 
 OVERFLOW_TEXT = "overflow"
-
-
-def overflows(value: Any) -> bool:
-    """True for a float that is not finite and an int (not bool) outside signed 64 bits."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return not INT64_MIN <= value <= INT64_MAX
-    return isinstance(value, float) and not math.isfinite(value)
 
 
 def number_text(value: float, spec: str, unit: str = "") -> str:
@@ -42,10 +35,26 @@ def nulled(obj: Any) -> Any:
     return None if overflows(obj) else obj
 
 
+def overflow_paths(obj: Any, path: str = "") -> list[str]:
+    """Where the numbers that overflow sit in a JSON-shaped value, as paths
+    (``summary.e2e_avg_tokens_per_s``, ``stages[0].num_tokens_in``), in document order. The
+    JSON output lists them per turn under ``"overflowed"``, so a reader can tell an overflow
+    from a ``null`` that means "not reported" (hostile N2)."""
+    if isinstance(obj, dict):
+        return [p for key, value in obj.items() for p in overflow_paths(value, f"{path}.{key}" if path else str(key))]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, value in enumerate(obj) for p in overflow_paths(value, f"{path}[{i}]")]
+    return [path] if overflows(obj) else []
+
+
 def count_overflows(obj: Any) -> int:
     """How many numbers in a JSON-shaped value overflow."""
-    if isinstance(obj, dict):
-        return sum(count_overflows(value) for value in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(count_overflows(value) for value in obj)
-    return int(overflows(obj))
+    return len(overflow_paths(obj))
+
+
+def json_row(doc: dict[str, Any]) -> dict[str, Any]:
+    """A turn's ``to_dict()`` (or a session rollup's row) as the JSON outputs write it:
+    overflowing numbers ``null``, and, only when there are some, ``"overflowed"``: their paths
+    (:func:`overflow_paths`)."""
+    paths = overflow_paths(doc)
+    return {**nulled(doc), "overflowed": paths} if paths else doc

@@ -7,15 +7,16 @@ All three carry the numbers of :mod:`reports.render_text`, with units in the fie
   "turns": [TurnTables.to_dict(), ...]}``, floats to 3 decimals as the text tables print them
   (the ``*_ts_s`` stamps exact), ``null`` for "not reported" (a tokenless turn has
   ``"vllm_ttft_ms": null``; a turn that ended before any engine request has
-  ``"request_id": null``, D8). A number that overflowed (a non-finite or beyond-64-bit sum,
-  :mod:`reports.overflow`) is ``null`` here, an empty cell in CSV, ``overflow`` in Markdown.
+  ``"request_id": null``, D8). A number that overflowed (a non-finite or beyond-64-bit sum, or
+  a rate derived from one, :mod:`reports.overflow`) is ``null`` here and its path is listed in
+  the turn's ``"overflowed"`` (present only then); ``overflow`` in CSV and Markdown.
 * **CSV** (:func:`render_csv`): tidy long layout, one row per (turn, table, column, field), header
   ``session_id,response_id,request_id,turn_id,finished_reason,table,column,field,value``
   (``request_id`` empty for a turn that ended before any engine request, D8).
   ``table`` is ``summary`` / ``e2e`` / ``stage`` / ``transfer``; ``column`` is ``value`` for the
   two-column tables, the stage id for ``stage`` and the edge (``0->1``) for ``transfer``.
   Every field is written (no row hiding); ``value`` is the JSON number (``repr``, 3 decimals),
-  empty for None, ``true``/``false`` for bools, JSON for lists and dicts. Filter/pivot freely.
+  empty for None, ``overflow`` for a number that overflowed, ``true``/``false`` for bools, JSON for lists and dicts. Filter/pivot freely.
 * **Markdown** (:func:`render_markdown`): per turn a heading, then the same tables, rows, hiding
   and formatted cells as the text log, as pipe tables, and the ``[OmniTiming]`` line in a code
   span.
@@ -26,12 +27,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from projections.turn_tables import JSON_RENAMES, TurnTables
-from reports.overflow import nulled
+from reports.overflow import OVERFLOW_TEXT, json_row, nulled, overflows
 from reports.printable import printable
 from reports.render_text import Table, has_text_tables, turn_sections
 
@@ -52,7 +52,7 @@ CSV_HEADER: tuple[str, ...] = (
 
 def render_json(turns: Iterable[TurnTables]) -> str:
     """JSON document of the turns in the order given (2-space indent, trailing newline)."""
-    doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "turns": [nulled(t.to_dict()) for t in turns]}
+    doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "turns": [json_row(t.to_dict()) for t in turns]}
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
@@ -61,13 +61,11 @@ def _csv_value(value: Any) -> str:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"non-finite value {value!r} in turn tables")
-        return repr(value)
+    if overflows(value):
+        return OVERFLOW_TEXT
     if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    return str(value)
+        return json.dumps(nulled(value), allow_nan=False, separators=(",", ":"))
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _cells(doc: dict[str, Any]) -> Iterator[tuple[str, str, str, Any]]:
@@ -92,7 +90,7 @@ def render_csv(turns: Iterable[TurnTables]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for t in turns:
-        doc = nulled(t.to_dict())
+        doc = t.to_dict()
         ident = tuple(map(_no_formula, (t.session_id, t.response_id, t.request_id or ""))) + (
             str(t.turn_id),
             t.finished_reason,

@@ -77,15 +77,13 @@ def render_json_with_sessions(turns: Iterable[Any], sessions: Iterable[tuple[Ses
     ``sessions`` list of :func:`summary_to_dict` rows after ``turns``."""
     import json
 
-    from reports.overflow import nulled
+    from reports.overflow import json_row
     from reports.render_formats import JSON_FORMAT, JSON_VERSION
 
-    doc = nulled(
-        {
-            "format": JSON_FORMAT,
-            "version": JSON_VERSION,
-            "turns": [t.to_dict() for t in turns],
-            "sessions": [summary_to_dict(r, leaked) for r, leaked in sessions],
-        }
-    )
+    doc = {
+        "format": JSON_FORMAT,
+        "version": JSON_VERSION,
+        "turns": [json_row(t.to_dict()) for t in turns],
+        "sessions": [json_row(summary_to_dict(r, leaked)) for r, leaked in sessions],
+    }
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, get_args, get_origin
 
 from events.ids import is_duplex
+from events.limits import derived
 from events.stats import STAT_FIELDS, StageRequestStats
 from projections.turn_tables import PREPROCESS_TIMING_KEY, TurnTables
 from reports.overflow import number_text
@@ -91,6 +92,12 @@ def format_cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def kbytes(size_bytes: int | None) -> float:
+    """Bytes as KiB for the text tables (None: 0); ``inf`` (printed ``overflow``) for a byte
+    sum past 64 bits, whose quotient would look like a real size (hostile N1)."""
+    return derived((size_bytes or 0) / 1024.0, size_bytes)
+
+
 def _is_blank(value: Any) -> bool:
     return not isinstance(value, (list, tuple)) and (value is None or value == "" or value == 0)
 
@@ -132,7 +139,7 @@ def e2e_table(t: TurnTables) -> Table:
     rows = {
         "e2e_total_ms": t.e2e["e2e_total_ms"],
         "e2e_total_tokens": t.e2e["e2e_total_tokens"],
-        "transfers_total_kbytes": (t.e2e["transfers_total_bytes"] or 0) / 1024.0,
+        "transfers_total_kbytes": kbytes(t.e2e["transfers_total_bytes"]),
         "transfers_total_time_ms": t.e2e["transfers_total_time_ms"],
     }
     return make_table(f"RequestE2EStats {identity_suffix(t)}", ("Value",), ((k, (v,)) for k, v in sorted(rows.items())))
@@ -164,7 +171,7 @@ def stage_table(t: TurnTables) -> Table:
 def transfer_table(t: TurnTables) -> Table:
     def rows_of(name: str) -> tuple[Any, ...]:
         if name == "size_kbytes":
-            return tuple((e.size_bytes or 0) / 1024.0 for e in t.transfers)
+            return tuple(kbytes(e.size_bytes) for e in t.transfers)
         return tuple(getattr(e, name) for e in t.transfers)
 
     names = ("in_flight_time_ms", "rx_decode_time_ms", "size_kbytes", "tx_time_ms")

@@ -225,10 +225,19 @@ def test_an_overflowed_sum_is_null_or_overflow_in_every_format(overflow_ledger: 
         doc = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
         stage0 = doc["turns"][0]["stages"][0]
         assert stage0["num_tokens_in"] is None and stage0["stage_gen_time_ms"] is None
-    elif fmt == "csv":
-        assert ",num_tokens_in,\n" in out
+        assert {"stages[0].num_tokens_in", "summary.e2e_avg_tokens_per_s"} <= set(doc["turns"][0]["overflowed"])
+    elif fmt == "csv":  # an overflow is not an empty cell, which means "not reported" (N2)
+        assert ",num_tokens_in,overflow\n" in out and ",e2e_avg_tokens_per_s,overflow\n" in out
     else:
         assert "overflow" in out
+
+
+def test_metrics_warns_of_overflowed_samples(overflow_ledger: str) -> None:
+    """Prometheus carries floats, so ``metrics`` prints the sample, with the tables' warning (N3)."""
+    r = CliRunner().invoke(app, ["metrics", "--db", overflow_ledger])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.count("warning:") == 1 and "1 sample(s) overflowed" in r.stderr
+    assert "vllm_omni:prompt_tokens_total" in r.stdout
 
 
 def test_tables_json_summary_is_strict_with_overflow(overflow_ledger: str) -> None:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from events.store.sqlite_schema import SQLITE_TRIGGERS
+from projections.runner import FOLD_VERSION
 from tests.cases.logbook import LOG_DIR
 from tests.cli.conftest import Cli
 
@@ -98,7 +99,7 @@ def test_audit_json_names_the_fault(sqlite_cli: Cli) -> None:
 
 
 @pytest.mark.parametrize("deleted", [True, False], ids=["findings-deleted", "version-only"])
-@pytest.mark.parametrize("version", [3, 5, 999])
+@pytest.mark.parametrize("version", [FOLD_VERSION - 1, FOLD_VERSION + 1, 999])
 def test_another_fold_version_is_compared_and_never_rebuilt_over(sqlite_cli: Cli, version: int, deleted: bool) -> None:
     _load(sqlite_cli)
     assert sqlite_cli("audit").exit_code == 1  # leaks: read models and checkpoint written
