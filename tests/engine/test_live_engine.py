@@ -233,8 +233,14 @@ async def test_crash_recovery_after_sigkill(tmp_path, live_ports, tiny_model_dir
         assert "StageOutput" in kinds  # it was mid-response
         closed = [e.event for e in history if e.event.type == "SessionClosed"]
         assert [c.reason for c in closed] == ["recovered_after_crash"]
-        lost = [e.event.request_id for e in history if e.event.type == "StageRequestLost"]
-        assert lost == [ids.mint_ephemeral("crashy", 0, 0, 0)]
+        lost = [e for e in history if e.event.type == "StageRequestLost"]
+        # every key the log held submitted when the child died, and only those: (0, X0), and
+        # (1, X0) too when the talker had been handed the turn before the kill (timing)
+        before = await project_as_of(engine.store, until_position=lost[0].position - 1)
+        held = before.resources.request_resources("crashy")["crashy"]
+        running = sorted(key for key, state in held.items() if state == "submitted")
+        assert sorted((e.event.stage_id, e.event.request_id) for e in lost) == running
+        assert (0, ids.mint_ephemeral("crashy", 0, 0, 0)) in running
         p = await project_as_of(engine.store)
         assert p.leaks() == []
         assert [t.finished_reason for t in p.turn_tables] == ["close"]

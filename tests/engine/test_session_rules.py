@@ -317,12 +317,14 @@ async def test_tables_printed_to_the_stats_logger_at_finalize(tmp_path, caplog):
     await turn(s, "Hello")
     quiet = await engine.open_session("quiet", log_stats=False)
     await turn(quiet, "Hello")
+    # a turn's tables are printed once its finalizing events are durable (hostile L15): at the
+    # session's next flush, which closing forces (under load the flush clock may not have run)
+    await s.close()
+    await quiet.close()
     messages = [r.getMessage() for r in caplog.records if r.name == "duplex_ledger.stats"]
     assert sum(m.startswith("[OmniTiming] req=duplex-s.") for m in messages) == 1  # one line per turn
     assert any(m.startswith("\n[StageRequestStats [request_id=") for m in messages)  # its own message
     assert all("quiet" not in m and ids.encode_session("quiet") not in m for m in messages)
-    await s.close()
-    await quiet.close()
     await engine.aclose()
 
 
