@@ -39,6 +39,8 @@ from projections.turn_tables import TurnTables
 
 __all__ = ["RecoveryReport", "SessionEngine"]
 
+logger = logging.getLogger(__name__)
+
 
 def default_model_name(ports: Sequence[StagePort]) -> str | None:
     """The ``model_name`` label of the Prometheus families (recorded in ``SessionOpened.model``):
@@ -122,15 +124,33 @@ class SessionEngine:
 
     async def aclose(self, reason: str = "server_shutdown") -> None:
         """Close every open session (reason ``server_shutdown``), release the replica's lease,
-        stop the ``/metrics`` server if one was started, then close the store if owned."""
-        for session in list(self.sessions.values()):
-            if not session.closed:
-                await session.close(reason)
-        await self.replica.stop()
-        await self._ticker.aclose()
-        self.metrics.close()
-        if self._owns_store:
-            await self.store.close()
+        stop the ``/metrics`` server if one was started, then close the store if owned.
+
+        One session never stops the shutdown of the others: a session found taken over by
+        another replica at its close (SessionError ``session_taken_over``: it is fenced out and
+        is that replica's now, issue 14) is passed over; any other failure of a session's
+        close is logged, the rest is still shut down, and the first such failure is raised
+        at the end."""
+        failures: list[Exception] = []
+        try:
+            for session in list(self.sessions.values()):
+                if session.closed:
+                    continue
+                try:
+                    await session.close(reason)
+                except Exception as exc:  # noqa: BLE001 - raised below, once everything is shut
+                    if isinstance(exc, SessionError) and exc.code == TAKEN_OVER:
+                        continue  # fenced out: the session is another replica's now
+                    logger.warning("shutdown: closing session %r failed: %s", session.session_id, exc)
+                    failures.append(exc)
+        finally:
+            await self.replica.stop()
+            await self._ticker.aclose()
+            self.metrics.close()
+            if self._owns_store:
+                await self.store.close()
+        if failures:
+            raise failures[0]
 
     # ------------------------------------------------------------------ sessions
     async def open_session(

@@ -14,6 +14,7 @@ from engine_bridge.replicas import ReplicaConfig, SessionOwnedElsewhere
 from events.store.owners import session_lifecycles
 from projections.runner import project_as_of
 from tests.engine.test_live_engine import first_delta
+from tests.engine.test_replicas import until_taken_over
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 
@@ -57,10 +58,7 @@ async def test_live_pair_takes_over_only_the_dead_replicas_session(tmp_path, liv
             task.cancel()
         await asyncio.gather(*a.replica._tasks, return_exceptions=True)
         a.replica._tasks = []
-        for _ in range(200):
-            if not (await session_lifecycles(b.store, stream_ids=["pair-a"]))["pair-a"].open:
-                break
-            await asyncio.sleep(0.05)
+        await until_taken_over(b.store, "pair-a", timeout=20.0)  # closed, and its cleanup written
         history = [e.event for e in await b.store.read_stream("pair-a")]
         kinds = [e.type for e in history]
         assert kinds.count("SessionTakenOver") == 1 and "SessionClosed" in kinds

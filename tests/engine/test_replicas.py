@@ -60,9 +60,18 @@ async def mid_response(engine: SessionEngine, sid: str):
     return s
 
 
-async def until_closed(store, sid, timeout=5.0):
+async def until_taken_over(store, sid, timeout=10.0):
+    """Until the log shows ``sid``'s takeover done: closed, and holding no engine id (the
+    cleanup after ``SessionClosed`` is written too). Waiting for the close alone raced it."""
+
+    async def settled() -> bool:
+        if (await session_lifecycles(store, stream_ids=[sid]))[sid].open:
+            return False
+        state = (await project_as_of(store)).session_resources(sid)
+        return state is None or not state.bindings
+
     async def poll():
-        while (await session_lifecycles(store, stream_ids=[sid]))[sid].open:
+        while not await settled():
             await asyncio.sleep(0.02)
 
     await asyncio.wait_for(poll(), timeout)
@@ -98,7 +107,7 @@ async def test_a_dead_replicas_session_is_taken_over_and_the_zombie_is_fenced(ur
     s = await mid_response(a, "s1")
     await die(a)
     b = await replica(url, "B")
-    await until_closed(b.store, "s1")
+    await until_taken_over(b.store, "s1")
     history = await b.store.read_stream("s1")
     kinds = [e.event.type for e in history]
     taken = history[kinds.index("SessionTakenOver")].event
@@ -120,6 +129,42 @@ async def test_a_dead_replicas_session_is_taken_over_and_the_zombie_is_fenced(ur
     await a.aclose()
 
 
+async def test_shutdown_passes_over_a_session_taken_over_behind_its_back(url):
+    """A replica that learns of a takeover only at shutdown (its session idle, so nothing it
+    wrote since was refused) shuts down cleanly: the session is fenced out, not closed over
+    the new owner's records, and the rest of the shutdown runs (CI stop 19: aclose raised)."""
+    a = await replica(url, "A")
+    s = await a.open_session("s1")
+    await s.append_text("Hello")
+    await s.log.flush()
+    await die(a)
+    b = await replica(url, "B")
+    await until_taken_over(b.store, "s1")
+    head = await b.store.stream_version("s1")
+    assert not s.taken_over  # idle: A has not written since, so it does not know yet
+    await a.aclose()  # must not raise session_taken_over
+    assert s.taken_over and s.closed
+    assert await b.store.stream_version("s1") == head  # nothing from A after the takeover
+    assert a.replica._tasks == []
+    await b.aclose()
+
+
+async def test_one_sessions_failed_close_does_not_stop_the_others(url):
+    a = await replica(url, "A")
+    first, second = await a.open_session("s1"), await a.open_session("s2")
+
+    async def broken_close(reason: str = "session_close") -> None:
+        raise RuntimeError("disk on fire")
+
+    first.close = broken_close  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        await a.aclose()
+    assert second.closed and not first.closed  # s2 closed all the same, after s1 failed
+    async with await EventStore.open(url) as store:
+        assert "SessionClosed" in [e.event.type for e in await store.read_stream("s2")]
+        assert (await LeaseTable(store).snapshot())[1]["A"].released_at_us is not None  # lease released
+
+
 async def test_shared_engines_abort_the_dead_replicas_ids(url):
     shared = ports(delay=0.01)
     a = await replica(url, "A", shared, pool="pool-1")
@@ -128,8 +173,7 @@ async def test_shared_engines_abort_the_dead_replicas_ids(url):
     assert running in shared[0].live_request_ids()
     await die(a)
     b = await replica(url, "B", shared, pool="pool-1")
-    await until_closed(b.store, "s1")
-    await asyncio.sleep(0.1)
+    await until_taken_over(b.store, "s1")
     kinds = [e.event.type for e in await b.store.read_stream("s1")]
     assert "AbortRequested" in kinds and "StageRequestLost" not in kinds
     assert running not in shared[0].live_request_ids()  # aborted on the shared engine
@@ -175,7 +219,7 @@ def test_audit_names_the_replica(url, tmp_path):
         await mid_response(a, "s1")
         await die(a)
         b = await replica(url, "B")
-        await until_closed(b.store, "s1")
+        await until_taken_over(b.store, "s1")
         await b.aclose()
         await a.store.close()
 
