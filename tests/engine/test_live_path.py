@@ -17,6 +17,7 @@ from events import ids
 from events.store.store import EventStore
 from events.types import InputAppended
 from tests.fakes.fake_port import FakeStagePort
+from tests.waiting import eventually
 
 
 async def test_start_eagerly_runs_the_first_step_before_returning() -> None:
@@ -81,7 +82,7 @@ async def test_a_running_turns_records_commit_with_its_next_intent_or_at_its_end
         appends.clear()
         await s.commit()
         await s.wait_idle(5)
-        await asyncio.sleep(0.05)  # the end-of-turn flush
+        await eventually(lambda: not s.log._pending and not s.log._lock.locked())  # the end-of-turn flush
         outputs = sum(batch.count("StageOutput") for batch in appends)
         assert outputs >= 4  # coalesced per window, both stages
         assert len(appends) <= 4, appends  # submit intent, forward intent, the turn's end (+ a tick)
@@ -103,11 +104,15 @@ async def test_held_events_are_flushed_once_max_held_wait(sqlite_url: str) -> No
         await asyncio.sleep(0.05)
         assert await store.head_position() == 0  # held: no clock asked for
         log.emit_held(appended(3.0))
-        await asyncio.sleep(0.05)
-        assert [e.event.ts for e in await store.read_stream("s")] == [1.0, 2.0, 3.0]
+
+        async def stored_ts() -> list[float]:
+            return [e.event.ts for e in await store.read_stream("s")]
+
+        await eventually(lambda: log.version == 3)  # the next tick, however late it comes
+        assert await stored_ts() == [1.0, 2.0, 3.0]
         log.emit_held(appended(4.0))
         log.release_held()  # the turn ended
-        await asyncio.sleep(0.05)
-        assert [e.event.ts for e in await store.read_stream("s")][-1] == 4.0
+        await eventually(lambda: log.version == 4)
+        assert (await stored_ts())[-1] == 4.0
     finally:
         await store.close()

@@ -10,6 +10,7 @@ import pytest
 from engine_bridge.session_log import FlushTicker, SessionLog, SessionLogBroken
 from events.store.store import EventStore
 from events.types import InputAppended, TurnCommitted
+from tests.waiting import eventually
 
 
 def _appended(sid: str, ts: float) -> InputAppended:
@@ -35,7 +36,7 @@ async def test_shared_ticker_commits_all_sessions_buffered_events_in_one_transac
             log.emit_later(_appended(log.session_id, 2.0 + i))
             await asyncio.sleep(0.01)
         assert await store.head_position() == 0  # buffered, not yet written
-        await asyncio.sleep(0.5)
+        await eventually(lambda: all(log.version == 2 for log in logs))  # the tick, however late
         assert transactions == [8]  # one transaction holding every session's append call
         for log in logs:
             i = int(log.session_id[1:])
