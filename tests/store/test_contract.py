@@ -11,6 +11,7 @@ from events.records import EventRecord
 from events.store import ConcurrencyError, EventIdConflict, EventStore, ImportRow, StoreClosed
 from events.types import StageRequestSubmitted, TurnCommitted
 from tests.store.helpers import turn, turns
+from tests.waiting import eventually
 
 
 async def test_append_assigns_positions_and_versions(store: EventStore) -> None:
@@ -175,7 +176,7 @@ async def test_subscribe_catches_up_then_follows(store: EventStore) -> None:
                 return
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.2)
+    await eventually(lambda: len(seen) >= 2)  # caught up, however slowly
     assert seen == [2, 3]
     await store.append("S1", turns("S1", 2, start=3))
     await asyncio.wait_for(task, 2.0)  # woken by the commit, not by the 5 s poll
