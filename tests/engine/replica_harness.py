@@ -109,25 +109,29 @@ def writers(workers: list[Worker]) -> dict[str, str]:
     return out
 
 
+async def not_taken_over(store: EventStore, sessions: list[str]) -> list[str]:
+    """Those of ``sessions`` whose takeover the log does not yet show done: still open, or
+    closed but holding an engine id (the takeover's cleanup is written after its
+    ``SessionClosed``; a replica stopped in between leaves it to ``recover``)."""
+    lives = await session_lifecycles(store, stream_ids=sessions)
+    still = [sid for sid in sessions if sid not in lives or lives[sid].open]
+    if still:
+        return still
+    projector = await project_as_of(store)
+    held = {sid: projector.session_resources(sid) for sid in sessions}
+    return [sid for sid, state in held.items() if state is not None and state.bindings]
+
+
 async def wait_taken_over(url: str, sessions: list[str], deadline_s: float) -> float:
-    """Seconds until every one of ``sessions`` is taken over in the log: closed, and holding
-    no engine id (the takeover's cleanup, written after its ``SessionClosed``, is in too: a
-    replica stopped in between would leave it to ``recover``). AssertionError past
-    ``deadline_s``."""
+    """Seconds until :func:`not_taken_over` is empty for ``sessions`` (AssertionError naming
+    them past ``deadline_s``)."""
     start = time.monotonic()
     async with await EventStore.open(url) as store:
-        while True:
-            lives = await session_lifecycles(store, stream_ids=sessions)
-            still = [sid for sid in sessions if sid not in lives or lives[sid].open]
-            if not still:
-                projector = await project_as_of(store)
-                held = {sid: projector.session_resources(sid) for sid in sessions}
-                still = [sid for sid, state in held.items() if state is not None and state.bindings]
-                if not still:
-                    return time.monotonic() - start
+        while still := await not_taken_over(store, sessions):
             if time.monotonic() - start > deadline_s:
                 raise AssertionError(f"not taken over within {deadline_s} s: {still}")
             await asyncio.sleep(0.02)
+        return time.monotonic() - start
 
 
 @dataclass

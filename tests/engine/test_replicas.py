@@ -20,7 +20,9 @@ from events.store.owners import session_lifecycles
 from events.store.store import EventStore
 from projections.runner import project_as_of
 from reports.cli import app
+from tests.engine.replica_harness import not_taken_over
 from tests.fakes.fake_port import FakeStagePort
+from tests.waiting import eventually
 
 CONFIG = EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005)
 LEASE = 0.6
@@ -61,20 +63,13 @@ async def mid_response(engine: SessionEngine, sid: str):
 
 
 async def until_taken_over(store, sid, timeout=10.0):
-    """Until the log shows ``sid``'s takeover done: closed, and holding no engine id (the
-    cleanup after ``SessionClosed`` is written too). Waiting for the close alone raced it."""
+    """Until the log shows ``sid``'s takeover done, its cleanup included (waiting for its
+    ``SessionClosed`` alone raced that cleanup)."""
 
-    async def settled() -> bool:
-        if (await session_lifecycles(store, stream_ids=[sid]))[sid].open:
-            return False
-        state = (await project_as_of(store)).session_resources(sid)
-        return state is None or not state.bindings
+    async def done() -> bool:
+        return not await not_taken_over(store, [sid])
 
-    async def poll():
-        while not await settled():
-            await asyncio.sleep(0.02)
-
-    await asyncio.wait_for(poll(), timeout)
+    await eventually(done, timeout_s=timeout)
 
 
 @pytest.fixture
