@@ -80,6 +80,7 @@ class SessionEngine:
         self.plugin = plugin or TextPlugin()
         self.config = config or EngineConfig()
         self.sessions: dict[str, Session] = {}
+        self._closing = False  # aclose has begun
         self.printed: deque[TurnTables] = deque(maxlen=self.config.printed_turns_kept)  # the last ones only
         self._on_turn = on_turn
         self._stats_renderer = stats_renderer
@@ -131,6 +132,7 @@ class SessionEngine:
         is that replica's now, issue 14) is passed over; any other failure of a session's
         close is logged, the rest is still shut down, and the first such failure is raised
         at the end."""
+        self._closing = True  # open_session refuses from now on: the list below is complete
         failures: list[Exception] = []
         try:
             for session in list(self.sessions.values()):
@@ -159,10 +161,13 @@ class SessionEngine:
         """Open a session (DOMAIN §2.2 open): admission, capabilities from the plugin, the
         incarnation (+1 over a closed predecessor), then the Stage0 id for fence turn 0 is
         reserved. The session is owned by this replica (``SessionOpened.replica_id``); one left
-        open by a dead replica is taken over first. Raises SessionError ``session_exists`` /
-        ``max_sessions_reached`` / ``replica_superseded``, SessionOwnedElsewhere (code
+        open by a dead replica is taken over first. Raises SessionError ``engine_closed`` (once
+        :meth:`aclose` has begun), ``session_exists`` / ``max_sessions_reached`` /
+        ``replica_superseded``, SessionOwnedElsewhere (code
         ``session_owned_elsewhere``, naming the live owner: issue 14) and RequestIdError for an
         empty session id."""
+        if self._closing:
+            raise SessionError("engine_closed", "the session engine is shutting down or shut", session_id=session_id)
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
         if sum(not s.closed for s in self.sessions.values()) >= self.config.max_sessions:
@@ -231,6 +236,13 @@ class SessionEngine:
         if self._on_turn is not None:
             self._on_turn(session, turn)
 
+    def serves(self, session_id: str) -> bool:
+        """Whether this engine still answers for ``session_id``: opened here and not fenced out
+        (a session fenced by a takeover or by this replica's own lost lease is left to
+        takeover like any other dead owner's, issue 14)."""
+        session = self.sessions.get(session_id)
+        return session is not None and not session.taken_over
+
     async def _claimable_history(self, session_id: str) -> list:  # type: ignore[type-arg]
         """The stream, once it is closed: an open session of a dead owner is taken over first;
         one of a live owner raises SessionOwnedElsewhere (this replica: ``session_exists``)."""
@@ -260,9 +272,9 @@ class SessionEngine:
         projector = await project_as_of(self.store)
         judge = await self.replica.judge()
         for sid, state in projector.sessions_resources():
-            if sid in self.sessions:
+            if self.serves(sid):
                 continue
-            if state.closed_at is not None and not state.bindings:
+            if state.closed_at is not None and not state.holds_anything():  # keys, or an abort unanswered
                 continue
             await self.replica.take_over(sid, judge, report)
         return report

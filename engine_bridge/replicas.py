@@ -313,7 +313,7 @@ class Replica:
         report = RecoveryReport()
         ok = True
         for sid, life in sorted((await session_lifecycles(self.engine.store)).items()):
-            if not life.open or sid in self.engine.sessions or judge.dead_reason(life.owner) is None:
+            if not life.open or self.engine.serves(sid) or judge.dead_reason(life.owner) is None:
                 continue
             try:
                 await self.take_over(sid, judge, report)

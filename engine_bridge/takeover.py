@@ -81,7 +81,7 @@ async def take_over_session(
             return False
         projector = Projector(live=True).apply_all(history)
         state = projector.session_resources(session_id)
-        if not life.open and not (state and state.bindings):
+        if not life.open and not (state and state.holds_anything()):  # keys, or an abort unanswered
             return False
         log = SessionLog(store, session_id, len(history), projector=projector, ticker=ticker, on_applied=on_applied)
         try:

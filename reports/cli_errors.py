@@ -3,7 +3,7 @@
 Exit codes (the same error gives the same code from every command):
 
 * **2 — rejected input**, nothing was written: a bad URL (empty, unparsable, unsupported), a
-  SQLite path that is missing, a directory or not a ledger, a schema at another revision than
+  SQLite path that is missing, a directory, not a ledger or a damaged (truncated) SQLite file, a schema at another revision than
   the code (:class:`~events.store.errors.SchemaRevisionError`), bad JSONL or trace lines, a
   version or event-id conflict, a value the store refuses (DOMAIN §5.7 D12), an unknown
   ``--session``.
@@ -78,9 +78,17 @@ def rejected_types() -> tuple[type[BaseException], ...]:
     )
 
 
+def damaged_sqlite_file(exc: BaseException) -> bool:
+    """The SQLite file itself is damaged: truncated, or pages overwritten (SQLite's
+    ``SQLITE_CORRUPT*`` / ``SQLITE_NOTADB``, read off the driver's error under SQLAlchemy's)."""
+    cause = getattr(exc, "orig", None) or exc
+    return str(getattr(cause, "sqlite_errorname", "")).startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
 def exit_code(exc: BaseException) -> int:
-    """2 for rejected input, 1 for an operational failure (see the module doc)."""
-    return REJECTED if isinstance(exc, rejected_types()) else OPERATIONAL
+    """2 for rejected input (a damaged SQLite file too: it is not a ledger that can be read),
+    1 for an operational failure (see the module doc)."""
+    return REJECTED if isinstance(exc, rejected_types()) or damaged_sqlite_file(exc) else OPERATIONAL
 
 
 def describe(exc: BaseException, url: str | None = None) -> list[str]:
@@ -103,9 +111,11 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
     first = text.splitlines()[0] if text else type(cause).__name__
     if isinstance(exc, (ConcurrencyError, EventIdConflict)):
         first += "; nothing was written"
+    where = f"{redact(url)}: " if url else ""
+    if damaged_sqlite_file(exc):
+        return [f"error: {where}{first} (the SQLite file is damaged or truncated; nothing was changed)"]
     if exit_code(exc) == REJECTED:
         return [f"error: {first}"]
-    where = f"{redact(url)}: " if url else ""
     return [f"error: {where}{type(cause).__name__}: {first}"]
 
 

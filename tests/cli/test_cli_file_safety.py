@@ -192,6 +192,26 @@ def test_a_dropped_guard_is_refused_by_every_db_command(
     assert path.read_bytes() == before
 
 
+READERS = {**COMMANDS, "tables": ("tables",), "metrics": ("metrics",), "verify": ("verify",)}
+
+
+@pytest.mark.parametrize("keep", (0.25, 0.5, 0.9))
+def test_a_truncated_sqlite_file_is_rejected_by_every_command_and_left_as_it_is(
+    templates: dict[str, Path], tmp_path: Path, keep: float
+) -> None:
+    """A ledger file cut short (a half-finished copy) is rejected input, exit 2, naming the
+    file as damaged, never exit 1 (which means leaks or tampering) and never changed."""
+    whole = templates[REVISIONS[-1]].read_bytes()
+    path = tmp_path / "cut.db"
+    path.write_bytes(whole[: int(len(whole) * keep)])
+    before = path.read_bytes()
+    for name, args in READERS.items():
+        r = dl(*args, "--db", url_of(path))
+        assert r.exit_code == 2, (name, r.output)
+        assert "damaged or truncated" in r.output or "not a ledger" in r.output, (name, r.output)
+        assert path.read_bytes() == before, name
+
+
 @pytest.mark.parametrize("revision", REVISIONS)
 def test_an_intact_ledger_at_each_revision_still_upgrades_and_downgrades(
     templates: dict[str, Path], tmp_path: Path, revision: str

@@ -160,6 +160,121 @@ async def test_one_sessions_failed_close_does_not_stop_the_others(url):
         assert (await LeaseTable(store).snapshot())[1]["A"].released_at_us is not None  # lease released
 
 
+class SlowAbortPort(FakeStagePort):
+    """FAKE port whose abort takes ``abort_delay_s`` (a shutdown or crash can land inside it)."""
+
+    abort_delay_s = 0.0
+
+    async def abort(self, request_ids):  # type: ignore[no-untyped-def]
+        if self.abort_delay_s:
+            await asyncio.sleep(self.abort_delay_s)
+        await super().abort(request_ids)
+
+
+def slow_abort_ports() -> list[SlowAbortPort]:
+    return [SlowAbortPort(0, "thinker", token_delay_s=0.01), SlowAbortPort(1, "talker", token_delay_s=0.01)]
+
+
+def set_abort_delay(stage_ports: list[SlowAbortPort], delay_s: float) -> None:
+    for port in stage_ports:
+        port.abort_delay_s = delay_s
+
+
+async def assert_abort_answered(store, sid, running, stage_ports) -> None:
+    """The cut-off abort of ``running`` is answered in the log and done on the engine, and
+    the audit finds no leak."""
+    assert running not in stage_ports[0].live_request_ids()
+    kinds = [e.event.type for e in await store.read_stream(sid)]
+    assert "AbortResult" in kinds[kinds.index("AbortRequested") :]
+    p = await project_as_of(store)
+    assert p.leaks() == [], [(f.kind, f.request_id) for f in p.leaks()]
+
+
+async def until_logged(store, sid, kind):
+    async def logged() -> bool:
+        return kind in [e.event.type for e in await store.read_stream(sid)]
+
+    await eventually(logged)
+
+
+async def test_an_abort_cut_off_by_a_shutdown_mid_takeover_is_answered_by_the_next_replica(url):
+    """B shuts down inside its takeover's abort (``AbortRequested`` durable, no answer yet):
+    the session is closed in the log but the abort is unanswered, so the next replica's
+    recovery sends it again and records the answer (DOMAIN §4.2 R2). Before, recovery
+    passed over a closed session holding no key and the id leaked for good."""
+    shared = slow_abort_ports()
+    a = await replica(url, "A", shared, pool="pool-1")
+    s = await mid_response(a, "s1")
+    running = s.active.request_id
+    await die(a)
+    b = await replica(url, "B", shared, pool="pool-1")
+    set_abort_delay(shared, 3.0)
+    await until_logged(b.store, "s1", "AbortRequested")
+    await b.aclose()  # cancels the takeover inside its abort
+    assert "AbortResult" not in [e.event.type for e in await a.store.read_stream("s1")]
+    set_abort_delay(shared, 0.0)
+    c = await replica(url, "C", shared, pool="pool-1")  # its start-up recovery
+    await assert_abort_answered(c.store, "s1", running, shared)
+    await c.aclose()
+    await a.aclose()
+
+
+async def test_a_crash_inside_a_close_is_settled_by_recovery(url):
+    shared = slow_abort_ports()
+    a = await replica(url, "A", shared, pool="p")
+    s = await mid_response(a, "s1")
+    running = s.active.request_id
+    set_abort_delay(shared, 5.0)
+    closing = asyncio.create_task(s.close())
+    await until_logged(a.store, "s1", "AbortRequested")
+    closing.cancel()  # the process dies inside the close's abort
+    await asyncio.gather(closing, return_exceptions=True)
+    await die(a)
+    await asyncio.sleep(LEASE + 0.2)
+    set_abort_delay(shared, 0.0)
+    c = await replica(url, "C", shared, pool="p")
+    report = await c.recover()  # start-up recovery already ran: nothing is left to do twice
+    assert report.aborted == [] and report.failed == []
+    await assert_abort_answered(c.store, "s1", running, shared)
+    await c.aclose()
+    await a.aclose()
+
+
+async def test_a_replica_past_its_lease_takes_over_its_own_fenced_sessions(url):
+    """A replica paused past its lease fences its sessions and starts a new incarnation; that
+    incarnation takes the old one's sessions over like any other replica would (they are no
+    longer served here), so nothing stays open owned by the dead incarnation."""
+    a = await replica(url, "A")
+    s = await mid_response(a, "s1")
+    await die(a)  # a pause: no renewals
+    await asyncio.sleep(LEASE + 0.3)
+    a.replica.start_background()  # the renewal finds the lease lost: A#1
+    await eventually(lambda: a.replica.stats["lease_lost"] >= 1)
+    assert s.taken_over and not a.serves("s1")
+    await until_taken_over(a.store, "s1")
+    taken = [e.event for e in await a.store.read_stream("s1") if e.event.type == "SessionTakenOver"]
+    assert [(t.previous_replica_id, t.previous_incarnation, t.replica_id, t.replica_incarnation) for t in taken] == [
+        ("A", 0, "A", 1)
+    ]
+    await a.aclose()
+    async with await EventStore.open(url) as store:
+        assert not (await session_lifecycles(store, stream_ids=["s1"]))["s1"].open
+        assert (await project_as_of(store)).leaks() == []
+
+
+async def test_open_session_is_refused_once_shutdown_began(url):
+    a = await replica(url, "A")
+    await a.open_session("s1")
+    results = await asyncio.gather(a.aclose(), a.open_session("s2"), return_exceptions=True)
+    assert results[0] is None
+    assert isinstance(results[1], SessionError) and results[1].code == "engine_closed"
+    with pytest.raises(SessionError, match="engine_closed"):
+        await a.open_session("s3")
+    assert a.replica._tasks == []  # no lease loop restarted on the closed store
+    async with await EventStore.open(url) as store:
+        assert await store.stream_version("s2") == 0 and await store.stream_version("s3") == 0
+
+
 async def test_shared_engines_abort_the_dead_replicas_ids(url):
     shared = ports(delay=0.01)
     a = await replica(url, "A", shared, pool="pool-1")
