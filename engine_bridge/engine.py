@@ -15,6 +15,7 @@ the log with the live engines (crash recovery).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -81,6 +82,8 @@ class SessionEngine:
         self.config = config or EngineConfig()
         self.sessions: dict[str, Session] = {}
         self._closing = False  # aclose has begun
+        self._opening = 0  # open_session calls in flight
+        self._opens_done = asyncio.Event()  # set whenever none is in flight
         self.printed: deque[TurnTables] = deque(maxlen=self.config.printed_turns_kept)  # the last ones only
         self._on_turn = on_turn
         self._stats_renderer = stats_renderer
@@ -127,12 +130,17 @@ class SessionEngine:
         """Close every open session (reason ``server_shutdown``), release the replica's lease,
         stop the ``/metrics`` server if one was started, then close the store if owned.
 
-        One session never stops the shutdown of the others: a session found taken over by
+        :meth:`open_session` is refused (``engine_closed``) from the start; calls already in
+        flight end first, so the sessions they open are closed too. One session never stops
+        the shutdown of the others: a session found taken over by
         another replica at its close (SessionError ``session_taken_over``: it is fenced out and
         is that replica's now, issue 14) is passed over; any other failure of a session's
         close is logged, the rest is still shut down, and the first such failure is raised
         at the end."""
-        self._closing = True  # open_session refuses from now on: the list below is complete
+        self._closing = True  # open_session refuses from now on
+        while self._opening:  # those already past that check end first: the list below is complete
+            self._opens_done.clear()
+            await self._opens_done.wait()
         failures: list[Exception] = []
         try:
             for session in list(self.sessions.values()):
@@ -168,6 +176,17 @@ class SessionEngine:
         empty session id."""
         if self._closing:
             raise SessionError("engine_closed", "the session engine is shutting down or shut", session_id=session_id)
+        self._opening += 1
+        try:
+            return await self._open_session(session_id, auto_response, log_stats, plugin)
+        finally:
+            self._opening -= 1
+            if not self._opening:
+                self._opens_done.set()
+
+    async def _open_session(
+        self, session_id: str, auto_response: bool, log_stats: bool, plugin: ModelPlugin | None
+    ) -> Session:
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
         if sum(not s.closed for s in self.sessions.values()) >= self.config.max_sessions:
@@ -267,7 +286,8 @@ class SessionEngine:
         ``recovered_after_crash``; its ids still live on an engine (or on engines shared with
         the owner) are aborted on every pool; ids no engine has are recorded as lost
         (``StageRequestLost``); reserved keys are released. Sessions of live replicas are
-        listed in ``skipped`` and not touched."""
+        listed in ``skipped`` and not touched. A session whose recovery fails is listed in
+        ``failed`` (and logged); the others are still recovered and the engine still starts."""
         report = RecoveryReport()
         projector = await project_as_of(self.store)
         judge = await self.replica.judge()
@@ -276,5 +296,9 @@ class SessionEngine:
                 continue
             if state.closed_at is not None and not state.holds_anything():  # keys, or an abort unanswered
                 continue
-            await self.replica.take_over(sid, judge, report)
+            try:
+                await self.replica.take_over(sid, judge, report)
+            except Exception as exc:  # noqa: BLE001 - one session's failure never stops a start
+                logger.warning("recovery of session %r failed: %s: %s", sid, type(exc).__name__, exc)
+                report.failed.append(f"{sid}: {type(exc).__name__}: {exc}")
         return report

@@ -237,15 +237,13 @@ class Replica:
         await self._lost()
 
     async def _lost(self) -> None:
-        self.stats["lease_lost"] += 1
         old = self.me
+        # Fenced before anything is awaited: a session of the dead incarnation flushes nothing more.
+        self.fence_all(f"replica {old} lost its lease; the session is taken over")
+        self.stats["lease_lost"] += 1
         _, leases = await self.table.snapshot()
         row = leases.get(self.config.replica_id)
         self.superseded = row is not None and row.incarnation != old.incarnation
-        self.fence_all(
-            f"replica {old} lost its lease"
-            + (" (started again elsewhere)" if self.superseded else "; the session is taken over")
-        )
         log.warning("replica %s lost its lease%s", old, " (superseded)" if self.superseded else "")
         if self.superseded:
             return

@@ -294,6 +294,7 @@ class Session:
         if self.taken_over:
             return
         self.taken_over = True
+        self.log.fence(message)  # buffered outputs of the fenced session are never flushed
         self.runner.cancel_tasks()
         self.client.send("error", code="session_taken_over", message=message)
         self.client.send("session.closed", reason="session_taken_over")

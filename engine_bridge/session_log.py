@@ -280,9 +280,19 @@ class SessionLog:
         async with self._lock:
             await self._write()
 
+    def fence(self, reason: str) -> None:
+        """Write nothing more (issue 14 fencing): what is buffered is dropped, as a crash would
+        lose it, and every later emit raises SessionLogBroken. An append already committing
+        still lands or is refused by its expected version."""
+        if self._broken is None:
+            self._broken = SessionLogBroken(f"session {self.session_id!r} fenced out: {reason}")
+        self._pending, self._held, self._unprinted = [], 0, []
+
     def _apply(self, events: tuple[EventBase, ...]) -> None:
         if self._broken is not None:
-            raise SessionLogBroken(f"session {self.session_id!r}: an earlier append failed: {self._broken}")
+            raise SessionLogBroken(
+                f"session {self.session_id!r}: an earlier append failed: {self._broken}"
+            ) from self._broken
         now = time.time()
         for event in events:
             self._applied += 1

@@ -27,11 +27,21 @@ from dataclasses import dataclass, field
 from engine_bridge.cleanup import CleanupFailed, cleanup_id
 from engine_bridge.messages import SessionError
 from engine_bridge.ports import AbortFailed, StagePort
-from engine_bridge.session_log import FlushTicker, SessionLog
+from engine_bridge.session_log import FlushTicker, SessionLog, SessionLogBroken
 from events.records import StoredEvent
+from events.store.errors import ConcurrencyError
 from events.store.owners import Owner, lifecycle_of
 from events.store.store import EventStore
-from events.types import AbortResult, SessionClosed, SessionTakenOver, StageRequestLost, StageRequestReleased
+from events.types import (
+    AbortRequested,
+    AbortResult,
+    ReleaseRequested,
+    ReleaseResult,
+    SessionClosed,
+    SessionTakenOver,
+    StageRequestLost,
+    StageRequestReleased,
+)
 from projections.projector import Projector
 
 TAKEN_OVER = "session_taken_over"  # SessionError code of a refused append (the stream moved on)
@@ -103,12 +113,21 @@ async def take_over_session(
                 report.taken_over.append((session_id, str(life.owner)))
             await _clean(log, ports, shared(life.owner), report)
             await log.close()
-        except SessionError as exc:
-            if exc.code != TAKEN_OVER:
+        except (SessionError, SessionLogBroken) as exc:
+            if not _stream_moved(exc):
                 raise
             continue  # the stream moved between our read and our append: judge it again
         return True
     raise SessionError(TAKEN_OVER, f"stream kept moving during takeover ({attempts} tries)", session_id=session_id)
+
+
+def _stream_moved(exc: BaseException) -> bool:
+    """Another writer appended to the stream under us: refused at an awaited append
+    (SessionError ``session_taken_over``), or at a background flush, after which the log
+    refuses further events (SessionLogBroken caused by a ConcurrencyError)."""
+    if isinstance(exc, SessionError):
+        return exc.code == TAKEN_OVER
+    return isinstance(exc.__cause__, ConcurrencyError)
 
 
 async def _clean(log: SessionLog, ports: Sequence[StagePort], shared: bool, report: RecoveryReport) -> None:
@@ -144,21 +163,44 @@ async def _clean(log: SessionLog, ports: Sequence[StagePort], shared: bool, repo
 async def _settle_interrupted_aborts(
     log: SessionLog, ports: Sequence[StagePort], shared: bool, live: set[str], report: RecoveryReport
 ) -> None:
-    """An id whose keys the dead owner dropped and whose abort it logged but never saw
-    answered (it died between ``AbortRequested`` and ``AbortResult``): on engines this replica
-    reaches, the abort is sent again and answered per pool; on the dead owner's own engines
-    the id is recorded lost on each pool still pending."""
+    """An id whose keys the dead owner dropped but whose cleanup it never saw through: an
+    abort it logged and never saw answered (it died between ``AbortRequested`` and
+    ``AbortResult``), or one a pool answered ``failed``. On engines this replica reaches the
+    abort is sent again, under a new ``AbortRequested`` for the failed pools (an answer only
+    answers its own intent, DOMAIN §5.7 D10), and answered per pool; on the dead owner's own
+    engines the id is recorded lost on each of those pools. A failed release (pool ``-1``,
+    no engine call) is released again."""
     sid = log.session_id
     state = log.projector.session_resources(sid)
     if state is None:
         return
     for request_id, life in sorted(state.lives.items()):
-        pending = sorted(set(life.abort_pending) | set(life.abort_failed))
-        if life.cleanup_ok or not pending or state.keys_of(request_id):
+        if life.cleanup_ok or state.keys_of(request_id):
+            continue
+        pending = {stage_id for stage_id in life.abort_pending if stage_id >= 0}
+        failed = {stage_id for stage_id in life.abort_failed if stage_id >= 0} - pending
+        if -1 in life.abort_failed:  # the release pool: bookkeeping, no engine call
+            now = time.time()
+            log.emit_later(
+                ReleaseRequested(session_id=sid, ts=now, request_ids=[request_id], cause="recovered_after_crash"),
+                ReleaseResult(session_id=sid, ts=now, request_ids=[request_id], outcome="ok"),
+            )
+        stages = sorted(pending | failed)
+        if not stages:
             continue
         if request_id in live or shared:
+            if failed:
+                log.emit_later(
+                    AbortRequested(
+                        session_id=sid,
+                        ts=time.time(),
+                        request_ids=[request_id],
+                        stage_ids=sorted(failed),
+                        reason="recovered_after_crash",
+                    )
+                )
             for port in ports:
-                if port.stage_id not in pending:
+                if port.stage_id not in stages:
                     continue
                 try:
                     await port.abort([request_id])
@@ -178,7 +220,7 @@ async def _settle_interrupted_aborts(
                     )
                 )
             continue
-        for stage_id in pending:
+        for stage_id in stages:
             log.emit_later(
                 StageRequestLost(
                     session_id=sid,

@@ -745,6 +745,7 @@ class ResourcesFold:
             snapshot = life.abort_snapshot.pop(e.stage_id, None)
             if e.outcome == "failed":
                 life.abort_failed[e.stage_id] = (st.position, e.ts)
+                life.cleanup_ok = False  # whatever another pool answered, it may still run here (R3)
                 continue
             # ok / not_running / unknown_id: nothing of the id runs on that pool any more.
             life.abort_failed.pop(e.stage_id, None)
@@ -770,6 +771,7 @@ class ResourcesFold:
             if e.outcome == "ok":
                 for key in s.keys_of(request_id):
                     self._drop(s, key, st)
+                life.abort_failed.pop(-1, None)  # the release went through this time
                 if 0 in life.finished_stages:
                     life.abort_failed.clear()  # finished on the engine: releasing it is the whole cleanup
                 life.cleanup_ok = not life.abort_failed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -14,14 +15,25 @@ from typer.testing import CliRunner
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.replicas import ReplicaConfig, SessionOwnedElsewhere
+from events import ids
 from events.store.leases import LeaseTable
 from events.store.migrate import upgrade
 from events.store.owners import session_lifecycles
 from events.store.store import EventStore
+from events.types import (
+    ReleaseRequested,
+    ReleaseResult,
+    SessionClosed,
+    SessionOpened,
+    StageRequestReleased,
+    StageRequestReserved,
+    StageRequestSubmitted,
+)
 from projections.runner import project_as_of
 from reports.cli import app
 from tests.engine.replica_harness import not_taken_over
 from tests.fakes.fake_port import FakeStagePort
+from tests.fakes.faults import FlakyAbortPort
 from tests.waiting import eventually
 
 CONFIG = EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005)
@@ -219,25 +231,32 @@ async def test_an_abort_cut_off_by_a_shutdown_mid_takeover_is_answered_by_the_ne
     await a.aclose()
 
 
-async def test_a_crash_inside_a_close_is_settled_by_recovery(url):
-    shared = slow_abort_ports()
-    a = await replica(url, "A", shared, pool="p")
+async def cut_off_close(url, stage_ports, inner_ports):
+    """A (pool ``p``) dies inside its session's close, after ``AbortRequested`` was logged and
+    before any pool answered; returns the running id once A's lease has expired."""
+    a = await replica(url, "A", stage_ports, pool="p")
     s = await mid_response(a, "s1")
     running = s.active.request_id
-    set_abort_delay(shared, 5.0)
+    set_abort_delay(inner_ports, 5.0)
     closing = asyncio.create_task(s.close())
     await until_logged(a.store, "s1", "AbortRequested")
-    closing.cancel()  # the process dies inside the close's abort
+    closing.cancel()
     await asyncio.gather(closing, return_exceptions=True)
     await die(a)
+    await a.store.close()
     await asyncio.sleep(LEASE + 0.2)
+    return running
+
+
+async def test_a_crash_inside_a_close_is_settled_by_recovery(url):
+    shared = slow_abort_ports()
+    running = await cut_off_close(url, shared, shared)
     set_abort_delay(shared, 0.0)
     c = await replica(url, "C", shared, pool="p")
     report = await c.recover()  # start-up recovery already ran: nothing is left to do twice
     assert report.aborted == [] and report.failed == []
     await assert_abort_answered(c.store, "s1", running, shared)
     await c.aclose()
-    await a.aclose()
 
 
 async def test_a_replica_past_its_lease_takes_over_its_own_fenced_sessions(url):
@@ -249,8 +268,8 @@ async def test_a_replica_past_its_lease_takes_over_its_own_fenced_sessions(url):
     await die(a)  # a pause: no renewals
     await asyncio.sleep(LEASE + 0.3)
     a.replica.start_background()  # the renewal finds the lease lost: A#1
-    await eventually(lambda: a.replica.stats["lease_lost"] >= 1)
-    assert s.taken_over and not a.serves("s1")
+    await eventually(lambda: s.taken_over)  # the renewal found the lease lost and fenced it
+    assert a.replica.stats["lease_lost"] == 1 and not a.serves("s1")
     await until_taken_over(a.store, "s1")
     taken = [e.event for e in await a.store.read_stream("s1") if e.event.type == "SessionTakenOver"]
     assert [(t.previous_replica_id, t.previous_incarnation, t.replica_id, t.replica_incarnation) for t in taken] == [
@@ -260,6 +279,75 @@ async def test_a_replica_past_its_lease_takes_over_its_own_fenced_sessions(url):
     async with await EventStore.open(url) as store:
         assert not (await session_lifecycles(store, stream_ids=["s1"]))["s1"].open
         assert (await project_as_of(store)).leaks() == []
+
+
+def warning_kinds(p) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted(f.kind for f in p.findings() if f.severity != "leak")
+
+
+async def test_a_pool_that_fails_the_recovery_abort_stays_held_and_the_next_recovery_retries_it(url):
+    inner = slow_abort_ports()
+    shared = [FlakyAbortPort(port) for port in inner]
+    running = await cut_off_close(url, shared, inner)
+    set_abort_delay(inner, 0.0)
+    shared[1].fail_next_aborts(1)  # the talker pool refuses the re-sent abort once
+    c = await replica(url, "C", shared, pool="p")
+    p = await project_as_of(c.store)
+    assert [f.request_id for f in p.leaks()] == [running]  # visible, whichever pool answered first
+    assert p.session_resources("s1").holds_anything()
+    await c.recover()  # the next recovery asks again, under an intent of its own (D10)
+    await assert_abort_answered(c.store, "s1", running, shared)
+    assert "duplicate_ack" not in warning_kinds(await project_as_of(c.store))
+    await c.aclose()
+
+
+async def test_two_replicas_recovering_one_closed_session_at_once_both_start(url):
+    inner = slow_abort_ports()
+    running = await cut_off_close(url, inner, inner)
+    set_abort_delay(inner, 0.05)  # longer than the flush clock: a pool's answer is flushed alone
+    b, c = await asyncio.gather(replica(url, "B", inner, pool="p"), replica(url, "C", inner, pool="p"))
+    await assert_abort_answered(b.store, "s1", running, inner)
+    assert "duplicate_ack" not in warning_kinds(await project_as_of(b.store))
+    await b.aclose()
+    await c.aclose()
+
+
+async def test_a_failed_release_of_a_dead_owners_closed_session_is_released_again(url):
+    x0 = ids.mint_ephemeral("s1", 0, 0, 0)
+    t = time.time() - 100
+    async with await EventStore.open(url, create=True) as store:
+        await store.append(
+            "s1",
+            [
+                SessionOpened(session_id="s1", ts=t),
+                StageRequestReserved(session_id="s1", ts=t + 1, stage_id=0, request_id=x0),
+                StageRequestSubmitted(session_id="s1", ts=t + 2, stage_id=0, request_id=x0),
+                SessionClosed(session_id="s1", ts=t + 4, reason="session_close"),
+                StageRequestReleased(session_id="s1", ts=t + 5, stage_id=0, request_id=x0),
+                ReleaseRequested(session_id="s1", ts=t + 5, request_ids=[x0]),
+                ReleaseResult(session_id="s1", ts=t + 6, request_ids=[x0], outcome="failed"),
+            ],
+        )
+        assert (await project_as_of(store)).leaks() != []
+    for pool in (None, "p"):  # the dead owner's engines, or shared ones: no stage -1 either way
+        c = await replica(url, f"C-{pool}", pool=pool)
+        assert (await project_as_of(c.store)).leaks() == []
+        await c.aclose()
+
+
+@pytest.mark.parametrize("yields", (0, 1, 2, 3, 5, 8, 12, 20, 40))
+async def test_an_open_in_flight_when_shutdown_begins_is_closed_by_it(url, yields):
+    a = await replica(url, "A")
+    await a.open_session("s1")
+    opening = asyncio.create_task(a.open_session("s2"))
+    for _ in range(yields):
+        await asyncio.sleep(0)
+    closed, opened = await asyncio.gather(a.aclose(), opening, return_exceptions=True)
+    assert closed is None
+    assert not isinstance(opened, BaseException) or getattr(opened, "code", None) == "engine_closed", opened
+    async with await EventStore.open(url) as store:
+        lives = await session_lifecycles(store)
+        assert not any(life.open for life in lives.values()), lives
 
 
 async def test_open_session_is_refused_once_shutdown_began(url):

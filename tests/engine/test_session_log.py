@@ -135,3 +135,20 @@ async def test_a_turn_is_printed_only_once_the_events_that_finalized_it_are_dura
         with pytest.raises(OSError):
             await flushing
         assert printed == []  # never recorded: never printed
+
+
+async def test_a_fenced_log_writes_nothing_more(tmp_path) -> None:
+    """Issue 14 fencing: what a fenced session buffered is dropped (never flushed by the
+    clock), and any later emit is refused."""
+    store = await EventStore.open(f"sqlite+aiosqlite:///{tmp_path}/f.db", create=True)
+    try:
+        log = SessionLog(store, "s", 0, ticker=FlushTicker(0.01))
+        log.emit_later(_appended("s", 1.0))
+        log.fence("the lease was lost")
+        await asyncio.sleep(0.05)  # several ticks
+        await log.flush()
+        assert await store.head_position() == 0
+        with pytest.raises(SessionLogBroken, match="fenced out: the lease was lost"):
+            log.emit_later(_appended("s", 2.0))
+    finally:
+        await store.close()
