@@ -132,11 +132,10 @@ class SessionEngine:
 
         :meth:`open_session` is refused (``engine_closed``) from the start; calls already in
         flight end first, so the sessions they open are closed too. One session never stops
-        the shutdown of the others: a session found taken over by
-        another replica at its close (SessionError ``session_taken_over``: it is fenced out and
-        is that replica's now, issue 14) is passed over; any other failure of a session's
-        close is logged, the rest is still shut down, and the first such failure is raised
-        at the end."""
+        the shutdown of the others: a session found taken over at its close (SessionError
+        ``session_taken_over``: it is fenced out and another replica's now, issue 14) is
+        passed over; any other failure of a session's close is logged, the rest is still shut
+        down, and the first such failure is raised at the end."""
         self._closing = True  # open_session refuses from now on
         while self._opening:  # those already past that check end first: the list below is complete
             self._opens_done.clear()

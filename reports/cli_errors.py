@@ -3,10 +3,10 @@
 Exit codes (the same error gives the same code from every command):
 
 * **2 — rejected input**, nothing was written: a bad URL (empty, unparsable, unsupported), a
-  SQLite path that is missing, a directory, not a ledger or a damaged (truncated) SQLite file, a schema at another revision than
-  the code (:class:`~events.store.errors.SchemaRevisionError`), bad JSONL or trace lines, a
-  version or event-id conflict, a value the store refuses (DOMAIN §5.7 D12), an unknown
-  ``--session``.
+  SQLite path that is missing, a directory, not a ledger or a damaged (truncated) SQLite
+  file, a schema at another revision than the code
+  (:class:`~events.store.errors.SchemaRevisionError`), bad JSONL or trace lines, a version or
+  event-id conflict, a value the store refuses (DOMAIN §5.7 D12), an unknown ``--session``.
 * **1 — operational**: the database could not be reached or refused the login, the file
   system failed, a lock could not be had, or anything unexpected (the message names the
   exception; ``DUPLEX_LEDGER_DEBUG=1`` shows its traceback). ``audit`` also exits 1 for
