@@ -20,10 +20,13 @@ LONG = EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005
 REPLY = "Hi, I am a test."  # 5 words: under SHORT.max_tokens, so a reply ends with stop
 
 
-async def fake_engine(tmp_path, config: EngineConfig, reply: str | None = None) -> SessionEngine:
-    """Fake ports; the thinker says ``reply`` (stops, ``stop``), else runs to its budget (``length``)."""
+async def fake_engine(
+    tmp_path, config: EngineConfig, reply: str | None = None, *, max_model_len: int = 1024
+) -> SessionEngine:
+    """Fake ports; the thinker says ``reply`` (stops, ``stop``), else runs to its budget
+    (``length``); a prompt over ``max_model_len`` fake tokens fails the turn."""
     ports = [
-        FakeStagePort(0, "thinker", token_delay_s=0.002, reply=reply),
+        FakeStagePort(0, "thinker", token_delay_s=0.002, reply=reply, max_model_len=max_model_len),
         FakeStagePort(1, "talker", token_delay_s=0.002),
     ]
     return await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db", ports, config=config)
