@@ -47,8 +47,7 @@ async def one_turn(wire: Wire, text: str) -> dict:
     return done
 
 
-async def test_two_turn_text_conversation(engine, state, port):
-    client = sdk_client(port)
+async def test_two_turn_text_conversation(engine, state, client):
     async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-text"}) as conn:
         wire = Wire(conn)
         created = await wire.recv()

@@ -43,6 +43,12 @@ def test_pcm16_round_trip_or_invalid_audio(pcm):
         assert (info.value.code, info.value.param) == ("invalid_audio", "audio")
 
 
+def test_deeply_nested_json_is_invalid_json_not_a_crash():
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event("[" * 100_000 + "]" * 100_000)
+    assert info.value.code == "invalid_json"
+
+
 def test_oversized_frame_and_audio():
     with pytest.raises(ProtocolError, match="over the limit") as info:
         parse_client_event(json.dumps({"type": "x", "audio": "A" * 100}), max_bytes=50)
