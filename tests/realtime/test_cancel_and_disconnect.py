@@ -53,6 +53,26 @@ async def test_cancel_mid_stream_then_next_turn(long_engine, long_state, long_po
     assert [e.error_code for e in history if e.type == "CommandRejected"] == []  # an idle cancel is not a refusal
 
 
+async def test_input_clear_leaves_the_running_response_alone(long_engine, long_state, long_port):
+    async with sdk_client(long_port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-clr"}) as c:
+        wire = Wire(c)
+        await wire.recv()
+        r0 = await start_long_reply(wire)
+        await wire.send({"type": "input_audio_buffer.append", "audio": "AAAAAA==", "transcript": "uh"})
+        await wire.send({"type": "input_audio_buffer.clear", "event_id": "clr"})
+        await wire.until("input_audio_buffer.cleared")
+        seen = len(wire.of_type("response.output_audio_transcript.delta"))
+        await wire.until("response.output_audio_transcript.delta")  # the response goes on
+        assert len(wire.of_type("response.output_audio_transcript.delta")) > seen
+        assert not wire.of_type("response.done")
+        await wire.send({"type": "response.cancel", "response_id": r0})
+        assert (await wire.until("response.done"))["response"]["status"] == "cancelled"
+        wire.check()
+    assert await settled_ledger(long_state, "rt-clr") == ["cancel"]
+    history = [s.event for s in await long_engine.store.read_stream("rt-clr")]
+    assert [e.dropped_chunks for e in history if e.type == "InputCleared"] == [1]
+
+
 @pytest.mark.parametrize("how", ["clean_close", "transport_abort"])
 async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
     sid = f"rt-drop-{how}"
