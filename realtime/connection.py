@@ -60,7 +60,8 @@ class ConnectionOptions:
 
     * ``extensions``: the duplex dialect (:mod:`realtime.duplex`) is offered to sockets that
       ask for it with ``?duplex=1``; otherwise such a socket gets an error and close 1008;
-    * ``idle_timeout_s``: no client frame for this long is a disconnect (None: never);
+    * ``idle_timeout_s``: no client frame for this long while no response runs is a
+      disconnect (None: never);
     * ``outbound_queue_max``: server events queued for one client before it counts as too
       slow and is closed;
     * ``transcriber``: what turns appended audio into the thinker's text (None: only the
@@ -198,19 +199,30 @@ class RealtimeConnection:
 
     async def _next_frame(self) -> str | bytes | None:
         """The next client frame; None when the socket closed, the connection is stopping or
-        the idle timeout passed (``end_reason`` says which)."""
+        the idle timeout passed (``end_reason`` says which). Idle means no client frame for
+        ``idle_timeout_s`` while no response runs: a client listening to a long answer is not
+        idle."""
         receive = asyncio.ensure_future(self.ws.receive())
-        stop = asyncio.ensure_future(self._stop.wait())
         try:
-            done, _ = await asyncio.wait(
-                {receive, stop}, timeout=self.options.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            while True:
+                stop = asyncio.ensure_future(self._stop.wait())
+                try:
+                    done, _ = await asyncio.wait(
+                        {receive, stop}, timeout=self.options.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    stop.cancel()
+                if receive in done:
+                    break
+                if self._stop.is_set():
+                    self.end_reason = self.end_reason or "stopped"
+                    return None
+                if self.session is None or self.session.active is None:
+                    self.end_reason = self.end_reason or "idle_timeout"
+                    return None
         finally:
-            stop.cancel()
-        if receive not in done:
-            receive.cancel()
-            self.end_reason = self.end_reason or ("stopped" if self._stop.is_set() else "idle_timeout")
-            return None
+            if not receive.done():
+                receive.cancel()
         message = receive.result()
         if message["type"] == "websocket.disconnect":
             self._socket_gone = True
