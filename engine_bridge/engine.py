@@ -252,6 +252,11 @@ class SessionEngine:
         await session.start()
         return session
 
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`aclose` has begun (open_session is refused from then on)."""
+        return self._closing
+
     def session(self, session_id: str) -> Session:
         """The open session; raises SessionError ``unknown_session``."""
         session = self.sessions.get(session_id)

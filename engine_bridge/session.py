@@ -308,8 +308,8 @@ class Session:
         return await self._cancel("input.cancel", "input.cancel", event_id)
 
     async def clear_output_audio(self, *, event_id: str | None = None) -> bool:
-        """output_audio_buffer.clear (log reason ``cancel``). With no response in progress: one
-        ``error`` ``response_cancel_not_active`` and False, as :meth:`cancel_response`."""
+        """output_audio_buffer.clear (log reason ``cancel``). False (no error event) when no
+        response is in progress: the front says what its protocol wants (research §5.5)."""
         return await self._cancel("output_audio_buffer.clear", "output_audio_buffer_clear", event_id)
 
     async def _cancel(self, command: str, source: str, event_id: str | None) -> bool:

@@ -94,9 +94,10 @@ WIRE_REASON = {
 }
 
 #: Cancel commands for which finding nothing to cancel is the client's mistake: one ``error``
-#: ``response_cancel_not_active`` (D14). A barge-in over silence and an input cancel of an
-#: idle session are not errors (they still reply False).
-NOT_ACTIVE_IS_ERROR = frozenset({"response.cancel", "output_audio_buffer.clear"})
+#: ``response_cancel_not_active`` (D14). A barge-in over silence, an input cancel of an idle
+#: session and an ``output_audio_buffer.clear`` with no audio playing only reply False (a
+#: front decides what its protocol says of the last one).
+NOT_ACTIVE_IS_ERROR = frozenset({"response.cancel"})
 
 #: Wire error code of a failed turn per stage-port error class (DOMAIN §5.7 D14).
 PORT_ERROR_CODE = {"PromptTooLong": "prompt_too_long", "EngineDead": "engine_dead"}
@@ -674,8 +675,7 @@ def _(command: EngineAborted, state: SessionState) -> list[Step]:
 def _(command: CancelResponse, state: SessionState) -> list[Step]:
     """Cancel the response work (DOMAIN §2.4): CancelRequested, finalize with the §2.4 reason,
     epoch +1, abort the id on every pool (R1/R2). Replies False when nothing runs
-    (``response.cancel`` and ``output_audio_buffer.clear`` then also get ``error``
-    ``response_cancel_not_active``, D14).
+    (``response.cancel`` then also gets ``error`` ``response_cancel_not_active``, D14).
     ``input.cancel`` drops the input buffer first. A failed abort restores the keys and
     refuses the command (``runtime_append_failed``): the work drains silently."""
     c, sid = command, state.session_id

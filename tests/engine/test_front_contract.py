@@ -84,13 +84,10 @@ async def test_a_cancel_that_finds_nothing_returns_false_and_one_error(tmp_path)
         s.drain_events()
         assert await s.cancel_response(event_id="evt_1") is False
         assert await s.clear_output_audio(event_id="evt_2") is False
-        assert await s.barge_in(event_id="evt_3") is False  # speech over silence: no error
+        assert await s.barge_in(event_id="evt_3") is False  # speech over silence: no error (nor below)
         assert await s.cancel_input(event_id="evt_4") is False
         errors = errors_of(s.drain_events())
-        assert [(d["code"], d["event_id"]) for d in errors] == [
-            ("response_cancel_not_active", "evt_1"),
-            ("response_cancel_not_active", "evt_2"),
-        ]
+        assert [(d["code"], d["event_id"]) for d in errors] == [("response_cancel_not_active", "evt_1")]
         await turn(s, "Still usable?")
         assert [e.type for e in s.drain_events() if e.type == "response.done"] == ["response.done"]
         await s.close()
