@@ -516,4 +516,6 @@ class RealtimeConnection:
 
     async def _on_output_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
         assert self.session is not None
-        await self._command(self.session.clear_output_audio, event_id=event_id)  # nothing: the engine's error
+        if not await self._command(self.session.clear_output_audio, event_id=event_id):
+            # the engine only replies False (serve's contract): GA's answer is the front's
+            raise ProtocolError("response_cancel_not_active", "no response audio is playing to clear")
