@@ -107,6 +107,9 @@ async def test_health_models_and_metrics(tmp_path):
             assert total[("duplex_ledger:realtime_connections_total", ("outcome", "accepted"))] == 1
             duration = after["duplex_ledger:realtime_connection_duration_seconds"]
             assert duration[("duplex_ledger:realtime_connection_duration_seconds_count",)] == 1
+            await engine.aclose()  # shutting down: a load balancer is told to stop sending
+            health = await http.get("/health")
+            assert (health.status_code, health.json()) == (503, {"status": "shutting_down"})
     finally:
         await engine.aclose()
 
