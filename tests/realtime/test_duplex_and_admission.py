@@ -95,6 +95,14 @@ async def test_admission_refusals_close_the_socket(tmp_path):
                     wire = Wire(bad)
                     assert (await wire.recv())["error"]["code"] == "model_not_found"
                     assert await closed_with(wire) == 1008
+                for hostile in ("[bold red]x[/]", "../../etc/passwd", "a b", "$(reboot)", "x" * 129):
+                    async with client.realtime.connect(
+                        model="duplex-ledger", extra_query={"session_id": hostile}
+                    ) as bad:
+                        wire = Wire(bad)
+                        error = (await wire.recv())["error"]
+                        assert (error["code"], error["param"]) == ("invalid_query", "session_id")
+                        assert await closed_with(wire) == 1008
                 # the first connection is untouched
                 await first.session.update(session={"type": "realtime", "output_modalities": ["text"]})
                 assert (await Wire(first).until("session.updated"))["session"]["output_modalities"] == ["text"]
