@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,35 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
+
+
+class ListenError(ValueError):
+    """The server could not listen on the address it was given (taken, not local, ...)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: any free port), for uvicorn to listen on.
+    Raises :class:`ListenError` naming the address when it cannot be bound (taken, not a local
+    address, no such host)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ListenError(f"--host {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise :class:`ListenError` when ``host:port`` cannot be bound now (checked before the
+    engines start, so a taken port costs no model load)."""
+    bind_socket(host, port).close()
 
 
 class _Uvicorn(uvicorn.Server):
@@ -65,7 +95,7 @@ async def serve(
     """Serve ``app`` (built by :func:`realtime.app.build_app`) on ``host:port`` (0: any free
     port) until SIGTERM/SIGINT (``handle_signals``) or ``handle.stop``; then shut down as the
     module doc says and return the handle. ``on_started(port)`` is called once listening.
-    Raises what uvicorn raised if it could not start (e.g. the port is taken: OSError)."""
+    Raises :class:`ListenError` if uvicorn could not listen (the port is taken...)."""
     handle = handle or ServeHandle()
     state: RealtimeState = app.state.realtime
     loop = asyncio.get_running_loop()
@@ -89,14 +119,20 @@ async def serve(
         ws_max_size=2 * state.options.max_frame_bytes,
     )
     server = _Uvicorn(config)
-    task = asyncio.create_task(server.serve(), name="uvicorn")
+    try:
+        listening = bind_socket(host, port)  # bound here: uvicorn would sys.exit on a taken port
+    except ListenError:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        raise
+    task = asyncio.create_task(server.serve(sockets=[listening]), name="uvicorn")
     try:
         while not server.started and not task.done():  # uvicorn says "started" by a flag only
             await asyncio.wait({task}, timeout=0.02)
         if task.done():
             task.result()  # raises why it could not start
-            raise RuntimeError(f"uvicorn stopped before listening on {host}:{port}")
-        handle.port = int(server.servers[0].sockets[0].getsockname()[1])
+            raise ListenError(f"uvicorn stopped before listening on {host}:{port}")
+        handle.port = int(listening.getsockname()[1])
         handle.started.set()
         if on_started is not None:
             on_started(handle.port)
@@ -108,8 +144,10 @@ async def serve(
         for sig in installed:
             loop.remove_signal_handler(sig)
         server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, STOP_TIMEOUT_S)
+        if not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, STOP_TIMEOUT_S)
+        listening.close()
     return handle
 
 
@@ -129,4 +167,4 @@ async def shutdown(state: RealtimeState, grace_s: float) -> None:
         logger.warning("shutdown: %d connection(s) still open after %.1f s", len(state.connections), grace_s)
 
 
-__all__ = ["ServeHandle", "serve", "shutdown"]
+__all__ = ["ListenError", "ServeHandle", "bind_socket", "check_listen", "serve", "shutdown"]

@@ -182,3 +182,20 @@ async def test_shutdown_ends_the_running_answer_close_then_1001(tmp_path):
         assert closed == ["server_shutdown"]
     finally:
         await store.close()
+
+
+async def test_a_taken_port_is_a_listen_error_not_an_exit(tmp_path):
+    import socket
+
+    from realtime.server import ListenError
+
+    engine = await fake_engine(tmp_path, SHORT)
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port}"):
+                await serve(build_app(engine), port=port, handle_signals=False)
+    finally:
+        await engine.aclose()
