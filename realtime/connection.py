@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbound-queue marker: close the socket after what is queued before it
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+"""A session id from the wire: no markup, no path separator, no space ever reaches the ledger
+or the tools that render it."""
 OPEN_REFUSAL_CLOSE_CODE = {"max_sessions_reached": 1013, "engine_closed": 1013}
 
 
@@ -118,8 +122,10 @@ def parse_query(query: dict[str, str], options: ConnectionOptions) -> OpenParams
     if mode not in ("response_required", "auto_response"):
         raise ProtocolError("invalid_query", "mode must be response_required or auto_response", param="mode")
     session_id = query.get("session_id") or f"sess_{uuid.uuid4().hex}"
-    if len(session_id) > 128 or not session_id.isprintable():
-        raise ProtocolError("invalid_query", "session_id: at most 128 printable characters", param="session_id")
+    if not SESSION_ID.fullmatch(session_id):
+        raise ProtocolError(
+            "invalid_query", "session_id: 1-128 of A-Z a-z 0-9 . _ : - (a letter or digit first)", param="session_id"
+        )
     return OpenParams(session_id, model, mode, _flag(query, "resumable"), _flag(query, "duplex"))
 
 
@@ -182,6 +188,11 @@ class RealtimeConnection:
             return await self._refuse_open(exc.code, str(exc), OPEN_REFUSAL_CLOSE_CODE.get(exc.code, 1008))
         except RequestIdError as exc:
             return await self._refuse_open("invalid_query", f"session_id: {exc}", 1008, "session_id")
+        except Exception as exc:  # noqa: BLE001 - the ledger or engine failed: told, logged, 1011
+            logger.exception("%s: open_session failed", self.connection_id)
+            return await self._refuse_open(
+                "internal_error", f"the session could not be opened: {type(exc).__name__}", 1011
+            )
         config = SessionConfig(
             session_id=params.session_id,
             model=params.model,
