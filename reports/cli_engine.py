@@ -37,6 +37,7 @@ from reports import cli_projections
 from reports.cli_errors import checked_url, fail, report
 from reports.cli_errors import run as run_body  # `run` is this module's command
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
+from reports.escape import terminal
 from reports.render_text import turn_log_messages
 from reports.trace_player import LineOutcome, RunProgress, TraceRunResult
 from reports.traces import Trace, TraceError, TraceLine, parse_traces
@@ -137,7 +138,8 @@ class _Live:
         self.turns = trace.turns
 
     def say(self, text: str) -> None:
-        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        """One conversation line: model output and ids are log text (no markup, controls escaped)."""
+        self.progress.console.print(terminal(text), markup=False, highlight=False, soft_wrap=True)
 
     def on_progress(self, p: RunProgress) -> None:
         self.progress.update(
@@ -269,7 +271,7 @@ def _live_run(
         err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]", markup=True)
         for o in problems:
             err.print(
-                f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}",
+                terminal(f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}"),
                 markup=False,
                 highlight=False,
             )
