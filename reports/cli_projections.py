@@ -31,7 +31,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -44,7 +43,7 @@ from projections.projector import Projector
 from projections.runner import ProjectionRunner, project_as_of
 from projections.turn_tables import TurnTables
 from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, exit_if_tampered, fail, run, say
-from reports.printable import printable
+from reports.escape import rich_text
 from reports.render_formats import render_csv, render_json, render_markdown
 from reports.render_text import render_tables_text
 
@@ -131,7 +130,7 @@ def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str
             ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""),
             f.detail,
         )
-        table.add_row(*(escape(printable(short_detail(c))) for c in cells))
+        table.add_row(*(rich_text(short_detail(c)) for c in cells))
     return table
 
 

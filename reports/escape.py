@@ -7,8 +7,9 @@ text through the one function of its medium here, never its own copy:
 * :func:`terminal` — text tables, audit text, CLI messages: :func:`reports.printable.printable`
   (C0/C1 controls, DEL, bidi overrides and isolates U+202A–202E/U+2066–2069, zero-width and
   other non-printable characters shown as ``\\xNN``/``\\uNNNN``);
-* :func:`rich_text` — text interpolated into a rich markup string: :func:`terminal`, then
-  ``rich.markup.escape`` so ``[bold]`` from the log prints as written;
+* :func:`rich_text` — a cell or line for rich (tables, ``Console.print``): a ``rich.text.Text``
+  of :func:`terminal` — never parsed as markup, so ``[bold]`` from the log prints as written
+  (``rich.markup.escape`` would double a trailing backslash);
 * :func:`html_text` — HTML and plotly labels/hover (plotly reads ``<b>``, ``<a href>``,
   ``<span style>`` in its strings and decodes entities): :func:`terminal`, then
   ``html.escape`` (``& < > " '``). The JSON plotly embeds in ``<script>`` escapes ``<``, ``>``
@@ -40,7 +41,7 @@ import html
 import re
 from functools import lru_cache
 
-from rich.markup import escape as _rich_escape
+from rich.text import Text
 
 from reports.printable import printable
 
@@ -66,9 +67,9 @@ def terminal(text: str) -> str:
     return printable(text)
 
 
-def rich_text(text: str) -> str:
-    """``text`` to interpolate into rich markup: :func:`terminal`, then rich's markup escape."""
-    return _rich_escape(printable(text))
+def rich_text(text: str) -> Text:
+    """``text`` as a rich renderable that is never read as markup: ``Text(terminal(text))``."""
+    return Text(printable(text))
 
 
 def html_text(text: str) -> str:
