@@ -37,8 +37,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from projections.turn_tables import JSON_RENAMES, TurnTables
-from reports.overflow import OVERFLOW_TEXT, json_row, nulled, overflows
 from reports.escape import FORMULA_LEADS, csv_text, markdown_code, markdown_text
+from reports.overflow import OVERFLOW_TEXT, json_row, nulled, overflows
 from reports.render_text import Table, has_text_tables, turn_sections
 
 __all__ = ["CSV_HEADER", "FORMULA_LEADS", "render_csv", "render_json", "render_markdown"]

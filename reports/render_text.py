@@ -29,8 +29,8 @@ from events.ids import is_duplex
 from events.limits import derived
 from events.stats import STAT_FIELDS, StageRequestStats
 from projections.turn_tables import PREPROCESS_TIMING_KEY, TurnTables
-from reports.overflow import number_text
 from reports.escape import terminal as printable
+from reports.overflow import number_text
 
 NEVER_PRINTED_STAGE_FIELDS: frozenset[str] = frozenset(
     {
@@ -149,7 +149,9 @@ def e2e_table(t: TurnTables, esc: Escape = str) -> Table:
         "transfers_total_kbytes": kbytes(t.e2e["transfers_total_bytes"]),
         "transfers_total_time_ms": t.e2e["transfers_total_time_ms"],
     }
-    return make_table(f"RequestE2EStats {identity_suffix(t, esc)}", ("Value",), ((k, (v,)) for k, v in sorted(rows.items())))
+    return make_table(
+        f"RequestE2EStats {identity_suffix(t, esc)}", ("Value",), ((k, (v,)) for k, v in sorted(rows.items()))
+    )
 
 
 def stage_table(t: TurnTables, esc: Escape = str) -> Table:
@@ -183,7 +185,9 @@ def transfer_table(t: TurnTables, esc: Escape = str) -> Table:
 
     names = ("in_flight_time_ms", "rx_decode_time_ms", "size_kbytes", "tx_time_ms")
     return make_table(
-        f"TransferEdgeStats {identity_suffix(t, esc)}", tuple(e.edge for e in t.transfers), ((n, rows_of(n)) for n in names)
+        f"TransferEdgeStats {identity_suffix(t, esc)}",
+        tuple(e.edge for e in t.transfers),
+        ((n, rows_of(n)) for n in names),
     )
 
 

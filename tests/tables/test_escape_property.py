@@ -74,7 +74,9 @@ PIECES = [
     "  ",
 ]
 TEXT = st.characters(codec="utf-8", exclude_characters="\x00")
-HOSTILE = st.lists(st.one_of(st.sampled_from(PIECES), st.text(TEXT, min_size=1, max_size=3)), min_size=1, max_size=5).map("".join)
+HOSTILE = st.lists(
+    st.one_of(st.sampled_from(PIECES), st.text(TEXT, min_size=1, max_size=3)), min_size=1, max_size=5
+).map("".join)
 FORMULA = tuple(FORMULA_LEADS)
 STRUCTURE_TAGS = {"h2", "p", "strong", "em", "code", "table", "thead", "tbody", "tr", "th", "td"}
 PLOTLY_TAGS = {"b", "br"}
