@@ -25,6 +25,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -50,7 +51,11 @@ DTYPE_HELP = (
 )
 METRICS_PORT_HELP = (
     "Serve the Prometheus families (vllm_omni:*, duplex_ledger:*) at http://127.0.0.1:PORT/metrics "
-    "while the trace runs (0 = any free port)."
+    "from the engines' start until the process exits (0 = any free port)."
+)
+METRICS_LINGER_HELP = (
+    "With --metrics-port: keep serving /metrics this many seconds after the tables and the audit "
+    "are printed, so a scraper sees the run's final state."
 )
 TABLES_MARK = "== per-turn tables =="
 AUDIT_MARK = "== audit =="
@@ -184,6 +189,7 @@ async def _drive(
     dtype: str,
     err: Console,
     metrics_port: int | None = None,
+    servers: list[Any] | None = None,
 ) -> tuple[TraceRunResult, dict[str, float]]:
     from engine_bridge.engine import SessionEngine
     from engine_bridge.vllm_port import VllmStagePort
@@ -212,9 +218,10 @@ async def _drive(
             url, ports, config=config, on_turn=live.on_turn, stats_renderer=turn_log_messages
         )
         async with engine:
-            if metrics_port is not None:  # issue 16: Prometheus families while the trace runs
-                served = engine.metrics.serve(metrics_port)
-                err.print(f"Prometheus metrics on http://127.0.0.1:{served}/metrics", highlight=False)
+            if metrics_port is not None:  # issues 16/22: served until the process exits, not the engine
+                server = engine.metrics.start_server(metrics_port)
+                (servers if servers is not None else []).append(server)
+                err.print(f"Prometheus metrics on {server.url}", highlight=False)
             with live.progress:
                 result = await run_trace(
                     engine,
@@ -243,8 +250,10 @@ def _live_run(
     dtype: str,
     verbose: bool,
     metrics_port: int | None = None,
+    metrics_linger_s: float = 0.0,
 ) -> None:
     """Shared body of ``demo`` and ``run`` (see the module docstring); raises typer.Exit."""
+    servers: list[Any] = []  # the /metrics server: it outlives the engine (issue 22)
     err = Console(stderr=True, soft_wrap=True)
     started = time.monotonic()
     trace = _parse(paths, err)
@@ -264,7 +273,10 @@ def _live_run(
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = engine_config(model, max_tokens, talker_model)
     result, timings = run_body(
-        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port), url
+        lambda: _drive(
+            trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port, servers
+        ),
+        url,
     )
     problems = result.problems
     if problems:
@@ -292,6 +304,9 @@ def _live_run(
         f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
         highlight=False,
     )
+    if servers and metrics_linger_s > 0:
+        err.print(f"serving {servers[0].url} for {metrics_linger_s:g} s more (--metrics-linger-s)", highlight=False)
+        time.sleep(metrics_linger_s)
     raise typer.Exit(code)
 
 
@@ -304,11 +319,24 @@ def demo(
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
+    metrics_linger_s: float = typer.Option(0.0, "--metrics-linger-s", min=0.0, max=86400.0, help=METRICS_LINGER_HELP),
 ) -> None:
     """Run the bundled example conversations on live vLLM engines; print tables and audit.
 
     The traces in examples/*.jsonl run concurrently; exit 1 if the audit is not clean."""
-    _live_run(bundled_traces(), db, model, talker_model, speed, None, max_tokens, dtype, verbose, metrics_port)
+    _live_run(
+        bundled_traces(),
+        db,
+        model,
+        talker_model,
+        speed,
+        None,
+        max_tokens,
+        dtype,
+        verbose,
+        metrics_port,
+        metrics_linger_s,
+    )
 
 
 def run(
@@ -324,11 +352,14 @@ def run(
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
+    metrics_linger_s: float = typer.Option(0.0, "--metrics-linger-s", min=0.0, max=86400.0, help=METRICS_LINGER_HELP),
 ) -> None:
     """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
 
     Exit 2 (nothing run) on bad trace lines, 1 when the audit after the run is not clean."""
-    _live_run([trace], db, model, talker_model, speed, log_stats, max_tokens, dtype, verbose, metrics_port)
+    _live_run(
+        [trace], db, model, talker_model, speed, log_stats, max_tokens, dtype, verbose, metrics_port, metrics_linger_s
+    )
 
 
 @model_app.command("prepare")
