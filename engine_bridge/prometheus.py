@@ -65,6 +65,9 @@ class PrometheusSink:
     def set(self, family: str, labels: tuple[str, ...], value: float) -> None:
         self._child(family, labels).set(value)
 
+    def declare(self, family: str, labels: tuple[str, ...]) -> None:
+        self._child(family, labels)
+
 
 class _WithoutCreated:
     """A collector view of a registry with every ``*_created`` sample left out."""
