@@ -28,6 +28,15 @@ turn table, so they add nothing here):
   of a stage ≥ 1, whose tokens stand for codec frames) that falls inside
   [arrival_ts, finalize_ts]; at most one sample per turn, never negative; ``stage`` = the stage
   of that output. A turn with no audio output has no sample.
+* vLLM's own charts (issue 22), from the turn table's Stage0 row:
+  ``vllm_omni:time_to_first_token_s{model_name}`` (``vllm_ttft_ms`` / 1000 when present),
+  ``vllm_omni:request_time_per_output_token_s{model_name}`` (``vllm_tpot_ms`` / 1000 when > 0),
+  ``vllm_omni:inter_token_latency_s{model_name}`` (each ``vllm_itls_ms`` entry / 1000).
+
+After every event: ``vllm_omni:num_requests_running`` / ``num_requests_waiting`` ``{model_name}``
+(gauges): of the ids the resources fold says run, those with no ``StageOutput`` since their
+latest submit/forward are waiting, the others running. A model's histogram children and these
+gauges exist (zero samples) from its first ``SessionOpened``.
 
 Session and lifecycle (``duplex_ledger:``): ``listen_units_total`` (+1 per
 ``ResponseListened``); ``listen_only_turns_total`` (+1 when a turn that listened and never
@@ -49,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -606,7 +615,7 @@ class MetricsFold:
         self.sink.set("vllm_omni:num_requests_running", (model,), 0)
         self.sink.set("vllm_omni:num_requests_waiting", (model,), 0)
 
-    def _latencies(self, model: str, stage0: dict[str, Any]) -> None:
+    def _latencies(self, model: str, stage0: Mapping[str, Any]) -> None:
         """TTFT, request TPOT and ITLs of one turn table's Stage0 row (the figures its
         ``[DuplexSessionSummary]`` and ``--log-stats`` tables print), in seconds."""
         ttft_ms = stage0.get("vllm_ttft_ms")
