@@ -446,6 +446,7 @@ class MetricsFold:
         self._awaiting: dict[str, set[str]] = {}  # session -> ids awaiting an output since their submit
         self._request_counts: dict[str, tuple[str, int, int]] = {}  # session -> (model, running, waiting)
         self._model_requests: dict[str, list[int]] = {}  # model -> [running, waiting]
+        self._stages: set[tuple[str, int]] = set()  # (model, stage) declared
         self._handlers = dispatch_table(
             {
                 SessionOpened: self._opened,
@@ -543,6 +544,7 @@ class MetricsFold:
     def _segment(self, s: _Session, st: StoredEvent, e: StageRequestSubmitted | StageRequestForwarded) -> None:
         s.audio_open.add((e.request_id, e.stage_id))
         self._awaiting.setdefault(e.session_id, set()).add(e.request_id)
+        self._declare_stage(s.model_name, e.stage_id)
 
     def _output(self, s: _Session, st: StoredEvent, e: StageOutput) -> None:
         self._awaiting.get(e.session_id, set()).discard(e.request_id)
@@ -614,6 +616,16 @@ class MetricsFold:
         self._model_requests.setdefault(model, [0, 0])
         self.sink.set("vllm_omni:num_requests_running", (model,), 0)
         self.sink.set("vllm_omni:num_requests_waiting", (model,), 0)
+
+    def _declare_stage(self, model: str, stage_id: int) -> None:
+        """A stage's children (``abort_failures_total``, the model's ``audio_ttfp_s``) exist
+        from the stage's first submit/forward on."""
+        if (model, stage_id) in self._stages:
+            return
+        if not any(stage == stage_id for _, stage in self._stages):
+            self.sink.inc("duplex_ledger:abort_failures_total", (str(stage_id),), 0)
+        self._stages.add((model, stage_id))
+        self.sink.declare("vllm_omni:audio_ttfp_s", (model, str(stage_id)))
 
     def _latencies(self, model: str, stage0: Mapping[str, Any]) -> None:
         """TTFT, request TPOT and ITLs of one turn table's Stage0 row (the figures its

@@ -37,6 +37,11 @@ def test_every_model_child_exists_with_zero_samples_from_its_first_session():
         assert got[(f"{name}_count", label)] == 0.0
     assert got[("vllm_omni:num_requests_running", label)] == 0.0
     assert got[("vllm_omni:num_requests_waiting", label)] == 0.0
+    assert not any(name == "duplex_ledger:abort_failures_total" for name, _ in got)
+    b.add("StageRequestSubmitted", S, 1.0, stage_id=0, request_id=eph(S, 0), num_tokens_in=5)
+    got = samples(LedgerMetrics().apply_all(b.stored).exposition())
+    assert got[("duplex_ledger:abort_failures_total", (("stage", "0"),))] == 0.0
+    assert got[("vllm_omni:audio_ttfp_s_count", (("model_name", MODEL), ("stage", "0")))] == 0.0
 
 
 def test_ttft_tpot_and_itls_are_the_turn_tables_stage0_figures():
