@@ -118,7 +118,11 @@ def raw_unsafe(text: str) -> list[str]:
     return [ch for ch in text if not ch.isprintable() and ch != "\n"]
 
 
-def hostile_log(session_id: str, response_id: str, model_text: str, stats_text: str) -> LogBuilder:
+def hostile_log(
+    session_id: str, response_id: str, model_text: str, stats_text: str, request_id: str = "chatcmpl-<i>"
+) -> LogBuilder:
+    """One answered turn (engine id minted from ``session_id``) whose texts are the given ones,
+    then an output of a foreign ``request_id`` (an audit warning, a timeline mark)."""
     b = LogBuilder()
     x = eph(session_id, 0)
     b.add("SessionOpened", session_id, 0.0, model=stats_text)
@@ -142,6 +146,7 @@ def hostile_log(session_id: str, response_id: str, model_text: str, stats_text: 
         },
     )
     b.add("ResponseEnded", session_id, 11.0, response_id=response_id, cause="model")
+    b.add("StageOutput", session_id, 11.5, stage_id=0, request_id=request_id, num_new_tokens=1)
     b.add("SessionClosed", session_id, 12.0, reason=stats_text)
     return b
 
@@ -189,9 +194,9 @@ def check_plotly_strings(fig, session_id: str, response_id: str) -> None:
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(session_id=HOSTILE, response_id=HOSTILE, model_text=HOSTILE, stats_text=HOSTILE)
-def test_hostile_text_is_inert_in_every_medium(session_id, response_id, model_text, stats_text):
-    b = hostile_log(session_id, response_id, model_text, stats_text)
+@given(session_id=HOSTILE, response_id=HOSTILE, model_text=HOSTILE, stats_text=HOSTILE, request_id=HOSTILE)
+def test_hostile_text_is_inert_in_every_medium(session_id, response_id, model_text, stats_text, request_id):
+    b = hostile_log(session_id, response_id, model_text, stats_text, request_id)
     projector = Projector().apply_all(b.stored)
     (turn,) = projector.turn_tables
     omni = omni_timing_line(turn)
@@ -205,7 +210,10 @@ def test_hostile_text_is_inert_in_every_medium(session_id, response_id, model_te
 
     check_markdown(render_markdown([turn]), session_id, response_id, stats_text, omni)
     check_csv(render_csv([turn]), session_id)
-    check_plotly_strings(timeline_figure(b.stored), session_id, response_id)
+    fig = timeline_figure(b.stored)
+    check_plotly_strings(fig, session_id, response_id)
+    hovers = ["".join(parsed(h).text) for trace in fig.data for h in trace.hovertext or []]
+    assert any(f"request_id: {printable(request_id)[:80]}" in h for h in hovers)
 
 
 @given(text=HOSTILE)
