@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -51,6 +54,8 @@ METRICS_PORT_HELP = (
     "Serve the Prometheus families (vllm_omni:*, duplex_ledger:*) at http://127.0.0.1:PORT/metrics "
     "while the trace runs (0 = any free port)."
 )
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT, the shell's convention)."""
 TABLES_MARK = "== per-turn tables =="
 AUDIT_MARK = "== audit =="
 
@@ -182,24 +187,31 @@ async def _drive(
     dtype: str,
     err: Console,
     metrics_port: int | None = None,
+    closed: list[str] | None = None,
 ) -> tuple[TraceRunResult, dict[str, float]]:
+    """Start the engines, play ``trace``, stop the engines. ``closed`` collects, in order, what
+    was closed on the way out (said on Ctrl-C)."""
+    closed = [] if closed is None else closed
     from engine_bridge.engine import SessionEngine
     from engine_bridge.vllm_port import VllmStagePort
     from reports.trace_player import run_trace
 
+    # vLLM starts synchronously, blocking the loop for minutes: asyncio.run's own SIGINT
+    # handler (cancel the main task from the loop) would wait for it. Ctrl-C raises at once
+    # instead; the finally blocks below close what was started (issue 22).
+    interrupt_at_once()
     timings: dict[str, float] = {}
+    ports: list[Any] = []
     t0 = time.monotonic()
-    with err.status("starting Stage0 (thinker) engine…"):
-        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker", dtype=dtype, load_progress=False)
-    timings["thinker_start_s"] = time.monotonic() - t0
-    ports = [thinker]
     try:
-        t1 = time.monotonic()
-        with err.status("starting Stage1 (talker) engine…"):
-            ports.append(
-                await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype, load_progress=False)
-            )
-        timings["talker_start_s"] = time.monotonic() - t1
+        for stage_id, name, model_dir in ((0, "thinker", thinker_dir), (1, "talker", talker_dir)):
+            t1 = time.monotonic()
+            err.print(f"starting Stage{stage_id} ({name}) engine… (Ctrl-C stops)", highlight=False, markup=False)
+            with err.status(f"starting Stage{stage_id} ({name}) engine…"):
+                ports.append(
+                    await VllmStagePort.start(model_dir, stage_id=stage_id, name=name, dtype=dtype, load_progress=False)
+                )
+            timings[f"{name}_start_s"] = time.monotonic() - t1
         err.print(
             f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
             f"{len(trace.lines)} trace lines",
@@ -209,6 +221,7 @@ async def _drive(
         engine = await SessionEngine.open(
             url, ports, config=config, on_turn=live.on_turn, stats_renderer=turn_log_messages
         )
+        closed.append(f"the ledger {redact(url)} (every open session closed)")  # by aclose, below
         async with engine:
             if metrics_port is not None:  # issue 16: Prometheus families while the trace runs
                 served = engine.metrics.serve(metrics_port)
@@ -227,7 +240,15 @@ async def _drive(
     finally:
         for port in reversed(ports):
             await port.shutdown()
+            closed.insert(0, f"the Stage{port.stage_id} ({port.name}) engine")
     return result, timings
+
+
+def interrupt_at_once() -> None:
+    """SIGINT raises KeyboardInterrupt where the main thread is, even inside a synchronous
+    call that blocks the event loop (vLLM's start-up). Main thread only."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _live_run(
@@ -258,12 +279,23 @@ def _live_run(
         warnings.filterwarnings("ignore", category=FutureWarning)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
     url = checked_url(db)
-    thinker_dir = _prepare(model, err)
-    talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
-    config = engine_config(model, max_tokens, talker_model)
-    result, timings = run_body(
-        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port), url
-    )
+    closed: list[str] = []
+    try:
+        thinker_dir = _prepare(model, err)
+        talker_dir = (
+            thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
+        )
+        config = engine_config(model, max_tokens, talker_model)
+        result, timings = run_body(
+            lambda: _drive(
+                trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port, closed
+            ),
+            url,
+        )
+    except KeyboardInterrupt:
+        what = ", ".join(closed) if closed else "nothing was running yet (no engine started, nothing written)"
+        err.print(f"interrupted (Ctrl-C); closed: {what}", highlight=False, markup=False)
+        raise typer.Exit(INTERRUPTED) from None
     problems = result.problems
     if problems:
         err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]", markup=True)
