@@ -25,7 +25,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,24 @@ TABLES_MARK = "== per-turn tables =="
 AUDIT_MARK = "== audit =="
 
 model_app = typer.Typer(help="Prepare the models the live engines run.", no_args_is_help=True)
+
+
+CANCEL_COMMANDS = {"input.cancel": "input.cancel", "response.cancel": "response.cancel", "barge_in": "barge_in",
+                   "output_audio.clear": "output_audio_buffer_clear"}  # fmt: skip
+"""Trace commands that cancel a response -> their cancel source (DOMAIN §2.4)."""
+
+
+def cancel_reasons(wire_reason: object, command: str | None) -> str:
+    """What a ``response.cancelled`` line says: the client's wire reason, and the log's
+    ``finished_reason`` (the tables' word, DOMAIN §2.4) when they differ — ``input.cancel`` is
+    ``barge_in`` on the wire and ``cancel`` in the log (M17)."""
+    from projections.reasons import reason_for_cancel_source
+
+    wire = str(wire_reason)
+    logged = reason_for_cancel_source(CANCEL_COMMANDS[command] if command else wire)
+    if logged == wire:
+        return wire
+    return f"wire reason {wire}; finished_reason {logged} in the tables, DOMAIN §2.4"
 
 
 def bundled_traces() -> list[Path]:
@@ -140,6 +157,7 @@ class _Live:
         )
         self.task = self.progress.add_task("trace lines", total=len(trace.lines), status="")
         self.turns = trace.turns
+        self.cancel_source: dict[str, str] = {}  # session -> the trace's last cancel command
 
     def say(self, text: str) -> None:
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -154,6 +172,8 @@ class _Live:
 
     def on_line(self, line: TraceLine, outcome: LineOutcome) -> None:
         tag = f"[{line.session}]"
+        if line.type in CANCEL_COMMANDS:
+            self.cancel_source[line.session] = line.type
         if line.type == "input.append" and line.is_speech:
             self.say(f"{tag} user: {line.text or line.transcript or '(speech)'}")
         elif line.type not in ("input.append", "input.commit"):
@@ -168,7 +188,9 @@ class _Live:
         elif event.type == "response.listen":
             self.say(f"{tag} assistant keeps listening")
         elif event.type == "response.cancelled":
-            self.say(f"{tag} response cancelled ({event.data.get('reason')})")
+            self.say(
+                f"{tag} response cancelled ({cancel_reasons(event.data.get('reason'), self.cancel_source.pop(event.session_id, None))})"
+            )
 
     def on_turn(self, session, turn) -> None:  # type: ignore[no-untyped-def]
         from reports.render_text import omni_timing_line
@@ -270,13 +292,9 @@ def _live_run(
     if speed <= 0:
         fail("--speed must be > 0")
     if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        # Inherited by vLLM's engine-core processes: torch's deprecation warnings and its
-        # platform notes (Triton absent, NUMA binding) say nothing about the sessions.
-        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        os.environ.setdefault("TORCH_LOGS", "-all")
-        warnings.filterwarnings("ignore", category=FutureWarning)
+        from reports.model_prep import quiet_engine_logs
+
+        quiet_engine_logs()  # vLLM at ERROR, torch's warnings off (inherited by the engine cores)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
     url = checked_url(db)
     closed: list[str] = []

@@ -54,7 +54,7 @@ model_prep.resolve_model = resolve_model
 vllm_port.VllmStagePort.start = classmethod(start)
 from reports.cli import main
 
-sys.argv = ["duplex-ledger", "run", trace, "--db", url, "--model", "tiny"]
+sys.argv = ["duplex-ledger", "run", trace, "--db", url, "--model", "tiny", *sys.argv[4:]]
 main()
 """
 
@@ -118,3 +118,25 @@ def test_ctrl_c_stops_run_at_once_says_what_it_closed_and_leaves_the_ledger_cons
     assert all(s["held"] == [] for s in listed)
     audit = runner.invoke(app, ["audit", "--db", url])
     assert audit.exit_code == 0, audit.output
+
+
+def test_input_cancel_says_both_its_wire_reason_and_the_tables_reason(tmp_path):
+    """DOMAIN §2.4 / M17: the client hears ``barge_in`` for an input.cancel, the tables say
+    ``cancel``; the run's conversation line names both (issue 22: it printed only the first)."""
+    url = f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    trace = ROOT / "examples" / "tutor.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, "complete", str(trace), url, "--speed", "4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "response cancelled" in line]
+    assert "[math-tutor] response cancelled (wire reason barge_in; finished_reason cancel in the tables" in "\n".join(
+        said
+    )
+    assert "reason=cancel" in done.stdout and "reason=barge_in" not in done.stdout
