@@ -61,22 +61,23 @@ AUDIT_MARK = "== audit =="
 model_app = typer.Typer(help="Prepare the models the live engines run.", no_args_is_help=True)
 
 
-CANCEL_COMMANDS = {"input.cancel": "input.cancel", "response.cancel": "response.cancel", "barge_in": "barge_in",
-                   "output_audio.clear": "output_audio_buffer_clear"}  # fmt: skip
-"""Trace commands that cancel a response -> their cancel source (DOMAIN §2.4)."""
+INPUT_CANCEL_NOTE = (
+    "finished_reason cancel in the tables; the client's response.cancelled says barge_in, its legacy wire reason: "
+    "DOMAIN §2.4"
+)
+"""What ``run``/``demo`` add to an ``input.cancel`` line that cancelled a response (M17)."""
 
 
-def cancel_reasons(wire_reason: object, command: str | None) -> str:
-    """What a ``response.cancelled`` line says: the client's wire reason, and the log's
-    ``finished_reason`` (the tables' word, DOMAIN §2.4) when they differ — ``input.cancel`` is
-    ``barge_in`` on the wire and ``cancel`` in the log (M17)."""
+def cancelled_words(wire_reason: object) -> str:
+    """The text of a ``response.cancelled`` line: the client event's wire reason, and the log's
+    ``finished_reason`` (the tables' word, DOMAIN §2.4) when that reason maps to another one
+    (``client_cancelled`` → ``cancel``, ``disconnect`` → ``close``). A wire ``barge_in`` is a
+    barge-in's or an ``input.cancel``'s (M17): the ``input.cancel`` line after it says which."""
     from projections.reasons import reason_for_cancel_source
 
     wire = str(wire_reason)
-    logged = reason_for_cancel_source(CANCEL_COMMANDS[command] if command else wire)
-    if logged == wire:
-        return wire
-    return f"wire reason {wire}; finished_reason {logged} in the tables, DOMAIN §2.4"
+    logged = reason_for_cancel_source(wire)
+    return f"wire reason {wire}" + (f"; finished_reason {logged} in the tables" if logged != wire else "")
 
 
 def bundled_traces() -> list[Path]:
@@ -157,7 +158,6 @@ class _Live:
         )
         self.task = self.progress.add_task("trace lines", total=len(trace.lines), status="")
         self.turns = trace.turns
-        self.cancel_source: dict[str, str] = {}  # session -> the trace's last cancel command
 
     def say(self, text: str) -> None:
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -172,12 +172,11 @@ class _Live:
 
     def on_line(self, line: TraceLine, outcome: LineOutcome) -> None:
         tag = f"[{line.session}]"
-        if line.type in CANCEL_COMMANDS:
-            self.cancel_source[line.session] = line.type
         if line.type == "input.append" and line.is_speech:
             self.say(f"{tag} user: {line.text or line.transcript or '(speech)'}")
         elif line.type not in ("input.append", "input.commit"):
-            self.say(f"{tag} {line.type}" + (f" — {outcome.detail}" if outcome.detail else ""))
+            note = f" ({INPUT_CANCEL_NOTE})" if line.type == "input.cancel" and outcome.status == "ok" else ""
+            self.say(f"{tag} {line.type}" + (f" — {outcome.detail}" if outcome.detail else "") + note)
         if outcome.status != "ok":
             self.say(f"{tag} line {line.line_no} {line.type}: {outcome.status}: {outcome.detail}")
 
@@ -188,9 +187,7 @@ class _Live:
         elif event.type == "response.listen":
             self.say(f"{tag} assistant keeps listening")
         elif event.type == "response.cancelled":
-            self.say(
-                f"{tag} response cancelled ({cancel_reasons(event.data.get('reason'), self.cancel_source.pop(event.session_id, None))})"
-            )
+            self.say(f"{tag} response cancelled ({cancelled_words(event.data.get('reason'))})")
 
     def on_turn(self, session, turn) -> None:  # type: ignore[no-untyped-def]
         from reports.render_text import omni_timing_line

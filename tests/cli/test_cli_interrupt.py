@@ -135,8 +135,12 @@ def test_input_cancel_says_both_its_wire_reason_and_the_tables_reason(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    said = [line for line in done.stderr.splitlines() if "response cancelled" in line]
-    assert "[math-tutor] response cancelled (wire reason barge_in; finished_reason cancel in the tables" in "\n".join(
-        said
+    said = done.stderr.splitlines()
+    assert "[math-tutor] response cancelled (wire reason barge_in)" in said
+    assert (
+        "[math-tutor] response cancelled (wire reason output_audio_buffer_clear; finished_reason cancel in the tables)"
+        in said
     )
+    (cancel,) = [line for line in said if line.startswith("[math-tutor] input.cancel")]
+    assert "finished_reason cancel in the tables; the client's response.cancelled says barge_in" in cancel
     assert "reason=cancel" in done.stdout and "reason=barge_in" not in done.stdout
