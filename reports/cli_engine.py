@@ -201,6 +201,37 @@ class _Live:
         self.say(omni_timing_line(turn))
 
 
+async def start_ports(
+    thinker_dir: Path, talker_dir: Path, dtype: str, err: Console, timings: dict[str, float], ports: list[Any]
+) -> list[Any]:
+    """Start the Stage0 (thinker) and Stage1 (talker) vLLM engines, a spinner on ``err``;
+    their start times (s, monotonic) go to ``timings``. Each started port is appended to
+    ``ports`` at once, so a caller that is interrupted (Ctrl-C) or whose talker fails to start
+    shuts down exactly what is running; returns ``ports``."""
+    from engine_bridge.vllm_port import VllmStagePort
+
+    for stage_id, name, model_dir in ((0, "thinker", thinker_dir), (1, "talker", talker_dir)):
+        t1 = time.monotonic()
+        err.print(f"starting Stage{stage_id} ({name}) engine… (Ctrl-C stops)", highlight=False, markup=False)
+        with err.status(f"starting Stage{stage_id} ({name}) engine…"):
+            ports.append(
+                await VllmStagePort.start(model_dir, stage_id=stage_id, name=name, dtype=dtype, load_progress=False)
+            )
+        timings[f"{name}_start_s"] = time.monotonic() - t1
+    return ports
+
+
+def quiet_engines(verbose: bool) -> None:
+    """Unless ``verbose``: vLLM logs ERROR only, torch's warnings are silenced (inherited by
+    vLLM's engine-core processes; :func:`reports.model_prep.quiet_engine_logs`); vLLM logs to
+    stderr either way (stdout carries tables + audit only)."""
+    if not verbose:
+        from reports.model_prep import quiet_engine_logs
+
+        quiet_engine_logs()
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
 async def _drive(
     trace: Trace,
     url: str,
@@ -219,7 +250,6 @@ async def _drive(
     was closed on the way out (said on Ctrl-C)."""
     closed = [] if closed is None else closed
     from engine_bridge.engine import SessionEngine
-    from engine_bridge.vllm_port import VllmStagePort
     from reports.trace_player import run_trace
 
     # vLLM starts synchronously, blocking the loop for minutes: asyncio.run's own SIGINT
@@ -230,14 +260,7 @@ async def _drive(
     ports: list[Any] = []
     t0 = time.monotonic()
     try:
-        for stage_id, name, model_dir in ((0, "thinker", thinker_dir), (1, "talker", talker_dir)):
-            t1 = time.monotonic()
-            err.print(f"starting Stage{stage_id} ({name}) engine… (Ctrl-C stops)", highlight=False, markup=False)
-            with err.status(f"starting Stage{stage_id} ({name}) engine…"):
-                ports.append(
-                    await VllmStagePort.start(model_dir, stage_id=stage_id, name=name, dtype=dtype, load_progress=False)
-                )
-            timings[f"{name}_start_s"] = time.monotonic() - t1
+        await start_ports(thinker_dir, talker_dir, dtype, err, timings, ports)
         err.print(
             f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
             f"{len(trace.lines)} trace lines",
@@ -298,11 +321,7 @@ def _live_run(
     trace = _parse(paths, err)
     if speed <= 0:
         fail("--speed must be > 0")
-    if not verbose:
-        from reports.model_prep import quiet_engine_logs
-
-        quiet_engine_logs()  # vLLM at ERROR, torch's warnings off (inherited by the engine cores)
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
+    quiet_engines(verbose)
     url = checked_url(db)
     closed: list[str] = []
     try:
