@@ -96,21 +96,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-<<<<<<< HEAD
 app.callback()(_no_options)  # the commands come from COMMANDS, so typer sees none: a group still
 # --- commands registered eagerly (imported at start-up; prefer a COMMANDS line) ---------------
-=======
-
-cli_events.register(app)  # db upgrade|downgrade|current, events import|export|tail, schema
-
-cli_projections.register(app)  # audit, tables, rebuild
-cli_verify.register(app)  # verify, digest
-# --- further command groups: one line each -------------------------------------------------
-cli_engine.register(app)  # demo, run, model prepare
-cli_metrics.register(app)  # metrics (Prometheus exposition from the log)
-cli_timeline.register(app)  # timeline (one session as a self-contained HTML page)
-cli_serve.register(app)  # serve (OpenAI Realtime WebSocket front on live engines)
->>>>>>> front
 
 
 def main() -> None:

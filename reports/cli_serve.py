@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
