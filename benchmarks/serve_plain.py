@@ -192,13 +192,14 @@ class PlainRelay:
             await self.send("response.output_text.done", text=full, **where)
             part = {"type": "text", "text": full}
         await self.send("response.content_part.done", part=part, **where)
-        item = {**item, "status": "completed", "content": [part]}
+        content = {"type": "output_audio", "transcript": full} if audio else {"type": "output_text", "text": full}
+        item = {**item, "status": "completed", "content": [content]}
         await self.send("response.output_item.done", response_id=rid, output_index=0, item=item)
         self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": full}]
         self.active = None
         await self.send(
             "response.done",
-            response={**resp, "status": "completed", "output": [item], "metadata": {"done_ts": time.time()}},
+            response={**resp, "status": "completed", "output": [item], "metadata": {"done_ts": f"{time.time():.6f}"}},
         )
 
 
