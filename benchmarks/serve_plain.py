@@ -160,7 +160,13 @@ class PlainRelay:
         thinker.count_tokens(prompt)
         resp = {"id": rid, "object": "realtime.response", "status": "in_progress", "output": []}
         await self.send("response.created", response=resp)
-        item = {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        item: dict[str, Any] = {
+            "id": item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+        }
         await self.send("response.output_item.added", response_id=rid, output_index=0, item=item)
         part = {"type": "audio", "transcript": ""} if audio else {"type": "text", "text": ""}
         where = dict(response_id=rid, item_id=item_id, output_index=0, content_index=0)
