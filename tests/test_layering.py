@@ -1,4 +1,6 @@
-"""The package layers (issue 13): ``events`` < ``projections`` < ``engine_bridge`` < ``reports``.
+"""The package layers (issue 13): ``events`` < ``projections`` < ``engine_bridge`` < ``realtime`` <
+``reports`` (``realtime``, issue 21: the Realtime WebSocket front; ``reports`` imports it only
+inside functions, so the offline tools never load the web stack).
 A module imports only its own layer and those below; vllm, torch and transformers are imported
 only by the stage port and model preparation (``engine_bridge/vllm_port.py``,
 ``reports/model_prep.py``), so the offline tools run without them."""
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("events", "projections", "engine_bridge", "reports")
+LAYERS = ("events", "projections", "engine_bridge", "realtime", "reports")
 HEAVY = ("vllm", "torch", "transformers")
 HEAVY_ALLOWED = {"engine_bridge/vllm_port.py", "reports/model_prep.py"}
 
@@ -48,6 +50,18 @@ def test_heavy_imports_only_in_the_port_and_model_modules():
         if mod in HEAVY and str(p.relative_to(ROOT)) not in HEAVY_ALLOWED
     ]
     assert found == []
+
+
+def test_reports_import_the_realtime_front_lazily():
+    """Only inside a function: ``duplex-ledger tables`` and the audit never import fastapi."""
+    eager = [
+        f"{p.relative_to(ROOT)}:{node.lineno}"
+        for p in sorted((ROOT / "reports").rglob("*.py"))
+        for node in ast.parse(p.read_text(), str(p)).body
+        if (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "realtime" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "realtime")
+    ]
+    assert eager == []
 
 
 def test_a_foreign_events_package_is_named_not_mistaken(tmp_path):

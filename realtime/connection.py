@@ -1,0 +1,531 @@
+"""One Realtime WebSocket connection over one engine session (vLLM's house structure: one
+connection object per socket; errors are events and never close the socket, research §3).
+
+Lifecycle: accept; open the session (``engine.open_session``; a refused admission is an
+``error`` then close 1013 for ``max_sessions_reached``/``engine_closed``, 1008 otherwise);
+``session.created``; then client events are dispatched one at a time while the connection's
+pump (the ONLY reader of ``Session.events()``) projects the engine's events to GA server
+events. Every server event passes a bounded outbound queue drained by one sender task: a
+client too slow to drain it (``ConnectionOptions.outbound_queue_max``) is closed (1008) and
+its session closed as a ``disconnect``, so it never slows another connection. A dropped socket,
+a failed send or the idle timeout (``idle_timeout_s``) close the session with reason
+``disconnect`` (DOMAIN §2.4 -> ``close``). When the session ends (``session.closed``) the socket
+is closed with 1000 (1001 on server shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket, WebSocketState
+
+from engine_bridge.messages import SessionError
+from engine_bridge.plugin import TextPlugin
+from engine_bridge.session import Session
+from events.ids import RequestIdError
+from realtime import duplex
+from realtime.audio import PCM_BYTES_PER_SAMPLE, PCM_SAMPLE_RATE_HZ, Transcriber, decode_pcm16
+from realtime.projection import CommitCause, Projection
+from realtime.protocol import (
+    GA_CLIENT_EVENTS,
+    MAX_EVENT_BYTES,
+    SUPPORTED_CLIENT_EVENTS,
+    ProtocolError,
+    client_event_id,
+    dumps,
+    error_event,
+    parse_client_event,
+    server_event,
+)
+from realtime.session_config import SessionConfig, apply_update, session_object
+
+if TYPE_CHECKING:
+    from engine_bridge.engine import SessionEngine
+
+logger = logging.getLogger(__name__)
+
+_CLOSE = object()  # outbound-queue marker: close the socket after what is queued before it
+OPEN_REFUSAL_CLOSE_CODE = {"max_sessions_reached": 1013, "engine_closed": 1013}
+UNRAISED_CODES = frozenset({"session_closed", "invalid_input", "session_taken_over"})
+"""Refusals the engine raises without an ``error`` event of its own (before G5)."""
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """Per-server options of the Realtime front. Units in the names.
+
+    * ``extensions``: the duplex dialect (:mod:`realtime.duplex`) is offered to sockets that
+      ask for it with ``?duplex=1``; otherwise such a socket gets an error and close 1008;
+    * ``idle_timeout_s``: no client frame for this long is a disconnect (None: never);
+    * ``outbound_queue_max``: server events queued for one client before it counts as too
+      slow and is closed;
+    * ``transcriber``: what turns appended audio into the thinker's text (None: only the
+      ``transcript`` of an ``input_audio`` item part or an append's extension key);
+    * ``model_name``: the one ``?model=`` served (any other is refused);
+    * ``max_frame_bytes``: a client frame over this is ``event_too_large`` (GA's 15 MiB plus
+      the JSON envelope).
+    """
+
+    extensions: bool = False
+    idle_timeout_s: float | None = None
+    outbound_queue_max: int = 1024
+    transcriber: Transcriber | None = None
+    model_name: str = "duplex-ledger"
+    max_frame_bytes: int = MAX_EVENT_BYTES + 64 * 1024
+
+
+@dataclass
+class RealtimeState:
+    """What the router reads from ``app.state.realtime``: the engine, the options and the live
+    connections (by ``connection_id``)."""
+
+    engine: SessionEngine
+    options: ConnectionOptions = field(default_factory=ConnectionOptions)
+    connections: dict[str, RealtimeConnection] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OpenParams:
+    """The query parameters of ``/v1/realtime``."""
+
+    session_id: str
+    model: str
+    mode: str
+    resumable: bool
+    duplex: bool
+
+
+def _flag(query: dict[str, str], name: str) -> bool:
+    value = query.get(name, "0")
+    if value not in ("0", "1", "true", "false"):
+        raise ProtocolError("invalid_query", f"query parameter {name}={value!r}: must be 0 or 1", param=name)
+    return value in ("1", "true")
+
+
+def parse_query(query: dict[str, str], options: ConnectionOptions) -> OpenParams:
+    """``model``, ``session_id`` (default ``sess_<uuid hex>``), ``mode`` (response_required |
+    auto_response), ``resumable`` (0|1), ``duplex`` (0|1). Raises ProtocolError
+    ``invalid_query`` / ``model_not_found`` naming the parameter."""
+    model = query.get("model", options.model_name)
+    if model != options.model_name:
+        raise ProtocolError("model_not_found", f"model {model[:80]!r} is not served here", param="model")
+    mode = query.get("mode", "response_required")
+    if mode not in ("response_required", "auto_response"):
+        raise ProtocolError("invalid_query", "mode must be response_required or auto_response", param="mode")
+    session_id = query.get("session_id") or f"sess_{uuid.uuid4().hex}"
+    if len(session_id) > 128 or not session_id.isprintable():
+        raise ProtocolError("invalid_query", "session_id: at most 128 printable characters", param="session_id")
+    return OpenParams(session_id, model, mode, _flag(query, "resumable"), _flag(query, "duplex"))
+
+
+def _accepts(method: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class RealtimeConnection:
+    """One socket (see the module docstring). ``connection_id`` is ``ws-<uuid4>``."""
+
+    def __init__(self, websocket: WebSocket, state: RealtimeState) -> None:
+        self.ws = websocket
+        self.state = state
+        self.options = state.options
+        self.connection_id = f"ws-{uuid.uuid4()}"
+        self.session: Session | None = None
+        self.projection: Projection | None = None
+        self.outbound: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.options.outbound_queue_max)
+        self.pump_task: asyncio.Task[None] | None = None
+        self.sender_task: asyncio.Task[None] | None = None
+        self.close_code = 1000
+        self.end_reason: str | None = None  # why the connection ended (disconnect, idle_timeout, ...)
+        self._stop = asyncio.Event()
+        self._created = asyncio.Event()
+        self._socket_gone = False
+        self._overflowed = False
+        self._buffer_transcripts: list[str] = []
+        self._buffer_samples = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def handle(self) -> None:
+        """Serve the socket until it or the session ends; always closes the session."""
+        await self.ws.accept()
+        self.state.connections[self.connection_id] = self
+        try:
+            if await self._open():
+                await self._receive_loop()
+        finally:
+            await self._shutdown()
+            self.state.connections.pop(self.connection_id, None)
+
+    async def _refuse_open(self, code: str, message: str, close_code: int, param: str | None = None) -> bool:
+        with contextlib.suppress(Exception):
+            await self.ws.send_text(dumps(error_event(code, message, param=param)))
+            await self.ws.close(close_code)
+        self._socket_gone = True
+        return False
+
+    async def _open(self) -> bool:
+        try:
+            params = parse_query(dict(self.ws.query_params), self.options)
+        except ProtocolError as exc:
+            return await self._refuse_open(exc.code, exc.message, 1008, exc.param)
+        if params.duplex and not self.options.extensions:
+            return await self._refuse_open("duplex_not_enabled", "this server does not offer ?duplex=1", 1008, "duplex")
+        engine = self.state.engine
+        kwargs: dict[str, Any] = {"auto_response": params.mode == "auto_response"}
+        kwargs["plugin"] = TextPlugin(resumable=params.resumable)
+        if _accepts(engine.open_session, "protocol"):
+            kwargs["protocol"] = "realtime+duplex" if params.duplex else "realtime"
+        if _accepts(engine.open_session, "connection_id"):
+            kwargs["connection_id"] = self.connection_id
+        try:
+            self.session = await engine.open_session(params.session_id, **kwargs)
+        except SessionError as exc:
+            return await self._refuse_open(exc.code, str(exc), OPEN_REFUSAL_CLOSE_CODE.get(exc.code, 1008))
+        except RequestIdError as exc:
+            return await self._refuse_open("invalid_query", f"session_id: {exc}", 1008, "session_id")
+        config = SessionConfig(
+            session_id=params.session_id,
+            model=params.model,
+            mode=params.mode,  # type: ignore[arg-type]
+            resumable=params.resumable,
+            instructions=engine.config.system_prompt,
+            dialect="ga+duplex" if params.duplex else "ga",
+        )
+        self.projection = Projection(config, duplex_dialect=params.duplex)
+        self.sender_task = asyncio.create_task(self._sender(), name=f"{self.connection_id}-sender")
+        self.pump_task = asyncio.create_task(self._pump(self.session), name=f"{self.connection_id}-pump")
+        with contextlib.suppress(TimeoutError):  # session.created goes out before any answer
+            await asyncio.wait_for(self._created.wait(), 10.0)
+        return True
+
+    async def _next_frame(self) -> str | bytes | None:
+        """The next client frame; None when the socket closed, the connection is stopping or
+        the idle timeout passed (``end_reason`` says which)."""
+        receive = asyncio.ensure_future(self.ws.receive())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {receive, stop}, timeout=self.options.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stop.cancel()
+        if receive not in done:
+            receive.cancel()
+            self.end_reason = self.end_reason or ("stopped" if self._stop.is_set() else "idle_timeout")
+            return None
+        message = receive.result()
+        if message["type"] == "websocket.disconnect":
+            self._socket_gone = True
+            self.end_reason = self.end_reason or f"client_closed_{message.get('code', 1005)}"
+            return None
+        text = message.get("text")
+        return text if text is not None else (message.get("bytes") or b"")
+
+    async def _receive_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame = await self._next_frame()
+            except Exception as exc:  # noqa: BLE001 - a transport failure is a disconnect
+                logger.info("%s: receive failed: %s", self.connection_id, exc)
+                self._socket_gone = True
+                self.end_reason = "receive_failed"
+                return
+            if frame is None:
+                return
+            await self._dispatch(frame)
+
+    async def _shutdown(self) -> None:
+        """The session is closed (``disconnect`` unless it already closed), the pump drains
+        the session's last events, then the socket is closed (if it is still open)."""
+        session = self.session
+        if session is not None and not session.closed:
+            if self.end_reason:
+                logger.info("%s: session %s ends: %s", self.connection_id, session.session_id, self.end_reason)
+            try:
+                await session.close("disconnect")
+            except SessionError as exc:
+                logger.info("%s: close on disconnect refused: %s", self.connection_id, exc)
+            except Exception:  # noqa: BLE001 - the session is closed all the same (logged)
+                logger.exception("%s: close on disconnect failed", self.connection_id)
+        if self.pump_task is not None:
+            try:
+                await asyncio.wait_for(self.pump_task, 10.0)
+            except Exception:  # noqa: BLE001 - a stuck pump is cancelled
+                logger.warning("%s: pump did not end; cancelled", self.connection_id)
+        if self.sender_task is not None:
+            if not (self._socket_gone or self._overflowed):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.outbound.put(_CLOSE), 5.0)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self.sender_task), 5.0)
+            self.sender_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.sender_task
+        if not self._socket_gone and self.ws.application_state != WebSocketState.DISCONNECTED:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ws.close(self.close_code), 5.0)
+
+    # ------------------------------------------------------------------ outbound
+    def send(self, event: dict[str, Any]) -> None:
+        """Queue one server event; an overflowing queue closes the connection (slow client)."""
+        if self._overflowed or self._socket_gone:
+            return
+        try:
+            self.outbound.put_nowait(event)
+        except asyncio.QueueFull:
+            self._overflowed = True
+            self.close_code = 1008
+            self.end_reason = "outbound_queue_full"
+            logger.warning(
+                "%s: client too slow (%d events queued): closing as a disconnect",
+                self.connection_id,
+                self.outbound.qsize(),
+            )
+            self._stop.set()
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().create_task(self._abort_socket())
+
+    async def _abort_socket(self) -> None:
+        if self.sender_task is not None:
+            self.sender_task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(1008), 5.0)
+        self._socket_gone = True
+
+    async def _sender(self) -> None:
+        while True:
+            item = await self.outbound.get()
+            if item is _CLOSE:
+                if not self._socket_gone:
+                    with contextlib.suppress(Exception):
+                        await self.ws.close(self.close_code)
+                    self._socket_gone = True
+                return
+            if self._socket_gone:
+                continue
+            try:
+                await self.ws.send_text(dumps(item))
+            except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect (research §2.1)
+                logger.info("%s: send failed: %s", self.connection_id, exc)
+                self._socket_gone = True
+                self.end_reason = self.end_reason or "send_failed"
+                self._stop.set()
+
+    async def _pump(self, session: Session) -> None:
+        """The only reader of ``session.events()``: project each engine event and queue it."""
+        assert self.projection is not None
+        try:
+            async for event in session.events():
+                for out in self.projection.project(event):
+                    self.send(out)
+                if event.type == "session.created":
+                    self._created.set()
+                elif event.type == "session.closed":
+                    self.close_code = 1001 if event.data.get("reason") == "server_shutdown" else 1000
+                    self.end_reason = self.end_reason or f"session_closed_{event.data.get('reason')}"
+                    if not self._socket_gone and not self._overflowed:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(self.outbound.put(_CLOSE), 5.0)
+                    self._stop.set()
+        except Exception:  # noqa: BLE001 - logged; the connection then ends
+            logger.exception("%s: pump failed", self.connection_id)
+            self._stop.set()
+        finally:
+            self._created.set()
+
+    # ------------------------------------------------------------------ inbound
+    async def _dispatch(self, frame: str | bytes) -> None:
+        """One client frame -> engine commands; every refusal is an ``error`` event echoing the
+        client's ``event_id`` (and ``param``); the socket stays open."""
+        event_id: str | None = None
+        try:
+            event = parse_client_event(frame, max_bytes=self.options.max_frame_bytes)
+            event_id = client_event_id(event)
+            await self._handle(event["type"], event, event_id)
+        except ProtocolError as exc:
+            self.send(error_event(exc.code, exc.message, event_id=event_id, param=exc.param))
+        except SessionError as exc:
+            self._engine_refused(exc, event_id)
+        except Exception as exc:  # noqa: BLE001 - one bad event never ends the connection
+            logger.exception("%s: event failed", self.connection_id)
+            self.send(error_event("internal_error", f"{type(exc).__name__}", event_id=event_id))
+
+    def _engine_refused(self, exc: SessionError, event_id: str | None) -> None:
+        """The engine refused a command: it already put the one ``error`` event on the stream
+        (G5, with our event_id when it accepts one); before G5 the front supplies the id."""
+        assert self.projection is not None
+        if exc.code in UNRAISED_CODES and not self._engine_echoes:
+            self.send(error_event(exc.code, str(exc), event_id=event_id))
+        elif not self._engine_echoes:
+            self.projection.expect_error(exc.code, event_id)
+
+    @property
+    def _engine_echoes(self) -> bool:
+        return self.session is not None and _accepts(self.session.commit, "event_id")
+
+    def _ids(self, event_id: str | None) -> dict[str, Any]:
+        return {"event_id": event_id} if self._engine_echoes else {}
+
+    async def _handle(self, type_: str, event: dict[str, Any], event_id: str | None) -> None:
+        assert self.session is not None and self.projection is not None
+        if type_ in duplex.DUPLEX_CLIENT_EVENTS and self.projection.duplex:
+            await self._handle_duplex(type_, event_id)
+            return
+        if type_ not in GA_CLIENT_EVENTS:
+            raise ProtocolError("unknown_event", f"unknown event type {type_[:80]!r}", param="type")
+        if type_ not in SUPPORTED_CLIENT_EVENTS:
+            raise ProtocolError("unsupported_event", f"{type_} is not supported by this server", param="type")
+        handler = getattr(self, "_on_" + type_.replace(".", "_"))
+        await handler(event, event_id)
+
+    async def _handle_duplex(self, type_: str, event_id: str | None) -> None:
+        assert self.session is not None
+        if type_ == "barge_in":
+            await self.session.barge_in(**self._ids(event_id))
+        elif type_ == "input.cancel":
+            await self.session.cancel_input(**self._ids(event_id))
+            self._reset_buffer()
+            self.send(server_event("input_audio_buffer.cleared"))
+        else:  # session.close
+            await self.session.close(duplex.CLOSE_REASON, **self._ids(event_id))
+
+    # --- GA client events
+    async def _on_session_update(self, event: dict[str, Any], event_id: str | None) -> None:
+        assert self.projection is not None
+        self.projection.config = apply_update(self.projection.config, event.get("session"))
+        self.send(server_event("session.updated", session=session_object(self.projection.config)))
+
+    async def _transcript(self, pcm: bytes, given: object) -> str | None:
+        """What the thinker hears for ``pcm``: the item part's transcript (``given``), else
+        the transcriber's, else None (research §5.4)."""
+        if isinstance(given, str):
+            return given
+        if self.options.transcriber is not None:
+            return await self.options.transcriber.transcribe(pcm, sample_rate_hz=PCM_SAMPLE_RATE_HZ)
+        return None
+
+    async def _append_audio(self, pcm: bytes, transcript: str | None, event_id: str | None) -> None:
+        assert self.session is not None
+        await self.session.append_audio(
+            pcm,
+            audio_format="pcm16",
+            sample_rate_hz=PCM_SAMPLE_RATE_HZ,
+            transcript=transcript,
+            is_speech=bool(transcript and transcript.strip()),
+            **self._ids(event_id),
+        )
+
+    async def _on_input_audio_buffer_append(self, event: dict[str, Any], event_id: str | None) -> None:
+        pcm = decode_pcm16(event.get("audio"), max_bytes=MAX_EVENT_BYTES)
+        transcript = await self._transcript(pcm, None)
+        if transcript is None and isinstance(event.get("transcript"), str):  # extension key (research §5.4 3.)
+            transcript = event["transcript"]
+        await self._append_audio(pcm, transcript, event_id)
+        self._buffer_samples += len(pcm) // PCM_BYTES_PER_SAMPLE
+        if transcript and transcript.strip():
+            self._buffer_transcripts.append(transcript.strip())
+
+    def _reset_buffer(self) -> None:
+        self._buffer_transcripts, self._buffer_samples = [], 0
+
+    async def _commit(self, cause: CommitCause, event_id: str | None) -> None:
+        """Commit with ``cause`` queued for the projection (GA: a commit never creates a
+        response in response_required mode)."""
+        assert self.session is not None and self.projection is not None
+        self.projection.causes.append(cause)
+        try:
+            if self.projection.config.mode == "auto_response":
+                await self.session.commit(**self._ids(event_id))
+            else:
+                await self.session.commit(create_response=False, **self._ids(event_id))
+        except BaseException:
+            self.projection.causes.pop()
+            raise
+
+    async def _on_input_audio_buffer_commit(self, event: dict[str, Any], event_id: str | None) -> None:
+        transcript = " ".join(self._buffer_transcripts) or None
+        part: dict[str, Any] = {"type": "input_audio"}
+        if transcript:
+            part["transcript"] = transcript
+        seconds = self._buffer_samples / PCM_SAMPLE_RATE_HZ
+        has_audio = self._buffer_samples > 0
+        await self._commit(CommitCause("buffer", [part], has_audio, transcript, seconds), event_id)
+        self._reset_buffer()
+
+    async def _on_input_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
+        assert self.session is not None
+        clear_input = getattr(self.session, "clear_input", None)
+        if clear_input is not None:  # G1: a pure input-buffer clear
+            await clear_input(**self._ids(event_id))
+        elif self.session.active is None:  # before G1: cancel_input only while idle (it cancels responses)
+            await self.session.cancel_input()
+        self._reset_buffer()
+        self.send(server_event("input_audio_buffer.cleared"))
+
+    async def _on_conversation_item_create(self, event: dict[str, Any], event_id: str | None) -> None:
+        item = event.get("item")
+        if not isinstance(item, dict):
+            raise ProtocolError("bad_event", "item must be an object", param="item")
+        if item.get("type", "message") != "message":
+            raise ProtocolError("unsupported_item", f"item type {str(item.get('type'))[:40]!r}", param="item.type")
+        if item.get("role") != "user":
+            raise ProtocolError("unsupported_item", "only user messages are accepted", param="item.role")
+        content = item.get("content")
+        if not isinstance(content, list) or not content:
+            raise ProtocolError("bad_event", "item.content must be a non-empty list", param="item.content")
+        parts: list[tuple[str, Any, str | None]] = []  # (kind, text or pcm, transcript)
+        for i, part in enumerate(content):
+            where = f"item.content[{i}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "input_text" and isinstance(part.get("text"), str):
+                parts.append(("text", part["text"], None))
+            elif kind == "input_audio":
+                pcm = decode_pcm16(part.get("audio"), param=f"{where}.audio")
+                transcript = await self._transcript(pcm, part.get("transcript"))
+                parts.append(("audio", pcm, transcript))
+            else:
+                raise ProtocolError("unsupported_item", f"{where}: only input_text and input_audio", param=where)
+        wire: list[dict[str, Any]] = []
+        has_audio, seconds, heard = False, 0.0, []
+        for kind, value, transcript in parts:
+            if kind == "text":
+                await self.session.append_text(value, **self._ids(event_id))  # type: ignore[union-attr]
+                wire.append({"type": "input_text", "text": value})
+                continue
+            await self._append_audio(value, transcript, event_id)
+            has_audio, seconds = True, seconds + len(value) / PCM_BYTES_PER_SAMPLE / PCM_SAMPLE_RATE_HZ
+            wire.append({"type": "input_audio", **({"transcript": transcript} if transcript else {})})
+            if transcript and transcript.strip():
+                heard.append(transcript.strip())
+        await self._commit(CommitCause("item", wire, has_audio, " ".join(heard) or None, seconds), event_id)
+
+    async def _on_response_create(self, event: dict[str, Any], event_id: str | None) -> None:
+        assert self.session is not None
+        await self.session.create_response(**self._ids(event_id))
+
+    async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
+        assert self.session is not None
+        wanted = event.get("response_id")
+        active = self.session.active
+        if wanted is not None and (active is None or active.ref.response_id != wanted):
+            raise ProtocolError(
+                "response_cancel_not_active", f"response {str(wanted)[:80]!r} is not in progress", param="response_id"
+            )
+        if not await self.session.cancel_response(**self._ids(event_id)) and not self._engine_echoes:
+            assert self.projection is not None
+            self.projection.expect_error("response_cancel_not_active", event_id)
+
+    async def _on_output_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
+        assert self.session is not None
+        if not await self.session.clear_output_audio(**self._ids(event_id)):
+            raise ProtocolError("response_cancel_not_active", "no response audio in progress to clear")

@@ -1,0 +1,290 @@
+"""Per-connection projection: the engine's :class:`~engine_bridge.messages.ClientEvent` stream
+-> GA Realtime server events (research/realtime.md §5.3).
+
+State kept per connection: the effective :class:`SessionConfig`, the causes of the commits the
+front asked for (a buffer commit or a ``conversation.item.create``, in order), the active
+response with its open content part, and the client event ids of refused commands (until
+the engine carries them itself). Ids are DERIVED, not random, so a replay of the log could
+rebuild the wire stream: a user item is ``item_<session>_i<incarnation>_u<n>`` (n-th commit of
+the connection), an assistant item ``item_<response_id>``; a response's id is the ledger's
+``response_id``. Server ``event_id``s are random.
+
+One terminal event per response (DOMAIN §5.7 D14): every ``response.created`` gets exactly one
+``response.done``; nothing of that response is sent after it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine_bridge.messages import ClientEvent
+from realtime import duplex
+from realtime.audio import encode_audio, render_output_audio
+from realtime.protocol import error_event, error_type_for, server_event
+from realtime.session_config import SessionConfig, session_object
+
+
+@dataclass
+class CommitCause:
+    """What made the front commit: ``kind`` ``buffer`` (input_audio_buffer.commit) or ``item``
+    (conversation.item.create, its GA ``content`` parts); for audio the transcript the thinker
+    heard (None: none was available) and the seconds of audio."""
+
+    kind: str
+    content: list[dict[str, Any]]
+    has_audio: bool = False
+    transcript: str | None = None
+    audio_s: float = 0.0
+
+
+@dataclass
+class ActiveResponse:
+    response_id: str
+    item_id: str
+    modality: str
+    text: list[str] = field(default_factory=list)
+    audio_bytes: int = 0
+
+
+#: A response's GA terminal status from the log's finished_reason (and the engine's wire reason).
+CANCEL_REASON = {"barge_in": "turn_detected", "cancel": "client_cancelled"}
+
+
+class Projection:
+    """ClientEvent -> GA server events for one connection (see the module docstring)."""
+
+    def __init__(self, config: SessionConfig, *, duplex_dialect: bool = False) -> None:
+        self.config = config
+        self.duplex = duplex_dialect
+        self.commits = 0
+        self.last_item_id: str | None = None
+        self.causes: deque[CommitCause] = deque()
+        self.active: ActiveResponse | None = None
+        self.finished: set[str] = set()
+        self.refused_event_ids: dict[str, deque[str | None]] = {}
+        self.last_error: dict[str, Any] | None = None
+        self.last_cancelled: str | None = None
+
+    # ------------------------------------------------------------------ the front's side
+    def expect_error(self, code: str, event_id: str | None) -> None:
+        """A command refused with ``code`` was caused by the client event ``event_id`` (used
+        when the engine's ``error`` event does not carry the id itself)."""
+        self.refused_event_ids.setdefault(code, deque()).append(event_id)
+
+    # ------------------------------------------------------------------ engine events
+    def project(self, event: ClientEvent) -> list[dict[str, Any]]:
+        """The GA (and, with the dialect, extension) server events for one engine event."""
+        handler = getattr(self, "_on_" + event.type.replace(".", "_"), None)
+        return handler(event.data) if handler is not None else []
+
+    def _on_session_created(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        self.config = replace(self.config, incarnation=int(data.get("incarnation", 0)))
+        return [server_event("session.created", session=session_object(self.config))]
+
+    def _on_input_audio_buffer_committed(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        cause = self.causes.popleft() if self.causes else CommitCause("buffer", [{"type": "input_audio"}], True)
+        self.commits += 1
+        c = self.config
+        item_id = f"item_{c.session_id}_i{c.incarnation}_u{self.commits}"
+        previous, self.last_item_id = self.last_item_id, item_id
+        out: list[dict[str, Any]] = []
+        if cause.kind == "buffer":
+            out.append(server_event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous))
+        item = {
+            "id": item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": cause.content,
+        }
+        out += [
+            server_event("conversation.item.added", item=item, previous_item_id=previous),
+            server_event("conversation.item.done", item=item, previous_item_id=previous),
+        ]
+        if cause.has_audio:
+            if cause.transcript:
+                out.append(
+                    server_event(
+                        "conversation.item.input_audio_transcription.completed",
+                        item_id=item_id,
+                        content_index=0,
+                        transcript=cause.transcript,
+                        usage={"type": "duration", "seconds": round(cause.audio_s, 3)},
+                    )
+                )
+            else:
+                out.append(
+                    server_event(
+                        "conversation.item.input_audio_transcription.failed",
+                        item_id=item_id,
+                        content_index=0,
+                        error={
+                            "type": "invalid_request_error",
+                            "code": "transcript_unavailable",
+                            "message": "no transcript for this audio (item transcript, transcriber or "
+                            "append 'transcript'); it was recorded as non-speech",
+                        },
+                    )
+                )
+        return out
+
+    def _on_response_listen(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        if not self.duplex:
+            return []
+        return [duplex.response_listen(self.config.session_id, int(data.get("turn_id", 0)))]
+
+    def _on_response_created(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        response_id = data["response_id"]
+        modality = self.config.output_modality
+        r = self.active = ActiveResponse(response_id, f"item_{response_id}", modality)
+        item = self._assistant_item(r, "in_progress", content=[])
+        previous, self.last_item_id = self.last_item_id, r.item_id
+        part = {"type": "text", "text": ""} if modality == "text" else {"type": "audio", "transcript": ""}
+        return [
+            server_event(
+                "response.created",
+                response={
+                    "id": response_id,
+                    "object": "realtime.response",
+                    "status": "in_progress",
+                    "output": [],
+                    "output_modalities": [modality],
+                },
+            ),
+            server_event("response.output_item.added", response_id=response_id, output_index=0, item=item),
+            server_event("conversation.item.added", item=item, previous_item_id=previous),
+            server_event("response.content_part.added", part=part, **self._where(r)),
+        ]
+
+    def _live(self, data: dict[str, Any]) -> ActiveResponse | None:
+        r = self.active
+        return r if r is not None and r.response_id == data.get("response_id") else None
+
+    def _on_response_text_delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        r = self._live(data)
+        if r is None or not data.get("delta"):
+            return []
+        r.text.append(data["delta"])
+        name = "response.output_text.delta" if r.modality == "text" else "response.output_audio_transcript.delta"
+        return [server_event(name, delta=data["delta"], **self._where(r))]
+
+    def _on_response_audio_delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        r = self._live(data)
+        if r is None or r.modality != "audio":
+            return []
+        pcm = render_output_audio(int(data["frames"]))
+        r.audio_bytes += len(pcm)
+        return [server_event("response.output_audio.delta", delta=encode_audio(pcm), **self._where(r))]
+
+    def _on_response_done(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        r = self._live(data)
+        if r is None:
+            return []
+        reason, finish_reason = data.get("reason", "stop"), data.get("finish_reason")
+        metadata = {"finished_reason": str(reason), "finish_reason": str(finish_reason)}
+        if reason == "stop":
+            if finish_reason == "length":
+                return self._finish(r, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}, metadata)
+            return self._finish(r, "completed", None, metadata)
+        error = self.last_error or {"type": "server_error", "code": f"response_{reason}", "message": str(reason)}
+        details = {
+            "type": "failed",
+            "error": {"type": error["type"], "code": error.get("code"), "message": error.get("message")},
+        }
+        if reason == "abort":
+            details["error"] = {"type": "server_error", "code": "engine_aborted", "message": "the engine ended it"}
+        return self._finish(r, "failed", details, metadata)
+
+    def _on_response_cancelled(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        r = self._live(data)
+        if r is None:
+            return []
+        self.last_cancelled = r.response_id
+        reason, wire = data.get("finished_reason", "cancel"), data.get("reason", "")
+        metadata = {"finished_reason": str(reason), "wire_reason": str(wire)}
+        if reason in CANCEL_REASON:
+            return self._finish(r, "cancelled", {"type": "cancelled", "reason": CANCEL_REASON[reason]}, metadata)
+        if wire == duplex.CLOSE_REASON:  # the client's own session.close
+            return self._finish(r, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, metadata)
+        error = {"type": "server_error", "code": "session_closed", "message": f"the session closed ({wire})"}
+        return self._finish(r, "failed", {"type": "failed", "error": error}, metadata)
+
+    def _on_audio_cancelled(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        if data.get("reason") == "output_audio_buffer_clear" and self.last_cancelled is not None:
+            return [server_event("output_audio_buffer.cleared", response_id=self.last_cancelled)]
+        return []
+
+    def _on_error(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        code = str(data.get("code", "internal_error"))
+        if "event_id" in data:
+            event_id = data["event_id"]
+        else:
+            waiting = self.refused_event_ids.get(code)
+            event_id = waiting.popleft() if waiting else None
+        event = error_event(code, str(data.get("message", "")), event_id=event_id, param=data.get("param"))
+        self.last_error = {"type": error_type_for(code), "code": code, "message": event["error"]["message"]}
+        return [event]
+
+    def _on_session_closed(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        if not self.duplex:
+            return []
+        return [duplex.session_closed(self.config.session_id, str(data.get("reason", "")))]
+
+    # ------------------------------------------------------------------ helpers
+    def _where(self, r: ActiveResponse) -> dict[str, Any]:
+        return {"response_id": r.response_id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
+
+    def _content(self, r: ActiveResponse) -> list[dict[str, Any]]:
+        text = "".join(r.text)
+        if r.modality == "text":
+            return [{"type": "output_text", "text": text}]
+        return [{"type": "output_audio", "transcript": text}]
+
+    def _assistant_item(self, r: ActiveResponse, status: str, *, content: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": r.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
+
+    def _finish(
+        self, r: ActiveResponse, status: str, details: dict[str, Any] | None, metadata: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """Close the open content part and item, then the response's one ``response.done``."""
+        self.active = None
+        self.finished.add(r.response_id)
+        self.last_error = None
+        text, where = "".join(r.text), self._where(r)
+        if r.modality == "text":
+            out = [server_event("response.output_text.done", text=text, **where)]
+            part = {"type": "text", "text": text}
+        else:
+            out = [
+                server_event("response.output_audio_transcript.done", transcript=text, **where),
+                server_event("response.output_audio.done", **where),
+            ]
+            part = {"type": "audio", "transcript": text}
+        item = self._assistant_item(r, "completed" if status == "completed" else "incomplete", content=self._content(r))
+        out += [
+            server_event("response.content_part.done", part=part, **where),
+            server_event("response.output_item.done", response_id=r.response_id, output_index=0, item=item),
+            server_event("conversation.item.done", item=item),
+        ]
+        response: dict[str, Any] = {
+            "id": r.response_id,
+            "object": "realtime.response",
+            "status": status,
+            "output": [item],
+            "output_modalities": [r.modality],
+            "metadata": metadata,
+        }
+        if details is not None:
+            response["status_details"] = details
+        out.append(server_event("response.done", response=response))
+        return out

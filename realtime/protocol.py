@@ -1,0 +1,112 @@
+"""Realtime GA wire format: client-event parsing and server-event builders.
+
+Client frames are JSON objects with a string ``type`` (OpenAI Realtime GA,
+``openai.types.realtime.RealtimeClientEvent``); anything else is a :class:`ProtocolError`,
+answered with the GA error envelope ``{type: "error", event_id, error: {type, code, message,
+param, event_id}}`` and never a closed socket (research/realtime.md §5.5). Server events carry
+GA names only (never the beta ``response.text.delta`` / ``response.audio.delta``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+MAX_EVENT_BYTES = 15 * 2**20
+"""GA's limit on one client event (an ``input_audio_buffer.append`` of at most 15 MiB)."""
+
+GA_CLIENT_EVENTS = frozenset(
+    {
+        "session.update",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
+        "conversation.item.create",
+        "conversation.item.truncate",
+        "conversation.item.delete",
+        "conversation.item.retrieve",
+        "response.create",
+        "response.cancel",
+        "output_audio_buffer.clear",
+    }
+)
+"""Every client event type of the GA union (``realtime_client_event.py``)."""
+
+SUPPORTED_CLIENT_EVENTS = GA_CLIENT_EVENTS - {
+    "conversation.item.truncate",
+    "conversation.item.delete",
+    "conversation.item.retrieve",
+}
+"""The GA client events this front answers; the rest get ``unsupported_event``."""
+
+SERVER_ERROR_CODES = frozenset(
+    {"runtime_append_failed", "cleanup_failed", "engine_dead", "stage_error", "internal_error", "engine_closed"}
+)
+RATE_LIMIT_CODES = frozenset({"max_sessions_reached"})
+
+
+def error_type_for(code: str) -> str:
+    """The GA error ``type`` bucket of a code: ``rate_limit_error`` (admission),
+    ``server_error`` (the server's or engine's fault), else ``invalid_request_error``."""
+    if code in RATE_LIMIT_CODES:
+        return "rate_limit_error"
+    if code in SERVER_ERROR_CODES:
+        return "server_error"
+    return "invalid_request_error"
+
+
+class ProtocolError(Exception):
+    """A client event the front refuses before it reaches the engine: ``code`` (wire error
+    code), ``message``, ``param`` (the offending field's path, GA ``error.param``)."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+def new_event_id() -> str:
+    """A server ``event_id`` (random; GA does not constrain the format)."""
+    return f"event_{uuid.uuid4().hex}"
+
+
+def server_event(type_: str, **fields: Any) -> dict[str, Any]:
+    """One server event: ``{"event_id": ..., "type": type_, **fields}``."""
+    return {"event_id": new_event_id(), "type": type_, **fields}
+
+
+def error_event(code: str, message: str, *, event_id: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """The GA error envelope; ``event_id`` is the client event's id that caused it (echoed)."""
+    error = {"type": error_type_for(code), "code": code, "message": message, "param": param, "event_id": event_id}
+    return server_event("error", error=error)
+
+
+def client_event_id(event: dict[str, Any]) -> str | None:
+    """The client's ``event_id`` when it is a string (echoed in errors), else None."""
+    value = event.get("event_id")
+    return value if isinstance(value, str) else None
+
+
+def parse_client_event(frame: str | bytes, *, max_bytes: int = MAX_EVENT_BYTES) -> dict[str, Any]:
+    """A client frame -> its JSON object. Raises ProtocolError ``event_too_large`` (over
+    ``max_bytes``), ``invalid_json`` (not JSON / not UTF-8), ``bad_event`` (not an object, or
+    no string ``type``; param ``type``)."""
+    size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ProtocolError("event_too_large", f"event of {size} bytes is over the limit of {max_bytes} bytes")
+    try:
+        event = json.loads(frame)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("invalid_json", f"the frame is not JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise ProtocolError("bad_event", f"an event must be a JSON object, not {type(event).__name__}")
+    if not isinstance(event.get("type"), str):
+        raise ProtocolError("bad_event", "the event has no string 'type'", param="type")
+    return event
+
+
+def dumps(event: dict[str, Any]) -> str:
+    """A server event as one JSON text frame (compact; non-ASCII kept)."""
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,92 @@
+"""Realtime GA conformance on the FAKE engine, driven by the official ``openai`` SDK: every raw
+frame validated strictly (tests/realtime/wire.py), the wire invariants checked, then the
+ledger (research/realtime.md §6.2)."""
+
+from __future__ import annotations
+
+import base64
+
+from events import ids
+from tests.realtime.conftest import sdk_client
+from tests.realtime.ledger import settled_ledger
+from tests.realtime.wire import Wire
+from tests.waiting import eventually
+
+TEXT_TURN = ["conversation.item.added", "conversation.item.done"]
+RESPONSE_OPEN = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+]
+
+
+def user_text(text: str, event_id: str | None = None) -> dict:
+    event = {
+        "type": "conversation.item.create",
+        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+    }
+    if event_id:
+        event["event_id"] = event_id
+    return event
+
+
+async def one_turn(wire: Wire, text: str) -> dict:
+    start = len(wire.frames)
+    await wire.send(user_text(text))
+    await wire.send({"type": "response.create"})
+    done = await wire.until("response.done")
+    kinds = [f["type"] for f in wire.frames[start:]]
+    assert kinds[:2] == TEXT_TURN and kinds[2:6] == RESPONSE_OPEN, kinds
+    return done
+
+
+async def test_two_turn_text_conversation(engine, port):
+    client = sdk_client(port)
+    async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-text"}) as conn:
+        wire = Wire(conn)
+        created = await wire.recv()
+        assert created["type"] == "session.created" and created["session"]["x_duplex_ledger"]["incarnation"] == 0
+        await wire.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+        updated = await wire.until("session.updated")
+        assert updated["session"]["output_modalities"] == ["text"]
+        first = await one_turn(wire, "Hello, who are you?")
+        second = await one_turn(wire, "And what can you do?")
+        wire.check()
+        for done in (first, second):
+            assert done["response"]["status"] == "completed"
+            assert done["response"]["output"][0]["content"][0]["type"] == "output_text"
+        r0, r1 = first["response"]["id"], second["response"]["id"]
+        assert r0 != r1 and r0.startswith("resp-rt-text-0-") and r1.startswith("resp-rt-text-0-")
+        assert len(wire.of_type("response.output_text.delta")) >= 2
+        assert not wire.of_type("response.output_audio.delta")
+    session = engine.sessions["rt-text"]
+    await eventually(lambda: session.closed)
+    assert await settled_ledger(engine, "rt-text") == ["stop", "stop"]
+    history = await engine.store.read_stream("rt-text")
+    begun = [s.event.response_id for s in history if s.event.type == "ResponseBegun"]
+    assert begun == [r0, r1]  # the wire ids are the ledger's
+    submitted = [s.event.request_id for s in history if s.event.type == "StageRequestSubmitted"]
+    assert submitted[:2] == [ids.mint_ephemeral("rt-text", 0, 0, 0), ids.mint_ephemeral("rt-text", 0, 0, 1)]
+    closed = [s.event for s in history if s.event.type == "SessionClosed"]
+    assert [c.reason for c in closed] == ["disconnect"]
+
+
+async def test_two_turn_audio_mode(engine, port):
+    client = sdk_client(port)
+    async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-audio"}) as conn:
+        wire = Wire(conn)
+        await wire.recv()
+        await wire.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"]}})
+        await wire.until("session.updated")
+        for text in ("Hello there", "Tell me more"):
+            done = await one_turn(wire, text)
+            assert done["response"]["status"] == "completed"
+            assert done["response"]["output"][0]["content"][0]["type"] == "output_audio"
+        wire.check()
+        audio = [base64.b64decode(f["delta"]) for f in wire.of_type("response.output_audio.delta")]
+        assert audio and all(len(chunk) % 960 == 0 for chunk in audio)
+        assert wire.of_type("response.output_audio_transcript.delta")
+        assert not wire.of_type("response.output_text.delta")
+    await eventually(lambda: engine.sessions["rt-audio"].closed)
+    assert await settled_ledger(engine, "rt-audio") == ["stop", "stop"]
