@@ -91,17 +91,24 @@ async def _start_tiny() -> list[Any]:
 
 
 def ledger_app(engine: Any) -> Any:
-    """The product's Realtime app in front of ``engine`` (front's realtime package)."""
-    from realtime.app import build_app  # type: ignore[import-not-found]
+    """The product's Realtime route (``realtime.router``) in front of ``engine``, default
+    connection options: the app ``duplex-ledger serve`` builds, less its other routes."""
+    from fastapi import FastAPI
 
-    return build_app(engine)
+    from realtime.connection import ConnectionOptions, RealtimeState
+    from realtime.router import router
+
+    app = FastAPI()
+    app.include_router(router)
+    app.state.realtime = RealtimeState(engine, ConnectionOptions())
+    return app
 
 
 async def _serve(app: Any) -> tuple[Any, asyncio.Task[None], int]:
     import uvicorn
 
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws_max_queue=1024)
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="websockets-sansio")
     )
     task = asyncio.create_task(server.serve())
     while not server.started:
