@@ -146,9 +146,12 @@ async def _audit(engine: Any, ports: list[Any], timeout_s: float = 30.0) -> dict
     }
 
 
-async def serve_child(model: str, db_path: str) -> None:
+async def serve_child(model: str, db_path: str, profile_path: str | None = None) -> None:
     """Both arms on one set of ports; prints ``{"plain": port, "ledger": port}``; then answers
-    stdin lines ``audit`` (a JSON line) and ``quit``."""
+    stdin lines ``audit`` (a JSON line), ``profile on`` / ``profile off`` (cProfile of the
+    event-loop thread, dumped to ``profile_path`` at the end; answers ``{}``) and ``quit``."""
+    import cProfile
+
     from benchmarks.serve_plain import build_plain_app
     from engine_bridge.engine import SessionEngine
 
@@ -164,14 +167,20 @@ async def serve_child(model: str, db_path: str) -> None:
     ledger, ledger_task, ledger_port = await _serve(ledger_app(engine))
     print(json.dumps({"plain": plain_port, "ledger": ledger_port, "max_tokens": config.max_tokens}), flush=True)
     loop = asyncio.get_running_loop()
+    profile = cProfile.Profile()
     try:
         while True:
             line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
             if line == "audit":
                 print(json.dumps(await _audit(engine, ports)), flush=True)
+            elif line in ("profile on", "profile off"):
+                profile.enable() if line == "profile on" else profile.disable()
+                print("{}", flush=True)
             else:  # "quit" or EOF
                 break
     finally:
+        if profile_path:
+            profile.dump_stats(profile_path)
         plain.should_exit = ledger.should_exit = True
         await asyncio.gather(plain_task, ledger_task, return_exceptions=True)
         await engine.aclose()
@@ -278,11 +287,20 @@ async def run_arm(url: str, arm: str, sessions: int, turns: int, child_pid: int,
 class Child:
     """The server child process and its stdin/stdout protocol."""
 
-    def __init__(self, model: str, db_path: Path) -> None:
+    def __init__(self, model: str, db_path: Path, profile_path: str | None = None) -> None:
         path = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve-child", "--model", model, "--db", str(db_path)],
+            [
+                sys.executable,
+                __file__,
+                "--serve-child",
+                "--model",
+                model,
+                "--db",
+                str(db_path),
+                *(["--profile", profile_path] if profile_path else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -317,12 +335,14 @@ class Child:
             self.proc.wait()
 
 
-async def bench(sessions_list: list[int], turns: int, rounds: int, model: str) -> dict[str, Any]:
+async def bench(
+    sessions_list: list[int], turns: int, rounds: int, model: str, profile_path: str | None = None
+) -> dict[str, Any]:
     """Run the benchmark; returns ``{sessions: {arm: [ArmRun per round], "audit": ...}}``."""
     fake = model == "fake"
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        child = Child(model, Path(tmp) / "ledger.db")
+        child = Child(model, Path(tmp) / "ledger.db", profile_path)
         try:
             urls = {arm: f"ws://127.0.0.1:{child.info[arm]}/v1/realtime" for arm in ("plain", "ledger")}
             max_tokens = int(child.info["max_tokens"])
@@ -330,7 +350,11 @@ async def bench(sessions_list: list[int], turns: int, rounds: int, model: str) -
                 runs: dict[str, list[ArmRun]] = {"plain": [], "ledger": []}
                 for r in range(rounds):
                     for arm in ("plain", "ledger") if r % 2 == 0 else ("ledger", "plain"):
+                        if profile_path and arm == "ledger":
+                            child.ask("profile on")
                         runs[arm].append(await run_arm(urls[arm], arm, n, turns, child.proc.pid, max_tokens, fake))
+                        if profile_path and arm == "ledger":
+                            child.ask("profile off")
                 out[str(n)] = {**runs, "audit": child.ask("audit")}
         finally:
             child.close()
@@ -393,16 +417,28 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the two arms, order rotated")
     parser.add_argument("--model", choices=["fake", "tiny"], default="fake")
     parser.add_argument("--quick", action="store_true", help="2 sessions x 1 turn, 1 round (smoke)")
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="cProfile the server's loop thread during the ledger "
+        "arm (figures then inflated: profile in a run of its own), dump to PATH, print the top frames",
+    )
     parser.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_child:
-        asyncio.run(serve_child(args.model, args.db))
+        asyncio.run(serve_child(args.model, args.db, args.profile))
         return []
     sessions = [2] if args.quick else [int(x) for x in args.sessions.split(",")]
     turns, rounds = (1, 1) if args.quick else (args.turns, args.rounds)
-    results = asyncio.run(bench(sessions, turns, rounds, args.model))
-    return report(results, turns, rounds, args.model)
+    results = asyncio.run(bench(sessions, turns, rounds, args.model, args.profile))
+    rows = report(results, turns, rounds, args.model)
+    if args.profile:
+        import pstats
+
+        print(f"server loop thread, ledger arm, top frames by own time ({args.profile}):")
+        pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
+    return rows
 
 
 if __name__ == "__main__":
