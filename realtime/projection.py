@@ -65,7 +65,6 @@ class Projection:
         self.finished: set[str] = set()
         self.refused_event_ids: dict[str, deque[str | None]] = {}
         self.last_error: dict[str, Any] | None = None
-        self.last_cancelled: str | None = None
 
     # ------------------------------------------------------------------ the front's side
     def expect_error(self, code: str, event_id: str | None) -> None:
@@ -202,20 +201,19 @@ class Projection:
         r = self._live(data)
         if r is None:
             return []
-        self.last_cancelled = r.response_id
         reason, wire = data.get("finished_reason", "cancel"), data.get("reason", "")
         metadata = {"finished_reason": str(reason), "wire_reason": str(wire)}
         if reason in CANCEL_REASON:
-            return self._finish(r, "cancelled", {"type": "cancelled", "reason": CANCEL_REASON[reason]}, metadata)
+            cleared = []  # the client's output_audio_buffer.clear: told before the response's terminal event
+            if wire == "output_audio_buffer_clear":
+                cleared = [server_event("output_audio_buffer.cleared", response_id=r.response_id)]
+            return cleared + self._finish(
+                r, "cancelled", {"type": "cancelled", "reason": CANCEL_REASON[reason]}, metadata
+            )
         if wire == duplex.CLOSE_REASON:  # the client's own session.close
             return self._finish(r, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, metadata)
         error = {"type": "server_error", "code": "session_closed", "message": f"the session closed ({wire})"}
         return self._finish(r, "failed", {"type": "failed", "error": error}, metadata)
-
-    def _on_audio_cancelled(self, data: dict[str, Any]) -> list[dict[str, Any]]:
-        if data.get("reason") == "output_audio_buffer_clear" and self.last_cancelled is not None:
-            return [server_event("output_audio_buffer.cleared", response_id=self.last_cancelled)]
-        return []
 
     def _on_error(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         code = str(data.get("code", "internal_error"))

@@ -11,7 +11,7 @@ from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
 from realtime.connection import ConnectionOptions
 from tests.fakes.fake_port import FakeStagePort
-from tests.realtime.server_fixture import serve_app
+from tests.realtime.server_fixture import make_app, serve_app
 
 SHORT = EngineConfig(max_tokens=6, talker_max_tokens=4, flush_interval_s=0.005)
 LONG = EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005)  # >= 4 s: cancels land mid-reply
@@ -20,10 +20,13 @@ LONG = EngineConfig(max_tokens=2000, talker_max_tokens=4, flush_interval_s=0.005
 REPLY = "Hi, I am a test."  # 5 words: under SHORT.max_tokens, so a reply ends with stop
 
 
-async def fake_engine(tmp_path, config: EngineConfig, reply: str | None = None) -> SessionEngine:
-    """Fake ports; the thinker says ``reply`` (stops, ``stop``), else runs to its budget (``length``)."""
+async def fake_engine(
+    tmp_path, config: EngineConfig, reply: str | None = None, *, max_model_len: int = 1024
+) -> SessionEngine:
+    """Fake ports; the thinker says ``reply`` (stops, ``stop``), else runs to its budget
+    (``length``); a prompt over ``max_model_len`` fake tokens fails the turn."""
     ports = [
-        FakeStagePort(0, "thinker", token_delay_s=0.002, reply=reply),
+        FakeStagePort(0, "thinker", token_delay_s=0.002, reply=reply, max_model_len=max_model_len),
         FakeStagePort(1, "talker", token_delay_s=0.002),
     ]
     return await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db", ports, config=config)
@@ -49,14 +52,24 @@ def options() -> ConnectionOptions:
 
 
 @pytest.fixture
-async def port(engine, options):
-    async with serve_app(engine, options) as port:
+def app(engine, options):
+    return make_app(engine, options)
+
+
+@pytest.fixture
+def long_app(long_engine, options):
+    return make_app(long_engine, options)
+
+
+@pytest.fixture
+async def port(engine, options, app):
+    async with serve_app(engine, options, app=app) as port:
         yield port
 
 
 @pytest.fixture
-async def long_port(long_engine, options):
-    async with serve_app(long_engine, options) as port:
+async def long_port(long_engine, options, long_app):
+    async with serve_app(long_engine, options, app=long_app) as port:
         yield port
 
 

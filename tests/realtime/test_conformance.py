@@ -4,11 +4,18 @@ ledger (research/realtime.md §6.2)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
+import pytest
+from websockets.exceptions import ConnectionClosed
+
 from events import ids
-from tests.realtime.conftest import sdk_client
+from events.store.store import EventStore
+from projections.runner import project_as_of
+from tests.realtime.conftest import LONG, REPLY, SHORT, fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
+from tests.realtime.server_fixture import serve_app
 from tests.realtime.wire import Wire
 from tests.waiting import eventually
 
@@ -90,3 +97,73 @@ async def test_two_turn_audio_mode(engine, port):
         assert not wire.of_type("response.output_text.delta")
     await eventually(lambda: engine.sessions["rt-audio"].closed)
     assert await settled_ledger(engine, "rt-audio") == ["stop", "stop"]
+
+
+async def test_truncated_and_failed_responses(tmp_path):
+    """``length`` -> GA ``incomplete``/``max_output_tokens``; a turn the engine fails ->
+    ``error`` then ``response.done`` ``failed`` carrying that error (D14)."""
+    truncating = await fake_engine(tmp_path / "a", SHORT)  # no scripted reply: runs to max_tokens
+    failing = await fake_engine(tmp_path / "b", SHORT, REPLY, max_model_len=3)
+    try:
+        async with serve_app(truncating) as port:
+            async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "t"}) as c:
+                wire = Wire(c)
+                await wire.recv()
+                done = await one_turn(wire, "Go on and on")
+                assert done["response"]["status"] == "incomplete"
+                assert done["response"]["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+                wire.check()
+        async with serve_app(failing) as port:
+            async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "f"}) as c:
+                wire = Wire(c)
+                await wire.recv()
+                await wire.send(user_text("This prompt is far too long"))
+                await wire.send({"type": "response.create", "event_id": "rc"})
+                error = (await wire.until("error"))["error"]
+                assert (error["code"], error["type"]) == ("prompt_too_long", "invalid_request_error")
+                done = await wire.until("response.done")
+                assert done["response"]["status"] == "failed"
+                assert done["response"]["status_details"]["error"]["code"] == "prompt_too_long"
+                wire.check()
+        await eventually(lambda: truncating.sessions["t"].closed and failing.sessions["f"].closed)
+        assert await settled_ledger(truncating, "t") == ["stop"]
+        assert await settled_ledger(failing, "f") == ["error"]
+    finally:
+        await truncating.aclose()
+        await failing.aclose()
+
+
+async def test_server_shutdown_under_a_response(tmp_path):
+    """``engine.aclose()`` with a response running: the client gets its ``response.done``
+    (``failed``, ``session_closed``), then close 1001; the log says ``close`` (D13)."""
+    engine = await fake_engine(tmp_path, LONG)
+    closed = False
+    try:
+        async with serve_app(engine) as port:
+            async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "s"}) as c:
+                wire = Wire(c)
+                await wire.recv()
+                await wire.send(user_text("Tell me a long story"))
+                await wire.send({"type": "response.create"})
+                await wire.until("response.output_audio_transcript.delta")
+                shutdown = asyncio.create_task(engine.aclose())
+                done = await wire.until("response.done")
+                assert done["response"]["status"] == "failed"
+                assert done["response"]["status_details"]["error"]["code"] == "session_closed"
+                with pytest.raises(ConnectionClosed) as info:
+                    await wire.recv()
+                assert info.value.rcvd.code == 1001
+                wire.check()
+                await asyncio.wait_for(shutdown, 15)
+                closed = True
+    finally:
+        if not closed:
+            await engine.aclose()
+    store = await EventStore.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db")
+    try:
+        p = await project_as_of(store)
+        assert p.leaks() == [] and [t.finished_reason for t in p.turn_tables] == ["close"]
+        history = [s.event for s in await store.read_stream("s")]
+        assert [e.reason for e in history if e.type == "SessionClosed"] == ["server_shutdown"]
+    finally:
+        await store.close()

@@ -1,0 +1,118 @@
+"""Cancel mid-stream and disconnect mid-response (research §6.2 scenarios 3, 4) on the FAKE
+engine with 2,000-token replies, so a cancel or a drop always lands mid-response."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.realtime.conftest import sdk_client
+from tests.realtime.ledger import settled_ledger
+from tests.realtime.test_conformance import user_text
+from tests.realtime.wire import Wire
+from tests.waiting import eventually
+
+
+async def start_long_reply(wire: Wire, text: str = "Tell me a long story") -> str:
+    await wire.send(user_text(text))
+    await wire.send({"type": "response.create"})
+    created = await wire.until("response.created")
+    await wire.until("response.output_audio_transcript.delta")  # the first output (trace wait: "output")
+    return created["response"]["id"]
+
+
+async def test_cancel_mid_stream_then_next_turn(long_engine, long_port):
+    client = sdk_client(long_port)
+    async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-cancel"}) as conn:
+        wire = Wire(conn)
+        await wire.recv()
+        await wire.send({"type": "response.cancel", "event_id": "idle-cancel"}, refused="response_cancel_not_active")
+        await wire.error_for("idle-cancel")
+        r0 = await start_long_reply(wire)
+        assert r0.startswith("resp-rt-cancel-0-")
+        await conn.response.cancel()
+        done = await wire.until("response.done")
+        assert done["response"]["id"] == r0 and done["response"]["status"] == "cancelled"
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+        r1 = await start_long_reply(wire, "Just say hi")
+        assert r1.startswith("resp-rt-cancel-1-")  # epoch 0 -> 1
+        await wire.send({"type": "output_audio_buffer.clear"})
+        cleared = await wire.until("output_audio_buffer.cleared")
+        assert cleared["response_id"] == r1
+        assert (await wire.until("response.done"))["response"]["id"] == r1
+        assert [f["response"]["status"] for f in wire.of_type("response.done")] == ["cancelled", "cancelled"]
+        wire.check()
+    session = long_engine.sessions["rt-cancel"]
+    await eventually(lambda: session.closed)
+    assert await settled_ledger(long_engine, "rt-cancel") == ["cancel", "cancel"]
+    history = [s.event for s in await long_engine.store.read_stream("rt-cancel")]
+    assert [e.source for e in history if e.type == "CancelRequested"] == [
+        "response.cancel",
+        "output_audio_buffer_clear",
+    ]
+    assert [(e.old_epoch, e.new_epoch) for e in history if e.type == "EpochAdvanced"][:2] == [(0, 1), (1, 2)]
+    assert [e.error_code for e in history if e.type == "CommandRejected"] == []  # an idle cancel is not a refusal
+
+
+@pytest.mark.parametrize("how", ["clean_close", "transport_abort"])
+async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
+    sid = f"rt-drop-{how}"
+    state = long_app.state.realtime
+    client = sdk_client(long_port)
+    async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": sid}) as conn:
+        wire = Wire(conn)
+        await wire.recv()
+        await start_long_reply(wire)
+        (connection,) = state.connections.values()
+        if how == "clean_close":
+            await conn.close()
+        else:
+            conn._connection.transport.abort()  # private: an abrupt drop (the server sees 1006)
+        wire.check(all_done=False)
+    session = long_engine.sessions[sid]
+    await eventually(lambda: session.closed and not state.connections, timeout_s=15)
+    assert connection.pump_task.done() and connection.sender_task.done()
+    assert connection.end_reason.startswith("client_closed_") or connection.end_reason == "send_failed"
+    assert await settled_ledger(long_engine, sid) == ["close"]
+    history = [s.event for s in await long_engine.store.read_stream(sid)]
+    assert [e.reason for e in history if e.type == "SessionClosed"] == ["disconnect"]
+    # reconnecting with the same session_id is the next incarnation
+    async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": sid}) as conn:
+        wire = Wire(conn)
+        created = await wire.recv()
+        assert created["session"]["x_duplex_ledger"]["incarnation"] == 1
+        await wire.send(user_text("hello again"))
+        await wire.send({"type": "response.create"})
+        await wire.until("response.output_audio_transcript.delta")
+        await wire.send({"type": "response.cancel"})
+        assert (await wire.until("response.done"))["response"]["status"] == "cancelled"
+        wire.check()
+    await eventually(lambda: long_engine.sessions[sid].closed and not state.connections, timeout_s=15)
+    assert await settled_ledger(long_engine, sid) == ["close", "cancel"]
+
+
+async def test_idle_timeout_is_a_disconnect(tmp_path):
+    from realtime.connection import ConnectionOptions
+    from tests.realtime.conftest import LONG, fake_engine
+    from tests.realtime.server_fixture import serve_app
+
+    engine = await fake_engine(tmp_path, LONG)
+    try:
+        async with serve_app(engine, ConnectionOptions(idle_timeout_s=0.5)) as port:
+            async with sdk_client(port).realtime.connect(
+                model="duplex-ledger", extra_query={"session_id": "rt-idle"}
+            ) as conn:
+                wire = Wire(conn)
+                await wire.recv()
+                await start_long_reply(wire)
+                done = await wire.until("response.done", timeout_s=15)  # idle: the server closes the session
+                assert done["response"]["status"] == "failed"
+                assert done["response"]["status_details"]["error"]["code"] == "session_closed"
+                await asyncio.sleep(0)
+            await eventually(lambda: engine.sessions["rt-idle"].closed)
+            assert await settled_ledger(engine, "rt-idle") == ["close"]
+            history = [s.event for s in await engine.store.read_stream("rt-idle")]
+            assert [e.reason for e in history if e.type == "SessionClosed"] == ["disconnect"]
+    finally:
+        await engine.aclose()

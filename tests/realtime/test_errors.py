@@ -1,0 +1,168 @@
+"""Bad input on the wire (research §5.5, §6.2 scenario 5): each gets a GA ``error`` echoing the
+client's event_id (and ``param``), the socket stays open, the next turn works, and the log holds
+only what the rules decided (refusals of engine commands as ``CommandRejected``; nothing for a
+frame the front refused)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from realtime.connection import ConnectionOptions
+from tests.realtime.conftest import sdk_client
+from tests.realtime.ledger import settled_ledger
+from tests.realtime.test_conformance import one_turn, user_text
+from tests.realtime.wire import Wire
+from tests.waiting import eventually
+
+SMALL_FRAMES = ConnectionOptions(max_frame_bytes=64 * 1024)
+
+# (client event, error code, param)
+FRONT_REFUSALS = [
+    ({"type": "no.such.event"}, "unknown_event", "type"),
+    ({"type": "conversation.item.delete", "item_id": "x"}, "unsupported_event", "type"),
+    ({"type": "barge_in"}, "unknown_event", "type"),  # an extension without ?duplex=1
+    ({"type": "session.close"}, "unknown_event", "type"),
+    ({"type": "input_audio_buffer.append", "audio": "%%%not base64"}, "invalid_audio", "audio"),
+    (
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()},
+        "invalid_audio",
+        "audio",
+    ),
+    ({"type": "input_audio_buffer.append", "audio": ""}, "invalid_audio", "audio"),
+    ({"type": "input_audio_buffer.append"}, "invalid_audio", "audio"),
+    ({"type": "response.cancel", "response_id": "resp-nope"}, "response_cancel_not_active", "response_id"),
+    ({"type": "output_audio_buffer.clear"}, "response_cancel_not_active", None),
+    (
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+        },
+        "unsupported_audio_format",
+        "session.audio.input.format.type",
+    ),
+    (
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+        },
+        "unsupported_audio_format",
+        "session.audio.output.format.rate",
+    ),
+    (
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
+        },
+        "unsupported_turn_detection",
+        "session.audio.input.turn_detection",
+    ),
+    (
+        {"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text", "audio"]}},
+        "unsupported_session_update",
+        "session.output_modalities",
+    ),
+    (
+        {"type": "session.update", "session": {"type": "realtime", "x_duplex_ledger": {"mode": "auto_response"}}},
+        "unsupported_session_update",
+        "session.x_duplex_ledger.mode",
+    ),
+    (
+        {"type": "session.update", "session": {"type": "realtime", "x_duplex_ledger": {"resumable": True}}},
+        "unsupported_session_update",
+        "session.x_duplex_ledger.resumable",
+    ),
+    (
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", "content": []}},
+        "unsupported_item",
+        "item.role",
+    ),
+    (
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_image"}]},
+        },
+        "unsupported_item",
+        "item.content[0]",
+    ),
+]
+
+
+@pytest.fixture
+def options() -> ConnectionOptions:
+    return SMALL_FRAMES
+
+
+async def test_every_bad_event_is_an_error_and_the_session_goes_on(engine, port):
+    async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-err"}) as conn:
+        wire = Wire(conn)
+        await wire.recv()
+        await wire.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+        await wire.until("session.updated")
+        # frames that are no event at all: no event_id to echo
+        for raw, code, param in [
+            ("not json", "invalid_json", None),
+            ("[1, 2]", "bad_event", None),
+            ('{"event_id": "e-no-type"}', "bad_event", "type"),
+            (json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 70_000}), "event_too_large", None),
+        ]:
+            await conn.send_raw(raw)
+            error = (await wire.until("error"))["error"]
+            assert (error["code"], error["param"], error["type"]) == (code, param, "invalid_request_error")
+        for n, (event, code, param) in enumerate(FRONT_REFUSALS):
+            await wire.send({**event, "event_id": f"bad-{n}"}, refused=code)
+            error = (await wire.error_for(f"bad-{n}"))["error"]
+            assert (error["code"], error["param"]) == (code, param), event
+        # refusals the engine decides (logged as CommandRejected)
+        await wire.send(
+            {"type": "input_audio_buffer.commit", "event_id": "empty-commit"}, refused="input_audio_buffer_empty"
+        )
+        await wire.error_for("empty-commit")
+        await wire.send(
+            {"type": "response.create", "event_id": "nothing-committed"}, refused="input_audio_buffer_empty"
+        )
+        await wire.error_for("nothing-committed")
+        await wire.send({"type": "response.cancel", "event_id": "idle-cancel"}, refused="response_cancel_not_active")
+        await wire.error_for("idle-cancel")
+        await wire.send(user_text("Hello there"))
+        await wire.send({"type": "response.create", "event_id": "first"})
+        await wire.send(
+            {"type": "response.create", "event_id": "second"}, refused="conversation_already_has_active_response"
+        )
+        await wire.error_for("second")
+        await wire.until("response.done")
+        done = await one_turn(wire, "Still there?")  # the next turn works
+        assert done["response"]["status"] == "completed"
+        wire.check()
+    await eventually(lambda: engine.sessions["rt-err"].closed)
+    assert await settled_ledger(engine, "rt-err") == ["stop", "stop"]
+    history = [s.event for s in await engine.store.read_stream("rt-err")]
+    assert [e.error_code for e in history if e.type == "CommandRejected"] == [
+        "input_audio_buffer_empty",
+        "input_audio_buffer_empty",
+        "conversation_already_has_active_response",
+    ]
+    assert [e.text for e in history if e.type == "InputAppended"] == ["Hello there", "Still there?"]
+
+
+async def test_session_update_answers_the_effective_config(engine, port):
+    async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-upd"}) as conn:
+        wire = Wire(conn)
+        created = (await wire.recv())["session"]
+        assert created["output_modalities"] == ["audio"] and created["audio"]["input"]["turn_detection"] is None
+        assert created["x_duplex_ledger"]["output_audio"] == "stand_in"
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "instructions": "Talk like a pirate",
+                "output_modalities": ["text"],
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}},
+            }
+        )
+        updated = (await wire.until("session.updated"))["session"]
+        assert updated["output_modalities"] == ["text"]
+        assert updated["instructions"] == engine.config.system_prompt  # not pretended changed
+        assert updated["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+        wire.check()
