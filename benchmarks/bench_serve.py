@@ -118,13 +118,18 @@ async def _serve(app: Any) -> tuple[Any, asyncio.Task[None], int]:
     return server, task, server.servers[0].sockets[0].getsockname()[1]
 
 
+async def _settled(engine: Any, timeout_s: float = 30.0) -> None:
+    """Until every session the engine opened is closed, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(not s.closed for s in engine.sessions.values()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 async def _audit(engine: Any, ports: list[Any], timeout_s: float = 30.0) -> dict[str, Any]:
     """Once every session the engine opened is closed (bounded wait): the ledger's audit."""
     from projections.runner import project_as_of
 
-    deadline = time.monotonic() + timeout_s
-    while any(not s.closed for s in engine.sessions.values()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await _settled(engine, timeout_s)
     still_open = sorted(sid for sid, s in engine.sessions.items() if not s.closed)
     await asyncio.sleep(0.2)  # outputs of the closes reach the log within flush_interval_s
     for s in engine.sessions.values():
@@ -146,12 +151,32 @@ async def _audit(engine: Any, ports: list[Any], timeout_s: float = 30.0) -> dict
     }
 
 
+ANSWER = "bench-serve-answer "  # the child's protocol lines; vLLM logs to the same stdout
+
+
+_answers: Any = None  # the child's answer stream: the pipe its stdout was, before the redirect
+
+
+def _answer(fields: dict[str, Any]) -> None:
+    _answers.write(ANSWER + json.dumps(fields) + "\n")
+    _answers.flush()
+
+
+def _own_stdout() -> None:
+    """Keep the stdout pipe for answers; what else is printed on fd 1 (vLLM's log) goes to
+    stderr, so a full pipe the parent is not reading can never block the server."""
+    global _answers
+    _answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+
 async def serve_child(model: str, db_path: str, profile_path: str | None = None) -> None:
     """Both arms on one set of ports; prints ``{"plain": port, "ledger": port}``; then answers
     stdin lines ``audit`` (a JSON line), ``profile on`` / ``profile off`` (cProfile of the
     event-loop thread, dumped to ``profile_path`` at the end; answers ``{}``) and ``quit``."""
     import cProfile
 
+    _own_stdout()
     from benchmarks.serve_plain import build_plain_app
     from engine_bridge.engine import SessionEngine
 
@@ -165,17 +190,20 @@ async def serve_child(model: str, db_path: str, profile_path: str | None = None)
     engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", ports, config=config)
     plain, plain_task, plain_port = await _serve(build_plain_app(ports, config))
     ledger, ledger_task, ledger_port = await _serve(ledger_app(engine))
-    print(json.dumps({"plain": plain_port, "ledger": ledger_port, "max_tokens": config.max_tokens}), flush=True)
+    _answer({"plain": plain_port, "ledger": ledger_port, "max_tokens": config.max_tokens})
     loop = asyncio.get_running_loop()
     profile = cProfile.Profile()
     try:
         while True:
             line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
             if line == "audit":
-                print(json.dumps(await _audit(engine, ports)), flush=True)
+                _answer(await _audit(engine, ports))
+            elif line == "settle":  # the arm's sessions closed (bounded), so their closes count to it
+                await _settled(engine)
+                _answer({})
             elif line in ("profile on", "profile off"):
                 profile.enable() if line == "profile on" else profile.disable()
-                print("{}", flush=True)
+                _answer({})
             else:  # "quit" or EOF
                 break
     finally:
@@ -255,13 +283,15 @@ async def _client(
                 run.lost += max(0, max_tokens - len(deltas))
 
 
-async def run_arm(url: str, arm: str, sessions: int, turns: int, child_pid: int, max_tokens: int, fake: bool) -> ArmRun:
+async def run_arm(url: str, arm: str, sessions: int, turns: int, child: Child, max_tokens: int, fake: bool) -> ArmRun:
+    """One arm's phase: ``sessions`` clients at once; the server's CPU from before the first
+    connect until the server has closed every session (the dropped clients' included)."""
     import psutil
 
     run = ArmRun()
     drops = max(1, math.ceil(sessions * 0.1))
     nonce = secrets.token_hex(3)
-    proc = psutil.Process(child_pid)
+    proc = psutil.Process(child.proc.pid)
     c0 = proc.cpu_times()
     t0 = time.perf_counter()
     results = await asyncio.gather(
@@ -272,6 +302,7 @@ async def run_arm(url: str, arm: str, sessions: int, turns: int, child_pid: int,
         return_exceptions=True,
     )
     run.wall_s = time.perf_counter() - t0
+    await asyncio.to_thread(child.ask, "settle")
     c1 = proc.cpu_times()
     run.cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
     for r in results:
@@ -310,10 +341,13 @@ class Child:
 
     def _line(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"server child exited ({self.proc.wait()})")
-        return json.loads(line)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"server child exited ({self.proc.wait()})")
+            if line.startswith(ANSWER):
+                return json.loads(line[len(ANSWER) :])
+            sys.stderr.write(line)  # the server's own output (vLLM's log)
 
     def ask(self, command: str) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -352,7 +386,7 @@ async def bench(
                     for arm in ("plain", "ledger") if r % 2 == 0 else ("ledger", "plain"):
                         if profile_path and arm == "ledger":
                             child.ask("profile on")
-                        runs[arm].append(await run_arm(urls[arm], arm, n, turns, child.proc.pid, max_tokens, fake))
+                        runs[arm].append(await run_arm(urls[arm], arm, n, turns, child, max_tokens, fake))
                         if profile_path and arm == "ledger":
                             child.ask("profile off")
                 out[str(n)] = {**runs, "audit": child.ask("audit")}
