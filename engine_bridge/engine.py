@@ -163,7 +163,14 @@ class SessionEngine:
 
     # ------------------------------------------------------------------ sessions
     async def open_session(
-        self, session_id: str, *, auto_response: bool = False, log_stats: bool = True, plugin: ModelPlugin | None = None
+        self,
+        session_id: str,
+        *,
+        auto_response: bool = False,
+        log_stats: bool = True,
+        plugin: ModelPlugin | None = None,
+        protocol: str | None = None,
+        connection_id: str | None = None,
     ) -> Session:
         """Open a session (DOMAIN §2.2 open): admission, capabilities from the plugin, the
         incarnation (+1 over a closed predecessor), then the Stage0 id for fence turn 0 is
@@ -172,19 +179,27 @@ class SessionEngine:
         :meth:`aclose` has begun), ``session_exists`` / ``max_sessions_reached`` /
         ``replica_superseded``, SessionOwnedElsewhere (code
         ``session_owned_elsewhere``, naming the live owner: issue 14) and RequestIdError for an
-        empty session id."""
+        empty session id. ``protocol`` (``realtime``, ...) and ``connection_id``: what front
+        the client came through, recorded on ``SessionOpened`` (omitted there while None;
+        issue 21, research G9)."""
         if self._closing:
             raise SessionError("engine_closed", "the session engine is shutting down or shut", session_id=session_id)
         self._opening += 1
         try:
-            return await self._open_session(session_id, auto_response, log_stats, plugin)
+            return await self._open_session(session_id, auto_response, log_stats, plugin, protocol, connection_id)
         finally:
             self._opening -= 1
             if not self._opening:
                 self._opens_done.set()
 
     async def _open_session(
-        self, session_id: str, auto_response: bool, log_stats: bool, plugin: ModelPlugin | None
+        self,
+        session_id: str,
+        auto_response: bool,
+        log_stats: bool,
+        plugin: ModelPlugin | None,
+        protocol: str | None,
+        connection_id: str | None,
     ) -> Session:
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
@@ -222,6 +237,8 @@ class SessionEngine:
                     model=self.model_name,
                     replica_id=me.replica_id,
                     replica_incarnation=me.incarnation,
+                    protocol=protocol,
+                    connection_id=connection_id,
                 )
             )
         except SessionError as exc:  # another replica opened it between our read and our append
@@ -234,6 +251,11 @@ class SessionEngine:
         self.sessions[session_id] = session
         await session.start()
         return session
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`aclose` has begun (open_session is refused from then on)."""
+        return self._closing
 
     def session(self, session_id: str) -> Session:
         """The open session; raises SessionError ``unknown_session``."""

@@ -56,13 +56,27 @@ class EngineConfig:
 
 
 class SessionError(RuntimeError):
-    """A command was refused. ``code`` is the wire error code; the message names the session
-    and, where there is one, the request id. Nothing already in the log was changed."""
+    """A command was refused. ``code`` is the wire error code, ``message`` the reason,
+    ``param`` the command argument at fault (None: the command as a whole); the exception's
+    text names the session and, where there is one, the request id. Nothing already in the log
+    was changed. A refused command of an open session also puts exactly one ``error`` client
+    event on the session's stream, with the same code, message and param and the command's
+    ``event_id`` (issue 21, research G5)."""
 
-    def __init__(self, code: str, message: str, *, session_id: str, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        session_id: str,
+        request_id: str | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(
             f"{code}: {message} (session {session_id!r}" + (f", request {request_id!r})" if request_id else ")")
         )
         self.code = code
+        self.message = message
         self.session_id = session_id
         self.request_id = request_id
+        self.param = param

@@ -59,7 +59,7 @@ class ResidentStream:
             if queue is not None:
                 queue.put_nowait(exc)  # the turn fails with it: FailTurn (its code, D14, a new epoch)
             else:
-                self.feed.send("error", code="stage_error", message=str(exc))
+                self.feed.send("error", code="stage_error", message=str(exc), event_id=None)
         finally:
             if self.request_id == request_id:
                 self.request_id = None

@@ -23,7 +23,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -42,6 +42,7 @@ from projections.session_rules import (
     CancelResponse,
     Cleanup,
     CleanupRefused,
+    ClearInput,
     Close,
     CloseStream,
     Commit,
@@ -66,21 +67,30 @@ from projections.session_rules import (
     Then,
     decide,
 )
+from projections.session_rules.decide import error_notice
 
 
 @dataclass
 class _Execution:
-    """One command's execution: its name, the response work it concerns, and the cleanup
-    failures collected on the way (close reports them at the end)."""
+    """One command's execution: its name, the response work it concerns, the client's
+    ``event_id`` of the command (echoed in every ``error`` it causes; None outside a client
+    command) and the cleanup failures collected on the way (close reports them at the end)."""
 
     command: str
     turn: TurnRun | None
+    event_id: str | None = None
     failures: list[str] = field(default_factory=list)
 
 
 class Session:
-    """A session of a :class:`engine_bridge.engine.SessionEngine`. Commands raise
-    :class:`SessionError` (a refusal of an open session is also logged as ``CommandRejected``)."""
+    """A session of a :class:`engine_bridge.engine.SessionEngine`.
+
+    Every command takes keyword ``event_id`` (the client event that asked for it). A refused
+    command puts exactly ONE ``error`` client event on the session's stream — data
+    ``{code, message, event_id, param?}`` — and raises :class:`SessionError` (same code,
+    message and param) for Python callers; a refusal of an open session is also logged as
+    ``CommandRejected`` (issue 21, research G5). A front reports the exception or forwards the
+    stream's ``error``, never both."""
 
     def __init__(
         self,
@@ -177,27 +187,41 @@ class Session:
             auto_response=self.auto_response,
         )
 
-    async def append_text(self, text: str, *, is_speech: bool = True, fence: Fence | None = None) -> None:
+    async def append_text(
+        self, text: str, *, is_speech: bool = True, fence: Fence | None = None, event_id: str | None = None
+    ) -> None:
         """Append a text chunk (a transcript unit) to the input buffer. ``fence``: the fence the
-        client last saw; a stale one raises SessionError ``stale_fence``. A text that cannot be
-        stored (a lone surrogate) raises SessionError ``invalid_input`` naming the field (D12)."""
+        client last saw; a stale one raises SessionError ``stale_fence`` (param ``fence``). A
+        text that cannot be stored (a lone surrogate) raises SessionError ``invalid_input``
+        naming the field (D12)."""
         fields = dict(input_kind="text", text=text, size_bytes=len(text.encode("utf-8", "surrogatepass")))
-        await self._command("append", lambda: Append(time.time(), fields, text, is_speech, fence))
+        await self._command("append", lambda: Append(time.time(), fields, text, is_speech, fence), event_id)
 
     async def append_audio(
         self,
         pcm: bytes,
         *,
+        sample_rate_hz: int,
         audio_format: str = "pcm16",
-        sample_rate_hz: int = 16_000,
         transcript: str | None = None,
         is_speech: bool = True,
         store_payload: bool = False,
         fence: Fence | None = None,
+        event_id: str | None = None,
     ) -> None:
-        """Append an audio chunk. Recorded by format, duration (16-bit mono), size and sha256
-        digest; the payload itself only with ``store_payload``. ``transcript`` is what the
-        text model hears. ``fence`` as in :meth:`append_text`."""
+        """Append an audio chunk of ``sample_rate_hz`` (required: no rate is right for every
+        client — Realtime GA sends 24000, traces say theirs; a wrong one would record a wrong
+        ``duration_ms``, research G7). Recorded by format, rate, duration (16-bit mono), size
+        and sha256 digest; the payload itself only with ``store_payload``. ``transcript`` is
+        what the text model hears. ``fence`` as in :meth:`append_text`. A rate that is not > 0
+        raises SessionError ``invalid_input`` (param ``sample_rate_hz``)."""
+        if isinstance(sample_rate_hz, bool) or not isinstance(sample_rate_hz, int) or sample_rate_hz <= 0:
+            self._refuse(
+                "invalid_input",
+                f"append: sample_rate_hz must be an integer > 0, got {sample_rate_hz!r}",
+                event_id,
+                param="sample_rate_hz",
+            )
         duration_ms = len(pcm) / 2 / sample_rate_hz * 1000.0 if audio_format == "pcm16" else None
         fields = dict(
             input_kind="audio",
@@ -209,10 +233,23 @@ class Session:
             digest_sha256=hashlib.sha256(pcm).hexdigest(),
             payload_b64=base64.b64encode(pcm).decode() if store_payload else None,
         )
-        await self._command("append", lambda: Append(time.time(), fields, transcript or "", is_speech, fence))
+        await self._command("append", lambda: Append(time.time(), fields, transcript or "", is_speech, fence), event_id)
+
+    async def clear_input(self, *, event_id: str | None = None) -> None:
+        """input_audio_buffer.clear (issue 21, research G1): drop the uncommitted input buffer,
+        recorded as ``InputCleared``; the client gets ``input_audio_buffer.cleared``. A running
+        response and committed input awaiting :meth:`create_response` are not touched (unlike
+        :meth:`cancel_input`). Raises SessionError ``session_closed``."""
+        c = self.conversation
+        await self._command("input_audio_buffer.clear", lambda: ClearInput(time.time(), c.input_chunks), event_id)
 
     async def commit(
-        self, *, create_response: bool = True, overlap_speech_ms: float = 0.0, fence: Fence | None = None
+        self,
+        *,
+        create_response: bool = True,
+        overlap_speech_ms: float = 0.0,
+        fence: Fence | None = None,
+        event_id: str | None = None,
     ) -> str:
         """input_audio_buffer.commit. Returns the commit action taken: START_AUTO_RESPONSE,
         COMMIT_ONLY, DEFER_ACTIVE_RESPONSE or LISTEN (silent commit). Raises SessionError
@@ -235,9 +272,10 @@ class Session:
                 secrets.token_hex(4),
                 fence,
             ),
+            event_id,
         )
 
-    async def create_response(self) -> str:
+    async def create_response(self, *, event_id: str | None = None) -> str:
         """response.create: start a response from committed input. Returns the response_id.
         Raises SessionError ``conversation_already_has_active_response`` or
         ``input_audio_buffer_empty``."""
@@ -249,40 +287,50 @@ class Session:
                 bool(self.conversation.pending),
                 secrets.token_hex(4),
             ),
+            event_id,
         )
 
-    async def barge_in(self) -> bool:
-        """User speech over the response: cancel it with source ``barge_in``."""
-        return await self._cancel("barge_in", "barge_in")
+    async def barge_in(self, *, event_id: str | None = None) -> bool:
+        """User speech over the response: cancel it with source ``barge_in``. False (no error)
+        when nothing runs."""
+        return await self._cancel("barge_in", "barge_in", event_id)
 
-    async def cancel_response(self) -> bool:
+    async def cancel_response(self, *, event_id: str | None = None) -> bool:
         """response.cancel (log reason ``cancel``). With no response in progress the client gets
-        an ``error`` event ``response_cancel_not_active`` and False is returned (D14)."""
-        return await self._cancel("response.cancel", "response.cancel")
+        one ``error`` event ``response_cancel_not_active`` (with ``event_id``) and False is
+        returned, nothing raised (D14)."""
+        return await self._cancel("response.cancel", "response.cancel", event_id)
 
-    async def cancel_input(self) -> bool:
+    async def cancel_input(self, *, event_id: str | None = None) -> bool:
         """input.cancel: drop the input buffer and cancel the response (log reason ``cancel``;
-        wire reason stays ``barge_in``, M17)."""
-        return await self._cancel("input.cancel", "input.cancel")
+        wire reason stays ``barge_in``, M17). False (no error) when no response runs; the
+        buffer is dropped all the same (not logged: see :meth:`clear_input` for a logged clear)."""
+        return await self._cancel("input.cancel", "input.cancel", event_id)
 
-    async def clear_output_audio(self) -> bool:
-        """output_audio_buffer.clear (log reason ``cancel``)."""
-        return await self._cancel("output_audio_buffer.clear", "output_audio_buffer_clear")
+    async def clear_output_audio(self, *, event_id: str | None = None) -> bool:
+        """output_audio_buffer.clear (log reason ``cancel``). False (no error event) when no
+        response is in progress: the front says what its protocol wants (research §5.5)."""
+        return await self._cancel("output_audio_buffer.clear", "output_audio_buffer_clear", event_id)
 
-    async def _cancel(self, command: str, source: str) -> bool:
+    async def _cancel(self, command: str, source: str, event_id: str | None) -> bool:
         return await self._command(
             command,
             lambda: CancelResponse(
                 time.time(), command, source, self.runner.active.ref if self.runner.active else None
             ),
+            event_id,
         )
 
-    async def close(self, reason: str = "session_close") -> None:
+    async def close(self, reason: str = "session_close", *, event_id: str | None = None) -> None:
         """Close (irreversible): record it, snapshot held ids before dropping anything, cancel
         the active response, abort submitted ids, release the rest. A failed abort keeps its
-        keys (restored) and is reported; the session is closed all the same."""
+        keys (restored) and is reported (``error`` ``cleanup_failed``, with ``event_id``);
+        the session is closed all the same. On a closed session: SessionError
+        ``session_closed``."""
         await self._command(
-            "close", lambda: Close(time.time(), reason, self.runner.active.ref if self.runner.active else None)
+            "close",
+            lambda: Close(time.time(), reason, self.runner.active.ref if self.runner.active else None),
+            event_id,
         )
 
     def fence_out(self, message: str) -> None:
@@ -296,7 +344,7 @@ class Session:
         self.taken_over = True
         self.log.fence(message)  # buffered outputs of the fenced session are never flushed
         self.runner.cancel_tasks()
-        self.client.send("error", code="session_taken_over", message=message)
+        self.client.send("error", code="session_taken_over", message=message, event_id=None)
         self.client.send("session.closed", reason="session_taken_over")
         self.client.end()
 
@@ -313,25 +361,30 @@ class Session:
             )
 
     # ------------------------------------------------------------------ execution
-    async def _command(self, name: str, command: Callable[[], Any]) -> Any:
+    def _refuse(self, code: str, message: str, event_id: str | None, *, param: str | None = None) -> NoReturn:
+        """Refuse a command the rules never saw: its one ``error`` event, then SessionError."""
+        self.client.send("error", **error_notice(code, message, param).data, event_id=event_id)
+        raise SessionError(code, message, session_id=self.session_id, param=param)
+
+    async def _command(self, name: str, command: Callable[[], Any], event_id: str | None = None) -> Any:
         """Decide and execute one client command under the session's lock. ``command`` builds
-        it inside the lock (what it observes is current). A cleanup the command needed that
-        failed refuses it (``runtime_append_failed``, R3). Input that cannot be stored (a lone
-        surrogate in a text, DOMAIN §5.7 D12) raises SessionError ``invalid_input`` naming
-        the field; nothing is recorded (the events are built before any is applied)."""
+        it inside the lock (what it observes is current); ``event_id`` is echoed in every
+        ``error`` the command causes. A cleanup the command needed that failed refuses it
+        (``runtime_append_failed``, R3). Input that cannot be stored (a lone surrogate in a
+        text, DOMAIN §5.7 D12) raises SessionError ``invalid_input`` naming the field (param:
+        the first field); nothing is recorded (the events are built before any is applied).
+        Every refusal: exactly one ``error`` client event, then SessionError."""
         if self.taken_over:
-            raise SessionError(
-                "session_taken_over",
-                f"{name}: the session was taken over by another replica",
-                session_id=self.session_id,
-            )
+            self._refuse("session_taken_over", f"{name}: the session was taken over by another replica", event_id)
         async with self._lock:
-            run = _Execution(name, self.runner.active)
+            run = _Execution(name, self.runner.active, event_id)
             try:
                 return await self._run(command(), run)
             except ValidationError as exc:  # the client's input cannot be an event (D12): refused
-                fields = "; ".join(f"field {'.'.join(map(str, e['loc']))!r}: {e['msg']}" for e in exc.errors())
-                raise SessionError("invalid_input", f"{name}: {fields}", session_id=self.session_id) from exc
+                errors = exc.errors()
+                fields = "; ".join(f"field {'.'.join(map(str, e['loc']))!r}: {e['msg']}" for e in errors)
+                param = ".".join(map(str, errors[0]["loc"])) if errors and errors[0]["loc"] else None
+                self._refuse("invalid_input", f"{name}: {fields}", event_id, param=param)
             except CleanupFailed as exc:
                 return await self._run(CleanupRefused(time.time(), name, exc.request_id, str(exc)), run)
 
@@ -351,12 +404,14 @@ class Session:
                     self.log.emit_held(*events)  # a running turn's: with its next intent or at its end
                 case Record(events=events):
                     self.log.emit_later(*events)
+                case Notify(type="error", data=data):
+                    self.client.send("error", **data, event_id=run.event_id)
                 case Notify(type=type_, data=data):
                     self.client.send(type_, **data)
                 case Reply(value=value):
                     reply = value
-                case Refuse(code=code, message=message, request_id=request_id):
-                    raise SessionError(code, message, session_id=self.session_id, request_id=request_id)
+                case Refuse(code=code, message=message, request_id=request_id, param=param):
+                    raise SessionError(code, message, session_id=self.session_id, request_id=request_id, param=param)
                 case Cleanup():
                     await self._cleanup(step, run)
                 case BufferInput(action=action, text=text, is_speech=is_speech):
@@ -379,7 +434,7 @@ class Session:
                 case EndClient(reason=reason):
                     await self.log.close()
                     for failure in run.failures:
-                        self.client.send("error", code="cleanup_failed", message=failure)
+                        self.client.send("error", code="cleanup_failed", message=failure, event_id=run.event_id)
                     self.client.send("session.closed", reason=reason)
                     self.client.end()
                 case Then(command=command, collect=collect):

@@ -236,7 +236,7 @@ class TurnRunner:
             await self._run(FailTurn(time.time(), turn.ref, type(exc).__name__, str(exc), turn.answer()), turn)
         except Exception as failure:  # noqa: BLE001 - nothing more can be written: tell the client
             logger.error("session %s: failing turn %s failed", self.log.session_id, turn.request_id, exc_info=failure)
-            self.feed.send("error", code="internal_error", message=f"{type(exc).__name__}: {exc}")
+            self.feed.send("error", code="internal_error", message=f"{type(exc).__name__}: {exc}", event_id=None)
             if turn.ref.response_id is not None:
                 self.feed.send(
                     "response.done",

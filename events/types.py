@@ -197,13 +197,22 @@ class SessionOpened(EventBase):
     # in logs written before replicas existed (such a session has no live owner).
     replica_id: str | None = None
     replica_incarnation: int | None = Field(None, ge=0)
+    # Front (issue 21, research G9): the protocol the client spoke (``realtime``, ``chat``,
+    # ``duplex``...) and the front's connection label; None for a session opened in-process
+    # (and in every log written before issue 21).
+    protocol: str | None = None
+    connection_id: str | None = None
 
     def payload(self) -> dict[str, Any]:
-        """As EventBase's, without the owner fields while they are unset (logs written
-        before replicas stay byte-identical on export)."""
+        """As EventBase's, without the owner fields while they are unset and without
+        ``protocol`` / ``connection_id`` while each is None (logs written before replicas or
+        before issue 21 stay byte-identical on export, their hash chain unchanged)."""
         out = super().payload()
         if self.replica_id is None and self.replica_incarnation is None:
             del out["replica_id"], out["replica_incarnation"]
+        for name in ("protocol", "connection_id"):
+            if out[name] is None:
+                del out[name]
         return out
 
 
@@ -247,6 +256,16 @@ class InputAppended(EventBase):
     is_speech: bool = True
     final: bool = False
     request_id: str | None = None
+    fence: Fence | None = None
+
+
+class InputCleared(EventBase):
+    """input_audio_buffer.clear (issue 21, research G1): the uncommitted input buffer is
+    dropped; a running response and committed input awaiting ``response.create`` are not
+    touched. ``dropped_chunks``: the appends the buffer held (0: an empty buffer cleared)."""
+
+    type: Literal["InputCleared"] = "InputCleared"
+    dropped_chunks: int = Field(0, ge=0)
     fence: Fence | None = None
 
 
@@ -494,6 +513,7 @@ class CommandRejected(EventBase):
 EVENT_TYPES: tuple[type[EventBase], ...] = (
     SessionOpened,
     InputAppended,
+    InputCleared,
     TurnCommitted,
     ResponseListened,
     StageRequestReserved,

@@ -71,6 +71,7 @@ from events.types import (
     CancelRequested,
     EpochAdvanced,
     InputAppended,
+    InputCleared,
     ResponseBegun,
     ResponseEnded,
     ResponseListened,
@@ -165,6 +166,7 @@ class SessionTurns:
     pending_last_ts: dict[int, float] = field(default_factory=dict)
     pending_derived: dict[int, DerivedStage] = field(default_factory=dict)
     pending_stamp: float | None = None
+    pending_stamp_uncommitted: bool = False  # the stamp is an append's since the last commit
     pending_commit_ts: float | None = None
     tx_totals: dict[Edge, list[Any]] = field(default_factory=dict)
     terminals: dict[str, Terminal] = field(default_factory=dict)
@@ -207,6 +209,7 @@ class TurnsFold:
         self._handlers = dispatch_table(
             {
                 InputAppended: self._appended,
+                InputCleared: self._input_cleared,
                 TurnCommitted: self._committed,
                 ResponseBegun: self._begun,
                 ResponseEnded: self._ended,
@@ -309,9 +312,17 @@ class TurnsFold:
             s.pending_stamp = ts
 
     def _appended(self, s: SessionTurns, st: StoredEvent, e: InputAppended) -> None:
-        self._stamp(s, e.ts)
+        if s.pending_stamp is None:
+            s.pending_stamp, s.pending_stamp_uncommitted = e.ts, True
+
+    def _input_cleared(self, s: SessionTurns, st: StoredEvent, e: InputCleared) -> None:
+        """input_audio_buffer.clear drops the uncommitted appends: an arrival stamp they set
+        goes with them (committed input keeps its stamp)."""
+        if s.pending_stamp_uncommitted:
+            s.pending_stamp, s.pending_stamp_uncommitted = None, False
 
     def _committed(self, s: SessionTurns, st: StoredEvent, e: TurnCommitted) -> None:
+        s.pending_stamp_uncommitted = False
         if e.response_id is not None and e.create_response and e.action != "START_AUTO_RESPONSE":
             # Pre-created at commit (DOMAIN §2.3): the turn opens now, arrival = commit ts (M6).
             s.pending_stamp = None
@@ -388,7 +399,7 @@ class TurnsFold:
         else:
             arrival = st.event.ts
         s.pending_commit_ts = None
-        s.pending_stamp = None
+        s.pending_stamp, s.pending_stamp_uncommitted = None, False
         turn = OpenTurn(response_id, None, _title_turn(request_id, turn_id), arrival, st.position)
         turn.tx_baseline = {edge: (v[0], v[1], v[2]) for edge, v in s.tx_totals.items()}
         s.open = turn

@@ -20,8 +20,9 @@ import contextlib
 import inspect
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketState
@@ -126,8 +127,15 @@ def parse_query(query: dict[str, str], options: ConnectionOptions) -> OpenParams
 
 
 def _accepts(method: Callable[..., Any], name: str) -> bool:
+    """Whether ``method`` takes the keyword ``name`` (engine gaps G5/G9 add ``event_id``,
+    ``protocol`` and ``connection_id``; until they land the front supplies what they carry)."""
+    return _takes(getattr(method, "__func__", method), name)
+
+
+@lru_cache(maxsize=64)
+def _takes(function: Callable[..., Any], name: str) -> bool:
     try:
-        return name in inspect.signature(method).parameters
+        return name in inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
 
@@ -151,6 +159,7 @@ class RealtimeConnection:
         self._created = asyncio.Event()
         self._socket_gone = False
         self._overflowed = False
+        self._abort_task: asyncio.Task[None] | None = None
         self._buffer_transcripts: list[str] = []
         self._buffer_samples = 0
 
@@ -271,6 +280,9 @@ class RealtimeConnection:
             self.sender_task.cancel()
             with contextlib.suppress(BaseException):
                 await self.sender_task
+        if self._abort_task is not None:
+            with contextlib.suppress(Exception):
+                await self._abort_task
         if not self._socket_gone and self.ws.application_state != WebSocketState.DISCONNECTED:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.ws.close(self.close_code), 5.0)
@@ -292,8 +304,7 @@ class RealtimeConnection:
                 self.outbound.qsize(),
             )
             self._stop.set()
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().create_task(self._abort_socket())
+            self._abort_task = asyncio.get_running_loop().create_task(self._abort_socket())
 
     async def _abort_socket(self) -> None:
         if self.sender_task is not None:
@@ -354,27 +365,29 @@ class RealtimeConnection:
             await self._handle(event["type"], event, event_id)
         except ProtocolError as exc:
             self.send(error_event(exc.code, exc.message, event_id=event_id, param=exc.param))
-        except SessionError as exc:
-            self._engine_refused(exc, event_id)
+        except SessionError:
+            pass  # the engine's one error event for it is on the session's stream (see _command)
         except Exception as exc:  # noqa: BLE001 - one bad event never ends the connection
             logger.exception("%s: event failed", self.connection_id)
             self.send(error_event("internal_error", f"{type(exc).__name__}", event_id=event_id))
 
-    def _engine_refused(self, exc: SessionError, event_id: str | None) -> None:
-        """The engine refused a command: it already put the one ``error`` event on the stream
-        (G5, with our event_id when it accepts one); before G5 the front supplies the id."""
-        assert self.projection is not None
-        if exc.code in UNRAISED_CODES and not self._engine_echoes:
-            self.send(error_event(exc.code, str(exc), event_id=event_id))
-        elif not self._engine_echoes:
-            self.projection.expect_error(exc.code, event_id)
-
-    @property
-    def _engine_echoes(self) -> bool:
-        return self.session is not None and _accepts(self.session.commit, "event_id")
-
-    def _ids(self, event_id: str | None) -> dict[str, Any]:
-        return {"event_id": event_id} if self._engine_echoes else {}
+    async def _command(self, method: Callable[..., Awaitable[Any]], *args: Any, event_id: str | None, **kw: Any) -> Any:
+        """Call an engine command on behalf of the client event ``event_id``. A refusal raises
+        SessionError after the engine put exactly one ``error`` event on the session's stream
+        (G5), carrying ``event_id`` when the command takes it; otherwise the projection is told
+        which id to echo, and the few refusals that have no stream event get the front's own."""
+        echoes = _accepts(method, "event_id")
+        if echoes:
+            kw["event_id"] = event_id
+        try:
+            return await method(*args, **kw)
+        except SessionError as exc:
+            if not echoes and exc.code in UNRAISED_CODES:
+                self.send(error_event(exc.code, str(exc), event_id=event_id))
+            elif not echoes:
+                assert self.projection is not None
+                self.projection.expect_error(exc.code, event_id)
+            raise
 
     async def _handle(self, type_: str, event: dict[str, Any], event_id: str | None) -> None:
         assert self.session is not None and self.projection is not None
@@ -391,13 +404,13 @@ class RealtimeConnection:
     async def _handle_duplex(self, type_: str, event_id: str | None) -> None:
         assert self.session is not None
         if type_ == "barge_in":
-            await self.session.barge_in(**self._ids(event_id))
+            await self._command(self.session.barge_in, event_id=event_id)
         elif type_ == "input.cancel":
-            await self.session.cancel_input(**self._ids(event_id))
+            await self._command(self.session.cancel_input, event_id=event_id)
             self._reset_buffer()
             self.send(server_event("input_audio_buffer.cleared"))
         else:  # session.close
-            await self.session.close(duplex.CLOSE_REASON, **self._ids(event_id))
+            await self._command(self.session.close, duplex.CLOSE_REASON, event_id=event_id)
 
     # --- GA client events
     async def _on_session_update(self, event: dict[str, Any], event_id: str | None) -> None:
@@ -416,13 +429,14 @@ class RealtimeConnection:
 
     async def _append_audio(self, pcm: bytes, transcript: str | None, event_id: str | None) -> None:
         assert self.session is not None
-        await self.session.append_audio(
+        await self._command(
+            self.session.append_audio,
             pcm,
             audio_format="pcm16",
             sample_rate_hz=PCM_SAMPLE_RATE_HZ,
             transcript=transcript,
             is_speech=bool(transcript and transcript.strip()),
-            **self._ids(event_id),
+            event_id=event_id,
         )
 
     async def _on_input_audio_buffer_append(self, event: dict[str, Any], event_id: str | None) -> None:
@@ -445,9 +459,9 @@ class RealtimeConnection:
         self.projection.causes.append(cause)
         try:
             if self.projection.config.mode == "auto_response":
-                await self.session.commit(**self._ids(event_id))
+                await self._command(self.session.commit, event_id=event_id)
             else:
-                await self.session.commit(create_response=False, **self._ids(event_id))
+                await self._command(self.session.commit, create_response=False, event_id=event_id)
         except BaseException:
             self.projection.causes.pop()
             raise
@@ -466,9 +480,9 @@ class RealtimeConnection:
         assert self.session is not None
         clear_input = getattr(self.session, "clear_input", None)
         if clear_input is not None:  # G1: a pure input-buffer clear
-            await clear_input(**self._ids(event_id))
+            await self._command(clear_input, event_id=event_id)
         elif self.session.active is None:  # before G1: cancel_input only while idle (it cancels responses)
-            await self.session.cancel_input()
+            await self._command(self.session.cancel_input, event_id=event_id)
         self._reset_buffer()
         self.send(server_event("input_audio_buffer.cleared"))
 
@@ -499,7 +513,7 @@ class RealtimeConnection:
         has_audio, seconds, heard = False, 0.0, []
         for kind, value, transcript in parts:
             if kind == "text":
-                await self.session.append_text(value, **self._ids(event_id))  # type: ignore[union-attr]
+                await self._command(self.session.append_text, value, event_id=event_id)  # type: ignore[union-attr]
                 wire.append({"type": "input_text", "text": value})
                 continue
             await self._append_audio(value, transcript, event_id)
@@ -511,7 +525,7 @@ class RealtimeConnection:
 
     async def _on_response_create(self, event: dict[str, Any], event_id: str | None) -> None:
         assert self.session is not None
-        await self.session.create_response(**self._ids(event_id))
+        await self._command(self.session.create_response, event_id=event_id)
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         assert self.session is not None
@@ -521,11 +535,12 @@ class RealtimeConnection:
             raise ProtocolError(
                 "response_cancel_not_active", f"response {str(wanted)[:80]!r} is not in progress", param="response_id"
             )
-        if not await self.session.cancel_response(**self._ids(event_id)) and not self._engine_echoes:
+        found = await self._command(self.session.cancel_response, event_id=event_id)
+        if not found and not _accepts(self.session.cancel_response, "event_id"):  # D14's error, before G5
             assert self.projection is not None
             self.projection.expect_error("response_cancel_not_active", event_id)
 
     async def _on_output_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
         assert self.session is not None
-        if not await self.session.clear_output_audio(**self._ids(event_id)):
+        if not await self._command(self.session.clear_output_audio, event_id=event_id):
             raise ProtocolError("response_cancel_not_active", "no response audio in progress to clear")

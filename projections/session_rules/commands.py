@@ -27,6 +27,7 @@ __all__ = [
     "Cleanup",
     "CleanupHeld",
     "CleanupRefused",
+    "ClearInput",
     "Close",
     "CloseStream",
     "Commit",
@@ -83,6 +84,15 @@ class Append:
     text: str
     is_speech: bool
     client_fence: Fence | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClearInput:
+    """input_audio_buffer.clear (issue 21, research G1): drop the uncommitted input buffer
+    (``buffered_chunks`` appends); a running response is not touched."""
+
+    ts: float
+    buffered_chunks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,11 +291,13 @@ class Notify:
 
 @dataclass(frozen=True, slots=True)
 class Refuse:
-    """Refuse the command: SessionError ``code``."""
+    """Refuse the command: SessionError ``code`` (``param``: the argument at fault). Every
+    refusal of a command is preceded by its one ``error`` :class:`Notify` (issue 21, G5)."""
 
     code: str
     message: str
     request_id: str | None = None
+    param: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

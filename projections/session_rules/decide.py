@@ -29,6 +29,7 @@ from events.types import (
     EpochAdvanced,
     Fence,
     InputAppended,
+    InputCleared,
     ResponseBegun,
     ResponseEnded,
     ResponseListened,
@@ -52,6 +53,7 @@ from projections.session_rules.commands import (
     Cleanup,
     CleanupHeld,
     CleanupRefused,
+    ClearInput,
     Close,
     CloseStream,
     Commit,
@@ -91,6 +93,12 @@ WIRE_REASON = {
     "output_audio_buffer_clear": "output_audio_buffer_clear",
 }
 
+#: Cancel commands for which finding nothing to cancel is the client's mistake: one ``error``
+#: ``response_cancel_not_active`` (D14). A barge-in over silence, an input cancel of an idle
+#: session and an ``output_audio_buffer.clear`` with no audio playing only reply False (a
+#: front decides what its protocol says of the last one).
+NOT_ACTIVE_IS_ERROR = frozenset({"response.cancel"})
+
 #: Wire error code of a failed turn per stage-port error class (DOMAIN §5.7 D14).
 PORT_ERROR_CODE = {"PromptTooLong": "prompt_too_long", "EngineDead": "engine_dead"}
 
@@ -112,6 +120,15 @@ def _rule(command: Any, state: SessionState) -> list[Step]:  # one registered pe
 
 
 # ---------------------------------------------------------------------------------- helpers
+def error_notice(code: str, message: str, param: str | None = None) -> Notify:
+    """The client's ``error`` event: data {code, message, param?}. The engine adds the
+    ``event_id`` of the command it ran for (None outside a command; issue 21, G5)."""
+    data: dict[str, Any] = {"code": code, "message": message}
+    if param is not None:
+        data["param"] = param
+    return Notify("error", data)
+
+
 def _reject(
     state: SessionState,
     ts: float,
@@ -121,9 +138,10 @@ def _reject(
     request_id: str | None = None,
     *,
     refuse: bool = True,
+    param: str | None = None,
 ) -> list[Step]:
-    """A refusal is logged (``CommandRejected``, durable), told to the client (``error``) and,
-    for a command, raised (SessionError ``code``)."""
+    """A refusal is logged (``CommandRejected``, durable), told to the client (exactly one
+    ``error``) and, for a command, raised (SessionError ``code``)."""
     steps: list[Step] = [
         Record(
             (
@@ -138,16 +156,19 @@ def _reject(
             ),
             durable=True,
         ),
-        Notify("error", {"code": code, "message": message}),
+        error_notice(code, message, param),
     ]
     if refuse:
-        steps.append(Refuse(code, message, request_id))
+        steps.append(Refuse(code, message, request_id, param))
     return steps
 
 
 def _closed(state: SessionState, command: str) -> list[Step] | None:
+    """A command on a closed session: one ``error`` and SessionError ``session_closed`` (not
+    logged: a closed stream takes no more events)."""
     if state.closed:
-        return [Refuse("session_closed", f"{command} on a closed session")]
+        message = f"{command} on a closed session"
+        return [error_notice("session_closed", message), Refuse("session_closed", message)]
     return None
 
 
@@ -164,6 +185,7 @@ def _stale_fence(state: SessionState, ts: float, command: str, fence: Fence | No
         f"fence (incarnation {fence.incarnation}, epoch {fence.epoch}) is older than "
         f"the session's (incarnation {state.incarnation}, epoch {state.epoch})",
         state.stage0_id(),
+        param="fence",
     )
 
 
@@ -222,6 +244,21 @@ def _(command: Append, state: SessionState) -> list[Step]:
         Record((event,)),
         BufferInput("append", command.text, command.is_speech),
     ]
+
+
+@_rule.register
+def _(command: ClearInput, state: SessionState) -> list[Step]:
+    """input_audio_buffer.clear (issue 21, research G1): the uncommitted input buffer is
+    dropped and the clear recorded (``InputCleared``, under the current fence); a running
+    response and committed input awaiting ``response.create`` are not touched (unlike
+    ``input.cancel``). Refusal: ``session_closed``."""
+    refused = _closed(state, "input_audio_buffer.clear")
+    if refused:
+        return refused
+    event = InputCleared(
+        session_id=state.session_id, ts=command.ts, dropped_chunks=command.buffered_chunks, fence=state.fence
+    )
+    return [Record((event,)), BufferInput("drop"), Notify("input_audio_buffer.cleared", {})]
 
 
 @_rule.register
@@ -648,10 +685,8 @@ def _(command: CancelResponse, state: SessionState) -> list[Step]:
         return steps + refused
     t = c.turn
     if t is None:
-        if c.command == "response.cancel":
-            steps.append(
-                Notify("error", {"code": "response_cancel_not_active", "message": "no response in progress to cancel"})
-            )
+        if c.command in NOT_ACTIVE_IS_ERROR:
+            steps.append(error_notice("response_cancel_not_active", f"{c.command}: no response in progress to cancel"))
         return [*steps, Reply(False)]
     wire, reason = WIRE_REASON.get(c.source, c.source), reason_for_cancel_source(c.source)
     events: list[Any] = [
@@ -702,4 +737,4 @@ def _(command: CleanupHeld, state: SessionState) -> list[Step]:
     return [Cleanup(request_id, command.cause, collect=True) for request_id in command.held if request_id in still]
 
 
-__all__ = ["PORT_ERROR_CODE", "WIRE_REASON", "decide", "response_id_for"]
+__all__ = ["NOT_ACTIVE_IS_ERROR", "PORT_ERROR_CODE", "WIRE_REASON", "decide", "error_notice", "response_id_for"]

@@ -171,7 +171,7 @@ async def test_input_that_cannot_be_stored_is_refused_naming_the_field(tmp_path)
         with pytest.raises(SessionError, match="invalid_input.*field 'text'"):
             await s.append_text("\ud800")
         with pytest.raises(SessionError, match="invalid_input.*field 'text'"):
-            await s.append_audio(b"\0\0", transcript="a\udfff")
+            await s.append_audio(b"\0\0", sample_rate_hz=24_000, transcript="a\udfff")
         with pytest.raises(SessionError, match="input_audio_buffer_empty"):
             await s.commit()  # nothing was buffered or recorded
         assert await _turn(s, "ok") in ("START_AUTO_RESPONSE", "COMMIT_ONLY")

@@ -21,7 +21,9 @@ def every_other_kind() -> list[StoredEvent]:
     """The kinds the case logs and generated histories rarely carry."""
     x = eph("k", 0)
     b = LogBuilder()
-    b.add("SessionOpened", "k", 1.0)
+    b.add("SessionOpened", "k", 1.0, protocol="realtime", connection_id="c1")
+    b.add("InputAppended", "k", 1.02, input_kind="text", text="dropped")
+    b.add("InputCleared", "k", 1.05, dropped_chunks=1)
     b.add("CommandRejected", "k", 1.1, command="commit", error_code="input_audio_buffer_empty", message="empty")
     b.add("StageRequestSubmitted", "k", 1.2, stage_id=0, request_id=x)
     b.add("TransferTx", "k", 1.3, from_stage=0, to_stage=1, request_id=x, size_bytes=10, tx_time_ms=1.5)

@@ -62,6 +62,16 @@ def long_app(long_engine, options):
 
 
 @pytest.fixture
+def state(app):
+    return app.state.realtime
+
+
+@pytest.fixture
+def long_state(long_app):
+    return long_app.state.realtime
+
+
+@pytest.fixture
 async def port(engine, options, app):
     async with serve_app(engine, options, app=app) as port:
         yield port

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from projections.runner import project_as_of
+from realtime.connection import RealtimeState
+from tests.waiting import eventually
 
 
-async def settled_ledger(engine, session_id: str) -> list[str | None]:
-    """The session's turn-table finished_reasons, once the audit is clean (no leaks) and no
-    port holds a live request id."""
+async def settled_ledger(state: RealtimeState, session_id: str) -> list[str | None]:
+    """Once the session is closed and its connection has ended (the close, the pump and the
+    socket all done): its turn-table finished_reasons, after checking that the audit is
+    clean (no leaks) and that no port holds a live request id."""
+    engine = state.engine
+
+    def ended() -> bool:
+        session = engine.sessions.get(session_id)
+        serving = any(c.session is session for c in state.connections.values())
+        return session is not None and session.closed and not serving
+
+    await eventually(ended, timeout_s=15)
     p = await project_as_of(engine.store)
     assert p.leaks() == []
     assert all(port.live_request_ids() == set() for port in engine.ports)

@@ -13,7 +13,6 @@ from tests.realtime.conftest import sdk_client
 from tests.realtime.fakes import FakeTranscriber, tone_chunk
 from tests.realtime.ledger import settled_ledger
 from tests.realtime.wire import Wire
-from tests.waiting import eventually
 
 CHUNKS = [tone_chunk(i) for i in range(15)]  # 1.5 s in 100 ms chunks
 
@@ -28,7 +27,7 @@ def b64(pcm: bytes) -> str:
     return base64.b64encode(pcm).decode()
 
 
-async def test_append_commit_with_transcript(engine, port, options):
+async def test_append_commit_with_transcript(engine, state, port, options):
     async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-in"}) as conn:
         wire = Wire(conn)
         await wire.recv()
@@ -53,8 +52,7 @@ async def test_append_commit_with_transcript(engine, port, options):
         assert not wire.of_type("response.created")[0].get("error")
         wire.check()
     assert options.transcriber.calls == 15
-    await eventually(lambda: engine.sessions["rt-in"].closed)
-    assert await settled_ledger(engine, "rt-in") == ["stop"]
+    assert await settled_ledger(state, "rt-in") == ["stop"]
     appended = [s.event for s in await engine.store.read_stream("rt-in") if s.event.type == "InputAppended"]
     assert len(appended) == 15
     assert all(a.sample_rate_hz == 24_000 and a.audio_format == "pcm16" for a in appended)
@@ -63,7 +61,7 @@ async def test_append_commit_with_transcript(engine, port, options):
     assert all(a.payload_b64 is None for a in appended)
 
 
-async def test_item_input_audio_transcript_is_what_the_thinker_hears(engine, port):
+async def test_item_input_audio_transcript_is_what_the_thinker_hears(engine, state, port):
     pcm = tone_chunk(40, ms=200)
     item = {
         "type": "message",
@@ -82,13 +80,12 @@ async def test_item_input_audio_transcript_is_what_the_thinker_hears(engine, por
         await wire.send({"type": "response.create"})
         assert (await wire.until("response.done"))["response"]["status"] == "completed"
         wire.check()
-    await eventually(lambda: engine.sessions["rt-item"].closed)
-    assert await settled_ledger(engine, "rt-item") == ["stop"]
+    assert await settled_ledger(state, "rt-item") == ["stop"]
     appended = [s.event for s in await engine.store.read_stream("rt-item") if s.event.type == "InputAppended"]
     assert [(a.text, a.duration_ms) for a in appended] == [("Say something nice", pytest.approx(200.0))]
 
 
-async def test_append_transcript_extension_key(engine, port):
+async def test_append_transcript_extension_key(engine, state, port):
     async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-ext"}) as c:
         wire = Wire(c)
         await wire.recv()
@@ -99,11 +96,10 @@ async def test_append_transcript_extension_key(engine, port):
         await wire.send({"type": "response.create"})
         await wire.until("response.done")
         wire.check()
-    await eventually(lambda: engine.sessions["rt-ext"].closed)
-    assert await settled_ledger(engine, "rt-ext") == ["stop"]
+    assert await settled_ledger(state, "rt-ext") == ["stop"]
 
 
-async def test_no_transcript_is_a_failed_transcription_and_no_response(engine, port):
+async def test_no_transcript_is_a_failed_transcription_and_no_response(engine, state, port):
     async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-mute"}) as c:
         wire = Wire(c)
         await wire.recv()
@@ -119,8 +115,7 @@ async def test_no_transcript_is_a_failed_transcription_and_no_response(engine, p
         await wire.send({"type": "response.create"})
         assert (await wire.until("response.done"))["response"]["status"] == "completed"
         wire.check()
-    await eventually(lambda: engine.sessions["rt-mute"].closed)
-    assert await settled_ledger(engine, "rt-mute") == ["stop"]
+    assert await settled_ledger(state, "rt-mute") == ["stop"]
     history = [s.event for s in await engine.store.read_stream("rt-mute")]
     appended = [e for e in history if e.type == "InputAppended"]
     assert [(a.text, a.is_speech) for a in appended] == [(None, False), ("Hello", True)]

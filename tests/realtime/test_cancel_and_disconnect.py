@@ -22,7 +22,7 @@ async def start_long_reply(wire: Wire, text: str = "Tell me a long story") -> st
     return created["response"]["id"]
 
 
-async def test_cancel_mid_stream_then_next_turn(long_engine, long_port):
+async def test_cancel_mid_stream_then_next_turn(long_engine, long_state, long_port):
     client = sdk_client(long_port)
     async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-cancel"}) as conn:
         wire = Wire(conn)
@@ -43,9 +43,7 @@ async def test_cancel_mid_stream_then_next_turn(long_engine, long_port):
         assert (await wire.until("response.done"))["response"]["id"] == r1
         assert [f["response"]["status"] for f in wire.of_type("response.done")] == ["cancelled", "cancelled"]
         wire.check()
-    session = long_engine.sessions["rt-cancel"]
-    await eventually(lambda: session.closed)
-    assert await settled_ledger(long_engine, "rt-cancel") == ["cancel", "cancel"]
+    assert await settled_ledger(long_state, "rt-cancel") == ["cancel", "cancel"]
     history = [s.event for s in await long_engine.store.read_stream("rt-cancel")]
     assert [e.source for e in history if e.type == "CancelRequested"] == [
         "response.cancel",
@@ -74,7 +72,7 @@ async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
     await eventually(lambda: session.closed and not state.connections, timeout_s=15)
     assert connection.pump_task.done() and connection.sender_task.done()
     assert connection.end_reason.startswith("client_closed_") or connection.end_reason == "send_failed"
-    assert await settled_ledger(long_engine, sid) == ["close"]
+    assert await settled_ledger(state, sid) == ["close"]
     history = [s.event for s in await long_engine.store.read_stream(sid)]
     assert [e.reason for e in history if e.type == "SessionClosed"] == ["disconnect"]
     # reconnecting with the same session_id is the next incarnation
@@ -89,17 +87,18 @@ async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
         assert (await wire.until("response.done"))["response"]["status"] == "cancelled"
         wire.check()
     await eventually(lambda: long_engine.sessions[sid].closed and not state.connections, timeout_s=15)
-    assert await settled_ledger(long_engine, sid) == ["close", "cancel"]
+    assert await settled_ledger(state, sid) == ["close", "cancel"]
 
 
 async def test_idle_timeout_is_a_disconnect(tmp_path):
     from realtime.connection import ConnectionOptions
     from tests.realtime.conftest import LONG, fake_engine
-    from tests.realtime.server_fixture import serve_app
+    from tests.realtime.server_fixture import make_app, serve_app
 
     engine = await fake_engine(tmp_path, LONG)
     try:
-        async with serve_app(engine, ConnectionOptions(idle_timeout_s=0.5)) as port:
+        app = make_app(engine, ConnectionOptions(idle_timeout_s=0.5))
+        async with serve_app(engine, app=app) as port:
             async with sdk_client(port).realtime.connect(
                 model="duplex-ledger", extra_query={"session_id": "rt-idle"}
             ) as conn:
@@ -110,8 +109,7 @@ async def test_idle_timeout_is_a_disconnect(tmp_path):
                 assert done["response"]["status"] == "failed"
                 assert done["response"]["status_details"]["error"]["code"] == "session_closed"
                 await asyncio.sleep(0)
-            await eventually(lambda: engine.sessions["rt-idle"].closed)
-            assert await settled_ledger(engine, "rt-idle") == ["close"]
+            assert await settled_ledger(app.state.realtime, "rt-idle") == ["close"]
             history = [s.event for s in await engine.store.read_stream("rt-idle")]
             assert [e.reason for e in history if e.type == "SessionClosed"] == ["disconnect"]
     finally:

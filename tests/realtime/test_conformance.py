@@ -15,9 +15,8 @@ from events.store.store import EventStore
 from projections.runner import project_as_of
 from tests.realtime.conftest import LONG, REPLY, SHORT, fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
-from tests.realtime.server_fixture import serve_app
+from tests.realtime.server_fixture import make_app, serve_app
 from tests.realtime.wire import Wire
-from tests.waiting import eventually
 
 TEXT_TURN = ["conversation.item.added", "conversation.item.done"]
 RESPONSE_OPEN = [
@@ -48,7 +47,7 @@ async def one_turn(wire: Wire, text: str) -> dict:
     return done
 
 
-async def test_two_turn_text_conversation(engine, port):
+async def test_two_turn_text_conversation(engine, state, port):
     client = sdk_client(port)
     async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-text"}) as conn:
         wire = Wire(conn)
@@ -67,9 +66,7 @@ async def test_two_turn_text_conversation(engine, port):
         assert r0 != r1 and r0.startswith("resp-rt-text-0-") and r1.startswith("resp-rt-text-0-")
         assert len(wire.of_type("response.output_text.delta")) >= 2
         assert not wire.of_type("response.output_audio.delta")
-    session = engine.sessions["rt-text"]
-    await eventually(lambda: session.closed)
-    assert await settled_ledger(engine, "rt-text") == ["stop", "stop"]
+    assert await settled_ledger(state, "rt-text") == ["stop", "stop"]
     history = await engine.store.read_stream("rt-text")
     begun = [s.event.response_id for s in history if s.event.type == "ResponseBegun"]
     assert begun == [r0, r1]  # the wire ids are the ledger's
@@ -79,7 +76,7 @@ async def test_two_turn_text_conversation(engine, port):
     assert [c.reason for c in closed] == ["disconnect"]
 
 
-async def test_two_turn_audio_mode(engine, port):
+async def test_two_turn_audio_mode(engine, state, port):
     client = sdk_client(port)
     async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-audio"}) as conn:
         wire = Wire(conn)
@@ -95,8 +92,7 @@ async def test_two_turn_audio_mode(engine, port):
         assert audio and all(len(chunk) % 960 == 0 for chunk in audio)
         assert wire.of_type("response.output_audio_transcript.delta")
         assert not wire.of_type("response.output_text.delta")
-    await eventually(lambda: engine.sessions["rt-audio"].closed)
-    assert await settled_ledger(engine, "rt-audio") == ["stop", "stop"]
+    assert await settled_ledger(state, "rt-audio") == ["stop", "stop"]
 
 
 async def test_truncated_and_failed_responses(tmp_path):
@@ -105,7 +101,8 @@ async def test_truncated_and_failed_responses(tmp_path):
     truncating = await fake_engine(tmp_path / "a", SHORT)  # no scripted reply: runs to max_tokens
     failing = await fake_engine(tmp_path / "b", SHORT, REPLY, max_model_len=3)
     try:
-        async with serve_app(truncating) as port:
+        apps = make_app(truncating), make_app(failing)
+        async with serve_app(truncating, app=apps[0]) as port:
             async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "t"}) as c:
                 wire = Wire(c)
                 await wire.recv()
@@ -113,7 +110,7 @@ async def test_truncated_and_failed_responses(tmp_path):
                 assert done["response"]["status"] == "incomplete"
                 assert done["response"]["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
                 wire.check()
-        async with serve_app(failing) as port:
+        async with serve_app(failing, app=apps[1]) as port:
             async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "f"}) as c:
                 wire = Wire(c)
                 await wire.recv()
@@ -125,9 +122,8 @@ async def test_truncated_and_failed_responses(tmp_path):
                 assert done["response"]["status"] == "failed"
                 assert done["response"]["status_details"]["error"]["code"] == "prompt_too_long"
                 wire.check()
-        await eventually(lambda: truncating.sessions["t"].closed and failing.sessions["f"].closed)
-        assert await settled_ledger(truncating, "t") == ["stop"]
-        assert await settled_ledger(failing, "f") == ["error"]
+        assert await settled_ledger(apps[0].state.realtime, "t") == ["stop"]
+        assert await settled_ledger(apps[1].state.realtime, "f") == ["error"]
     finally:
         await truncating.aclose()
         await failing.aclose()

@@ -10,7 +10,7 @@ from engine_bridge.messages import EngineConfig
 from realtime.connection import ConnectionOptions
 from tests.realtime.conftest import LONG, fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
-from tests.realtime.server_fixture import serve_app
+from tests.realtime.server_fixture import make_app, serve_app
 from tests.realtime.test_cancel_and_disconnect import start_long_reply
 from tests.realtime.test_conformance import user_text
 from tests.realtime.wire import Wire
@@ -32,7 +32,7 @@ def options() -> ConnectionOptions:
     return DUPLEX
 
 
-async def test_duplex_barge_in_listen_and_session_close(long_engine, long_port):
+async def test_duplex_barge_in_listen_and_session_close(long_engine, long_state, long_port):
     query = {"session_id": "rt-duplex", "duplex": "1", "mode": "auto_response"}
     async with sdk_client(long_port).realtime.connect(model="duplex-ledger", extra_query=query) as conn:
         wire = Wire(conn, duplex=True)
@@ -51,8 +51,7 @@ async def test_duplex_barge_in_listen_and_session_close(long_engine, long_port):
         assert closed["reason"] == "session_close"
         assert await closed_with(wire) == 1000
         wire.check()
-    await eventually(lambda: long_engine.sessions["rt-duplex"].closed)
-    assert await settled_ledger(long_engine, "rt-duplex") == ["barge_in"]
+    assert await settled_ledger(long_state, "rt-duplex") == ["barge_in"]
     history = [s.event for s in await long_engine.store.read_stream("rt-duplex")]
     assert [e.reason for e in history if e.type == "SessionClosed"] == ["session_close"]
 
@@ -71,7 +70,8 @@ async def test_duplex_must_be_offered(engine):
 async def test_admission_refusals_close_the_socket(tmp_path):
     engine = await fake_engine(tmp_path, EngineConfig(max_tokens=6, max_sessions=1, flush_interval_s=0.005))
     try:
-        async with serve_app(engine) as port:
+        app = make_app(engine)
+        async with serve_app(engine, app=app) as port:
             client = sdk_client(port)
             async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "a"}) as first:
                 await Wire(first).recv()
@@ -92,7 +92,7 @@ async def test_admission_refusals_close_the_socket(tmp_path):
                 await first.session.update(session={"type": "realtime", "output_modalities": ["text"]})
                 assert (await Wire(first).until("session.updated"))["session"]["output_modalities"] == ["text"]
         assert sorted(engine.sessions) == ["a"]
-        assert await settled_ledger(engine, "a") == []
+        assert await settled_ledger(app.state.realtime, "a") == []
     finally:
         await engine.aclose()
 
@@ -100,7 +100,8 @@ async def test_admission_refusals_close_the_socket(tmp_path):
 async def test_a_client_that_overflows_its_queue_is_closed_as_a_disconnect(tmp_path):
     engine = await fake_engine(tmp_path, LONG)
     try:
-        async with serve_app(engine, ConnectionOptions(outbound_queue_max=3)) as port:
+        app = make_app(engine, ConnectionOptions(outbound_queue_max=3))
+        async with serve_app(engine, app=app) as port:
             client = sdk_client(port)
             async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "calm"}) as calm:
                 calm_wire = Wire(calm)
@@ -115,7 +116,7 @@ async def test_a_client_that_overflows_its_queue_is_closed_as_a_disconnect(tmp_p
                 await calm_wire.send({"type": "input_audio_buffer.clear"})
                 assert (await calm_wire.recv())["type"] == "input_audio_buffer.cleared"
                 assert not engine.sessions["calm"].closed
-        assert await settled_ledger(engine, "slow") == ["close"]
+        assert await settled_ledger(app.state.realtime, "slow") == ["close"]
         history = [s.event for s in await engine.store.read_stream("slow")]
         assert [e.reason for e in history if e.type == "SessionClosed"] == ["disconnect"]
     finally:
