@@ -3,8 +3,8 @@
 N concurrent WebSocket sessions (``--sessions 8,32,128``) x ``--turns`` text turns each, driven
 against two arms served side by side in ONE server process, on the same stage ports:
 
-* **ledger**: the product's Realtime GA front (``realtime/``) in front of a SessionEngine whose
-  log is a SQLite file;
+* **ledger**: the product's app (``realtime.app.build_app``, as ``duplex-ledger serve`` runs
+  it) in front of a SessionEngine whose log is a SQLite file;
 * **plain**: :mod:`benchmarks.serve_plain`, the same route and GA wire format relaying the same
   ports with no ledger.
 
@@ -91,17 +91,12 @@ async def _start_tiny() -> list[Any]:
 
 
 def ledger_app(engine: Any) -> Any:
-    """The product's Realtime route (``realtime.router``) in front of ``engine``, default
-    connection options: the app ``duplex-ledger serve`` builds, less its other routes."""
-    from fastapi import FastAPI
+    """The product's app in front of ``engine``: ``realtime.app.build_app``, what
+    ``duplex-ledger serve`` runs (the Realtime route and its connection-metrics middleware),
+    default options, no auth."""
+    from realtime.app import build_app
 
-    from realtime.connection import ConnectionOptions, RealtimeState
-    from realtime.router import router
-
-    app = FastAPI()
-    app.include_router(router)
-    app.state.realtime = RealtimeState(engine, ConnectionOptions())
-    return app
+    return build_app(engine)
 
 
 async def _serve(app: Any) -> tuple[Any, asyncio.Task[None], int]:
