@@ -225,6 +225,7 @@ class ArmRun:
     lost: int = 0
     errors: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
+    loop_cpu_s: float = 0.0  # of which the server's main (event-loop) thread
     wall_s: float = 0.0
 
 
@@ -278,6 +279,11 @@ async def _client(
                 run.lost += max(0, max_tokens - len(deltas))
 
 
+def _main_thread_cpu_s(proc: Any) -> float:
+    """user + system seconds of the process's main thread (its id is the pid, Linux)."""
+    return sum(t.user_time + t.system_time for t in proc.threads() if t.id == proc.pid)
+
+
 async def run_arm(url: str, arm: str, sessions: int, turns: int, child: Child, max_tokens: int, fake: bool) -> ArmRun:
     """One arm's phase: ``sessions`` clients at once; the server's CPU from before the first
     connect until the server has closed every session (the dropped clients' included)."""
@@ -287,7 +293,7 @@ async def run_arm(url: str, arm: str, sessions: int, turns: int, child: Child, m
     drops = max(1, math.ceil(sessions * 0.1))
     nonce = secrets.token_hex(3)
     proc = psutil.Process(child.proc.pid)
-    c0 = proc.cpu_times()
+    c0, m0 = proc.cpu_times(), _main_thread_cpu_s(proc)
     t0 = time.perf_counter()
     results = await asyncio.gather(
         *(
@@ -298,8 +304,9 @@ async def run_arm(url: str, arm: str, sessions: int, turns: int, child: Child, m
     )
     run.wall_s = time.perf_counter() - t0
     await asyncio.to_thread(child.ask, "settle")
-    c1 = proc.cpu_times()
+    c1, m1 = proc.cpu_times(), _main_thread_cpu_s(proc)
     run.cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
+    run.loop_cpu_s = m1 - m0
     for r in results:
         if isinstance(r, BaseException):
             run.errors.append(repr(r))
@@ -401,6 +408,7 @@ def summarize(n: int, runs: dict[str, Any], turns: int) -> dict[str, Any]:
             "p50_ms": pct(lat, 0.5),
             "p99_ms": pct(lat, 0.99),
             "cpu_ms_per_turn": sum(r.cpu_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
+            "loop_cpu_ms_per_turn": sum(r.loop_cpu_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
             "lost": sum(r.lost for r in rs),
             "errors": [e for r in rs for e in r.errors][:5],
         }
@@ -417,14 +425,14 @@ def report(results: dict[str, Any], turns: int, rounds: int, model: str) -> list
         f"workload: {model} ports, {turns} text turns per session, {rounds} round(s) of arms plain/ledger "
         f"rotated, 10 % of clients drop mid-answer on their last turn; server CPU = server process user+sys"
     )
-    head = f"{'sessions':>8s} {'arm':>7s} {'held':>5s} {'1st delta p50':>14s} {'p99 (ms)':>9s} {'CPU/turn (ms)':>14s} {'lost':>5s}"
+    head = f"{'sessions':>8s} {'arm':>7s} {'held':>5s} {'1st delta p50':>14s} {'p99 (ms)':>9s} {'CPU/turn (ms)':>14s} {'loop thread':>12s} {'lost':>5s}"
     print(head)
     for s in rows:
         for arm in ("plain", "ledger"):
             a = s[arm]
             print(
                 f"{s['sessions']:>8d} {arm:>7s} {a['held']:>5d} {a['p50_ms']:>14.2f} {a['p99_ms']:>9.2f} "
-                f"{a['cpu_ms_per_turn']:>14.3f} {a['lost']:>5d}"
+                f"{a['cpu_ms_per_turn']:>14.3f} {a['loop_cpu_ms_per_turn']:>12.3f} {a['lost']:>5d}"
             )
         audit = s["audit"]
         print(
