@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketState
@@ -54,8 +52,6 @@ logger = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbound-queue marker: close the socket after what is queued before it
 OPEN_REFUSAL_CLOSE_CODE = {"max_sessions_reached": 1013, "engine_closed": 1013}
-UNRAISED_CODES = frozenset({"session_closed", "invalid_input", "session_taken_over"})
-"""Refusals the engine raises without an ``error`` event of its own (before G5)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +60,8 @@ class ConnectionOptions:
 
     * ``extensions``: the duplex dialect (:mod:`realtime.duplex`) is offered to sockets that
       ask for it with ``?duplex=1``; otherwise such a socket gets an error and close 1008;
-    * ``idle_timeout_s``: no client frame for this long is a disconnect (None: never);
+    * ``idle_timeout_s``: no client frame for this long while no response runs is a
+      disconnect (None: never);
     * ``outbound_queue_max``: server events queued for one client before it counts as too
       slow and is closed;
     * ``transcriber``: what turns appended audio into the thinker's text (None: only the
@@ -126,20 +123,6 @@ def parse_query(query: dict[str, str], options: ConnectionOptions) -> OpenParams
     return OpenParams(session_id, model, mode, _flag(query, "resumable"), _flag(query, "duplex"))
 
 
-def _accepts(method: Callable[..., Any], name: str) -> bool:
-    """Whether ``method`` takes the keyword ``name`` (engine gaps G5/G9 add ``event_id``,
-    ``protocol`` and ``connection_id``; until they land the front supplies what they carry)."""
-    return _takes(getattr(method, "__func__", method), name)
-
-
-@lru_cache(maxsize=64)
-def _takes(function: Callable[..., Any], name: str) -> bool:
-    try:
-        return name in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class RealtimeConnection:
     """One socket (see the module docstring). ``connection_id`` is ``ws-<uuid4>``."""
 
@@ -192,12 +175,9 @@ class RealtimeConnection:
         engine = self.state.engine
         kwargs: dict[str, Any] = {"auto_response": params.mode == "auto_response"}
         kwargs["plugin"] = TextPlugin(resumable=params.resumable)
-        if _accepts(engine.open_session, "protocol"):
-            kwargs["protocol"] = "realtime+duplex" if params.duplex else "realtime"
-        if _accepts(engine.open_session, "connection_id"):
-            kwargs["connection_id"] = self.connection_id
+        kwargs["protocol"] = "realtime+duplex" if params.duplex else "realtime"
         try:
-            self.session = await engine.open_session(params.session_id, **kwargs)
+            self.session = await engine.open_session(params.session_id, connection_id=self.connection_id, **kwargs)
         except SessionError as exc:
             return await self._refuse_open(exc.code, str(exc), OPEN_REFUSAL_CLOSE_CODE.get(exc.code, 1008))
         except RequestIdError as exc:
@@ -219,19 +199,30 @@ class RealtimeConnection:
 
     async def _next_frame(self) -> str | bytes | None:
         """The next client frame; None when the socket closed, the connection is stopping or
-        the idle timeout passed (``end_reason`` says which)."""
+        the idle timeout passed (``end_reason`` says which). Idle means no client frame for
+        ``idle_timeout_s`` while no response runs: a client listening to a long answer is not
+        idle."""
         receive = asyncio.ensure_future(self.ws.receive())
-        stop = asyncio.ensure_future(self._stop.wait())
         try:
-            done, _ = await asyncio.wait(
-                {receive, stop}, timeout=self.options.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            while True:
+                stop = asyncio.ensure_future(self._stop.wait())
+                try:
+                    done, _ = await asyncio.wait(
+                        {receive, stop}, timeout=self.options.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    stop.cancel()
+                if receive in done:
+                    break
+                if self._stop.is_set():
+                    self.end_reason = self.end_reason or "stopped"
+                    return None
+                if self.session is None or self.session.active is None:
+                    self.end_reason = self.end_reason or "idle_timeout"
+                    return None
         finally:
-            stop.cancel()
-        if receive not in done:
-            receive.cancel()
-            self.end_reason = self.end_reason or ("stopped" if self._stop.is_set() else "idle_timeout")
-            return None
+            if not receive.done():
+                receive.cancel()
         message = receive.result()
         if message["type"] == "websocket.disconnect":
             self._socket_gone = True
@@ -372,22 +363,11 @@ class RealtimeConnection:
             self.send(error_event("internal_error", f"{type(exc).__name__}", event_id=event_id))
 
     async def _command(self, method: Callable[..., Awaitable[Any]], *args: Any, event_id: str | None, **kw: Any) -> Any:
-        """Call an engine command on behalf of the client event ``event_id``. A refusal raises
-        SessionError after the engine put exactly one ``error`` event on the session's stream
-        (G5), carrying ``event_id`` when the command takes it; otherwise the projection is told
-        which id to echo, and the few refusals that have no stream event get the front's own."""
-        echoes = _accepts(method, "event_id")
-        if echoes:
-            kw["event_id"] = event_id
-        try:
-            return await method(*args, **kw)
-        except SessionError as exc:
-            if not echoes and exc.code in UNRAISED_CODES:
-                self.send(error_event(exc.code, str(exc), event_id=event_id))
-            elif not echoes:
-                assert self.projection is not None
-                self.projection.expect_error(exc.code, event_id)
-            raise
+        """Call an engine command on behalf of the client event ``event_id``. A refusal puts
+        exactly one ``error`` event (echoing ``event_id``, with ``param``) on the session's
+        stream and raises SessionError (research G5): the front forwards that event and never
+        sends one of its own."""
+        return await method(*args, event_id=event_id, **kw)
 
     async def _handle(self, type_: str, event: dict[str, Any], event_id: str | None) -> None:
         assert self.session is not None and self.projection is not None
@@ -477,14 +457,11 @@ class RealtimeConnection:
         self._reset_buffer()
 
     async def _on_input_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
+        """A pure input clear (G1): a running response is not touched; the engine's
+        ``input_audio_buffer.cleared`` is projected."""
         assert self.session is not None
-        clear_input = getattr(self.session, "clear_input", None)
-        if clear_input is not None:  # G1: a pure input-buffer clear
-            await self._command(clear_input, event_id=event_id)
-        elif self.session.active is None:  # before G1: cancel_input only while idle (it cancels responses)
-            await self._command(self.session.cancel_input, event_id=event_id)
+        await self._command(self.session.clear_input, event_id=event_id)
         self._reset_buffer()
-        self.send(server_event("input_audio_buffer.cleared"))
 
     async def _on_conversation_item_create(self, event: dict[str, Any], event_id: str | None) -> None:
         item = event.get("item")
@@ -535,12 +512,10 @@ class RealtimeConnection:
             raise ProtocolError(
                 "response_cancel_not_active", f"response {str(wanted)[:80]!r} is not in progress", param="response_id"
             )
-        found = await self._command(self.session.cancel_response, event_id=event_id)
-        if not found and not _accepts(self.session.cancel_response, "event_id"):  # D14's error, before G5
-            assert self.projection is not None
-            self.projection.expect_error("response_cancel_not_active", event_id)
+        await self._command(self.session.cancel_response, event_id=event_id)  # nothing: the engine's error (D14)
 
     async def _on_output_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
         assert self.session is not None
         if not await self._command(self.session.clear_output_audio, event_id=event_id):
-            raise ProtocolError("response_cancel_not_active", "no response audio in progress to clear")
+            # the engine only replies False (serve's contract): GA's answer is the front's
+            raise ProtocolError("response_cancel_not_active", "no response audio is playing to clear")

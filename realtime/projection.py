@@ -2,9 +2,9 @@
 -> GA Realtime server events (research/realtime.md §5.3).
 
 State kept per connection: the effective :class:`SessionConfig`, the causes of the commits the
-front asked for (a buffer commit or a ``conversation.item.create``, in order), the active
-response with its open content part, and the client event ids of refused commands (until
-the engine carries them itself). Ids are DERIVED, not random, so a replay of the log could
+front asked for (a buffer commit or a ``conversation.item.create``, in order) and the active
+response with its open content part. An engine ``error`` carries the client's ``event_id``
+itself (research G5). Ids are DERIVED, not random, so a replay of the log could
 rebuild the wire stream: a user item is ``item_<session>_i<incarnation>_u<n>`` (n-th commit of
 the connection), an assistant item ``item_<response_id>``; a response's id is the ledger's
 ``response_id``. Server ``event_id``s are random.
@@ -63,14 +63,7 @@ class Projection:
         self.causes: deque[CommitCause] = deque()
         self.active: ActiveResponse | None = None
         self.finished: set[str] = set()
-        self.refused_event_ids: dict[str, deque[str | None]] = {}
         self.last_error: dict[str, Any] | None = None
-
-    # ------------------------------------------------------------------ the front's side
-    def expect_error(self, code: str, event_id: str | None) -> None:
-        """A command refused with ``code`` was caused by the client event ``event_id`` (used
-        when the engine's ``error`` event does not carry the id itself)."""
-        self.refused_event_ids.setdefault(code, deque()).append(event_id)
 
     # ------------------------------------------------------------------ engine events
     def project(self, event: ClientEvent) -> list[dict[str, Any]]:
@@ -129,6 +122,9 @@ class Projection:
                     )
                 )
         return out
+
+    def _on_input_audio_buffer_cleared(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        return [server_event("input_audio_buffer.cleared")]
 
     def _on_response_listen(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         if not self.duplex:
@@ -217,12 +213,7 @@ class Projection:
 
     def _on_error(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         code = str(data.get("code", "internal_error"))
-        if "event_id" in data:
-            event_id = data["event_id"]
-        else:
-            waiting = self.refused_event_ids.get(code)
-            event_id = waiting.popleft() if waiting else None
-        event = error_event(code, str(data.get("message", "")), event_id=event_id, param=data.get("param"))
+        event = error_event(code, str(data.get("message", "")), event_id=data.get("event_id"), param=data.get("param"))
         self.last_error = {"type": error_type_for(code), "code": code, "message": event["error"]["message"]}
         return [event]
 

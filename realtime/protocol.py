@@ -98,8 +98,8 @@ def parse_client_event(frame: str | bytes, *, max_bytes: int = MAX_EVENT_BYTES) 
         raise ProtocolError("event_too_large", f"event of {size} bytes is over the limit of {max_bytes} bytes")
     try:
         event = json.loads(frame)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError("invalid_json", f"the frame is not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ProtocolError("invalid_json", f"the frame is not JSON: {type(exc).__name__}") from None
     if not isinstance(event, dict):
         raise ProtocolError("bad_event", f"an event must be a JSON object, not {type(event).__name__}")
     if not isinstance(event.get("type"), str):
@@ -108,5 +108,6 @@ def parse_client_event(frame: str | bytes, *, max_bytes: int = MAX_EVENT_BYTES) 
 
 
 def dumps(event: dict[str, Any]) -> str:
-    """A server event as one JSON text frame (compact; non-ASCII kept)."""
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    """A server event as one JSON text frame (compact; non-ASCII escaped, so even a lone
+    surrogate a client sent can never make a frame that is not UTF-8)."""
+    return json.dumps(event, ensure_ascii=True, separators=(",", ":"))

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,28 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
+
+
+class ListenError(ValueError):
+    """The server could not listen on the address it was given (taken, not local, ...)."""
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise :class:`ListenError` when ``host:port`` cannot be bound now (checked before the
+    engines start, so a taken port costs no model load). Port 0 always can."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ListenError(f"--host {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 class _Uvicorn(uvicorn.Server):
@@ -65,7 +88,7 @@ async def serve(
     """Serve ``app`` (built by :func:`realtime.app.build_app`) on ``host:port`` (0: any free
     port) until SIGTERM/SIGINT (``handle_signals``) or ``handle.stop``; then shut down as the
     module doc says and return the handle. ``on_started(port)`` is called once listening.
-    Raises what uvicorn raised if it could not start (e.g. the port is taken: OSError)."""
+    Raises :class:`ListenError` if uvicorn could not listen (the port is taken...)."""
     handle = handle or ServeHandle()
     state: RealtimeState = app.state.realtime
     loop = asyncio.get_running_loop()
@@ -94,8 +117,11 @@ async def serve(
         while not server.started and not task.done():  # uvicorn says "started" by a flag only
             await asyncio.wait({task}, timeout=0.02)
         if task.done():
-            task.result()  # raises why it could not start
-            raise RuntimeError(f"uvicorn stopped before listening on {host}:{port}")
+            try:
+                task.result()  # raises why it could not start
+            except SystemExit:  # uvicorn exits when it cannot bind (it has logged why)
+                raise ListenError(f"cannot listen on {host}:{port}") from None
+            raise ListenError(f"uvicorn stopped before listening on {host}:{port}")
         handle.port = int(server.servers[0].sockets[0].getsockname()[1])
         handle.started.set()
         if on_started is not None:
@@ -129,4 +155,4 @@ async def shutdown(state: RealtimeState, grace_s: float) -> None:
         logger.warning("shutdown: %d connection(s) still open after %.1f s", len(state.connections), grace_s)
 
 
-__all__ = ["ServeHandle", "serve", "shutdown"]
+__all__ = ["ListenError", "ServeHandle", "check_listen", "serve", "shutdown"]

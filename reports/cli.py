@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from reports import cli_engine, cli_events, cli_metrics, cli_projections, cli_timeline, cli_verify
+from reports import cli_engine, cli_events, cli_metrics, cli_projections, cli_serve, cli_timeline, cli_verify
 from reports.cli_errors import OPERATIONAL, REJECTED, say
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ cli_verify.register(app)  # verify, digest
 cli_engine.register(app)  # demo, run, model prepare
 cli_metrics.register(app)  # metrics (Prometheus exposition from the log)
 cli_timeline.register(app)  # timeline (one session as a self-contained HTML page)
+cli_serve.register(app)  # serve (OpenAI Realtime WebSocket front on live engines)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -171,6 +172,43 @@ class _Live:
         self.say(omni_timing_line(turn))
 
 
+async def start_ports(
+    thinker_dir: Path, talker_dir: Path, dtype: str, err: Console, timings: dict[str, float]
+) -> list[Any]:
+    """Start the Stage0 (thinker) and Stage1 (talker) vLLM engines, a spinner on ``err``;
+    their start times (s, monotonic) go to ``timings``. A failed talker start shuts the
+    thinker down before raising."""
+    from engine_bridge.vllm_port import VllmStagePort
+
+    t0 = time.monotonic()
+    with err.status("starting Stage0 (thinker) engine…"):
+        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker", dtype=dtype, load_progress=False)
+    timings["thinker_start_s"] = time.monotonic() - t0
+    try:
+        t1 = time.monotonic()
+        with err.status("starting Stage1 (talker) engine…"):
+            talker = await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype, load_progress=False)
+        timings["talker_start_s"] = time.monotonic() - t1
+    except BaseException:
+        await thinker.shutdown()
+        raise
+    return [thinker, talker]
+
+
+def quiet_engines(verbose: bool) -> None:
+    """Unless ``verbose``: vLLM logs ERROR only, torch's FutureWarnings and platform notes are
+    silenced (inherited by vLLM's engine-core processes); vLLM logs to stderr either way."""
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # Inherited by vLLM's engine-core processes: torch's deprecation warnings and its
+        # platform notes (Triton absent, NUMA binding) say nothing about the sessions.
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        os.environ.setdefault("TORCH_LOGS", "-all")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
+
+
 async def _drive(
     trace: Trace,
     url: str,
@@ -184,22 +222,12 @@ async def _drive(
     metrics_port: int | None = None,
 ) -> tuple[TraceRunResult, dict[str, float]]:
     from engine_bridge.engine import SessionEngine
-    from engine_bridge.vllm_port import VllmStagePort
     from reports.trace_player import run_trace
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    with err.status("starting Stage0 (thinker) engine…"):
-        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker", dtype=dtype, load_progress=False)
-    timings["thinker_start_s"] = time.monotonic() - t0
-    ports = [thinker]
+    ports = await start_ports(thinker_dir, talker_dir, dtype, err, timings)
     try:
-        t1 = time.monotonic()
-        with err.status("starting Stage1 (talker) engine…"):
-            ports.append(
-                await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype, load_progress=False)
-            )
-        timings["talker_start_s"] = time.monotonic() - t1
         err.print(
             f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
             f"{len(trace.lines)} trace lines",
@@ -248,15 +276,7 @@ def _live_run(
     trace = _parse(paths, err)
     if speed <= 0:
         fail("--speed must be > 0")
-    if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        # Inherited by vLLM's engine-core processes: torch's deprecation warnings and its
-        # platform notes (Triton absent, NUMA binding) say nothing about the sessions.
-        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        os.environ.setdefault("TORCH_LOGS", "-all")
-        warnings.filterwarnings("ignore", category=FutureWarning)
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
+    quiet_engines(verbose)
     url = checked_url(db)
     thinker_dir = _prepare(model, err)
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)

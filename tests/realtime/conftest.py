@@ -85,3 +85,9 @@ async def long_port(long_engine, options, long_app):
 
 def sdk_client(port: int) -> AsyncOpenAI:
     return AsyncOpenAI(api_key="test-key", websocket_base_url=f"ws://127.0.0.1:{port}/v1")
+
+
+@pytest.fixture
+def client(port) -> AsyncOpenAI:
+    """The official SDK, pointed at the test server (``client.realtime.connect(...)``)."""
+    return sdk_client(port)

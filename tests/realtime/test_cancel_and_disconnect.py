@@ -3,12 +3,14 @@ engine with 2,000-token replies, so a cancel or a drop always lands mid-response
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+from websockets.exceptions import ConnectionClosed
 
-from tests.realtime.conftest import sdk_client
+from engine_bridge.messages import EngineConfig
+from realtime.connection import ConnectionOptions
+from tests.realtime.conftest import fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
+from tests.realtime.server_fixture import make_app, serve_app
 from tests.realtime.test_conformance import user_text
 from tests.realtime.wire import Wire
 from tests.waiting import eventually
@@ -53,6 +55,26 @@ async def test_cancel_mid_stream_then_next_turn(long_engine, long_state, long_po
     assert [e.error_code for e in history if e.type == "CommandRejected"] == []  # an idle cancel is not a refusal
 
 
+async def test_input_clear_leaves_the_running_response_alone(long_engine, long_state, long_port):
+    async with sdk_client(long_port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-clr"}) as c:
+        wire = Wire(c)
+        await wire.recv()
+        r0 = await start_long_reply(wire)
+        await wire.send({"type": "input_audio_buffer.append", "audio": "AAAAAA==", "transcript": "uh"})
+        await wire.send({"type": "input_audio_buffer.clear", "event_id": "clr"})
+        await wire.until("input_audio_buffer.cleared")
+        seen = len(wire.of_type("response.output_audio_transcript.delta"))
+        await wire.until("response.output_audio_transcript.delta")  # the response goes on
+        assert len(wire.of_type("response.output_audio_transcript.delta")) > seen
+        assert not wire.of_type("response.done")
+        await wire.send({"type": "response.cancel", "response_id": r0})
+        assert (await wire.until("response.done"))["response"]["status"] == "cancelled"
+        wire.check()
+    assert await settled_ledger(long_state, "rt-clr") == ["cancel"]
+    history = [s.event for s in await long_engine.store.read_stream("rt-clr")]
+    assert [e.dropped_chunks for e in history if e.type == "InputCleared"] == [1]
+
+
 @pytest.mark.parametrize("how", ["clean_close", "transport_abort"])
 async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
     sid = f"rt-drop-{how}"
@@ -90,12 +112,10 @@ async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
     assert await settled_ledger(state, sid) == ["close", "cancel"]
 
 
-async def test_idle_timeout_is_a_disconnect(tmp_path):
-    from realtime.connection import ConnectionOptions
-    from tests.realtime.conftest import LONG, fake_engine
-    from tests.realtime.server_fixture import make_app, serve_app
-
-    engine = await fake_engine(tmp_path, LONG)
+async def test_idle_timeout_is_a_disconnect_but_not_while_a_response_runs(tmp_path):
+    engine = await fake_engine(tmp_path, EngineConfig(max_tokens=40, talker_max_tokens=4, flush_interval_s=0.005))
+    slow_reply = engine.ports[0]
+    slow_reply.token_delay_s = 0.05  # 40 tokens x 50 ms: a 2 s answer, four idle timeouts long
     try:
         app = make_app(engine, ConnectionOptions(idle_timeout_s=0.5))
         async with serve_app(engine, app=app) as port:
@@ -105,11 +125,13 @@ async def test_idle_timeout_is_a_disconnect(tmp_path):
                 wire = Wire(conn)
                 await wire.recv()
                 await start_long_reply(wire)
-                done = await wire.until("response.done", timeout_s=15)  # idle: the server closes the session
-                assert done["response"]["status"] == "failed"
-                assert done["response"]["status_details"]["error"]["code"] == "session_closed"
-                await asyncio.sleep(0)
-            assert await settled_ledger(app.state.realtime, "rt-idle") == ["close"]
+                done = await wire.until("response.done", timeout_s=20)  # listening is not idle
+                assert done["response"]["status"] == "incomplete"  # ran to its 40-token budget
+                with pytest.raises(ConnectionClosed) as info:  # then idle: the server ends it
+                    await wire.recv(timeout_s=10)
+                assert info.value.rcvd.code == 1000
+                wire.check()
+            assert await settled_ledger(app.state.realtime, "rt-idle") == ["stop"]
             history = [s.event for s in await engine.store.read_stream("rt-idle")]
             assert [e.reason for e in history if e.type == "SessionClosed"] == ["disconnect"]
     finally:

@@ -47,8 +47,7 @@ async def one_turn(wire: Wire, text: str) -> dict:
     return done
 
 
-async def test_two_turn_text_conversation(engine, state, port):
-    client = sdk_client(port)
+async def test_two_turn_text_conversation(engine, state, client):
     async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-text"}) as conn:
         wire = Wire(conn)
         created = await wire.recv()
@@ -72,6 +71,8 @@ async def test_two_turn_text_conversation(engine, state, port):
     assert begun == [r0, r1]  # the wire ids are the ledger's
     submitted = [s.event.request_id for s in history if s.event.type == "StageRequestSubmitted"]
     assert submitted[:2] == [ids.mint_ephemeral("rt-text", 0, 0, 0), ids.mint_ephemeral("rt-text", 0, 0, 1)]
+    (opened,) = [s.event for s in history if s.event.type == "SessionOpened"]
+    assert opened.protocol == "realtime" and opened.connection_id.startswith("ws-")  # G9
     closed = [s.event for s in history if s.event.type == "SessionClosed"]
     assert [c.reason for c in closed] == ["disconnect"]
 

@@ -46,12 +46,19 @@ async def test_duplex_barge_in_listen_and_session_close(long_engine, long_state,
         done = await wire.until("response.done")
         assert done["response"]["id"] == r0
         assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+        r1 = await start_long_reply(wire, "Now another long story")
+        await wire.send({"type": "input.cancel"})
+        done = await wire.until("response.done")
+        if not wire.of_type("input_audio_buffer.cleared"):  # the front's answer and the engine's events interleave
+            await wire.until("input_audio_buffer.cleared")
+        assert done["response"]["id"] == r1 and done["response"]["status"] == "cancelled"
+        assert done["response"]["status_details"]["reason"] == "client_cancelled"  # wire says barge_in (M17)
         await wire.send({"type": "session.close"})
         closed = await wire.until("session.closed")
         assert closed["reason"] == "session_close"
         assert await closed_with(wire) == 1000
         wire.check()
-    assert await settled_ledger(long_state, "rt-duplex") == ["barge_in"]
+    assert await settled_ledger(long_state, "rt-duplex") == ["barge_in", "cancel"]
     history = [s.event for s in await long_engine.store.read_stream("rt-duplex")]
     assert [e.reason for e in history if e.type == "SessionClosed"] == ["session_close"]
 

@@ -125,6 +125,14 @@ async def test_every_bad_event_is_an_error_and_the_session_goes_on(engine, state
         await wire.error_for("nothing-committed")
         await wire.send({"type": "response.cancel", "event_id": "idle-cancel"}, refused="response_cancel_not_active")
         await wire.error_for("idle-cancel")
+        # a text the ledger could not store (a lone surrogate, D12): refused, nothing recorded
+        await conn.send_raw(
+            '{"type": "conversation.item.create", "event_id": "surrogate", "item": {"type": '
+            '"message", "role": "user", "content": [{"type": "input_text", "text": "a\\ud800b"}]}}'
+        )
+        wire.sent_ids.add("surrogate")
+        wire.refused_ids["surrogate"] = "invalid_input"
+        await wire.error_for("surrogate")
         await wire.send(user_text("Hello there"))
         await wire.send({"type": "response.create", "event_id": "first"})
         await wire.send(
