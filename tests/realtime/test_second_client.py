@@ -33,7 +33,7 @@ import logging
 import math
 import typing
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -96,10 +96,10 @@ class FakeTranscriber:
         return self.heard[-1]
 
 
-def _ga_event_classes() -> dict[str, type]:
+def _ga_event_classes() -> dict[str, Any]:
     """GA server event type -> the openai SDK's pydantic class (research §6.1 strict check)."""
     union = typing.get_args(RealtimeServerEvent)[0]
-    table: dict[str, type] = {}
+    table: dict[str, Any] = {}
     for cls in typing.get_args(union):
         for name in typing.get_args(cls.model_fields["type"].annotation):
             table[name] = cls
@@ -149,7 +149,7 @@ def server_frames(monkeypatch) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def pipecat_errors() -> AsyncIterator[list[str]]:
+def pipecat_errors() -> Iterator[list[str]]:
     """pipecat's ERROR (and worse) log records during the test."""
     records: list[str] = []
     handler = pipecat_logger.add(lambda message: records.append(str(message)), level="ERROR")
