@@ -32,6 +32,8 @@ live request ids on the ports (all must be empty; "audit clean").
 
 Goals (issue 21): ledger CPU per turn within 1.2x of plain; p99 first delta within +5 ms.
 ``--quick``: 2 sessions x 1 turn, 1 round (the smoke test's run; not a measurement).
+``--no-deflate``: both arms without permessage-deflate, to weigh the compression both pay.
+``--profile PATH``: cProfile of the server's loop thread during the ledger arm only.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPTS = ["What is the capital of France?", "And of Italy?", "Which one is bigger?", "Tell me a fun fact."]
 FAKE_MAX_TOKENS = 16
+NO_DEFLATE_ENV = "BENCH_SERVE_NO_DEFLATE"  # "1": both arms refuse permessage-deflate (--no-deflate)
 RECV_TIMEOUT_S = 60.0
 
 
@@ -103,7 +106,15 @@ async def _serve(app: Any) -> tuple[Any, asyncio.Task[None], int]:
     import uvicorn
 
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", ws="websockets-sansio")
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            lifespan="off",
+            ws="websockets-sansio",  # as realtime/server.py
+            ws_per_message_deflate=os.environ.get(NO_DEFLATE_ENV) != "1",
+        )
     )
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -460,12 +471,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="cProfile the server's loop thread during the ledger "
         "arm (figures then inflated: profile in a run of its own), dump to PATH, print the top frames",
     )
+    parser.add_argument(
+        "--no-deflate",
+        action="store_true",
+        help="both arms without permessage-deflate (the product, like uvicorn, offers it by default)",
+    )
     parser.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_child:
         asyncio.run(serve_child(args.model, args.db, args.profile))
         return []
+    if args.no_deflate:
+        os.environ[NO_DEFLATE_ENV] = "1"  # the server child inherits it
     sessions = [2] if args.quick else [int(x) for x in args.sessions.split(",")]
     turns, rounds = (1, 1) if args.quick else (args.turns, args.rounds)
     results = asyncio.run(bench(sessions, turns, rounds, args.model, args.profile))
