@@ -19,9 +19,10 @@ Not the text path for turn 2: pipecat sends an ``LLMMessagesAppendFrame``'s mess
 Checked: every frame the server sent validates strictly as a GA server event (the openai SDK's
 pydantic types; pipecat's own parse is lenient about extra fields) and none is an ``error``;
 pipecat raised nothing (no ``ErrorFrame``, no ERROR log) and received its text deltas; the
-server logged no error; and the ledger: turn tables ``[stop, cancel]`` (DOMAIN §2.4: a
-``response.cancel`` finishes the turn ``cancel``), ``leaks() == []``, the session closed, no
-live request ids on the fake ports.
+server logged no warning or error and its front only the session's end by a normal close
+(1000); and the ledger: turn tables ``[stop, cancel]`` (DOMAIN §2.4: a ``response.cancel``
+finishes the turn ``cancel``), ``leaks() == []``, the session closed (``disconnect``), no live
+request ids on the fake ports.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ async def _converse(port: int, server_frames: list[dict[str, Any]]) -> tuple[lis
 async def test_pipecat_realtime_service_two_turns_and_an_interruption(
     engine, server_frames, pipecat_errors, caplog
 ) -> None:
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     transcriber = FakeTranscriber({SPEECH: SPOKEN})
     async with serve_app(engine, ConnectionOptions(transcriber=transcriber)) as port:
         up, down, turn1_text = await _converse(port, server_frames)
@@ -246,11 +247,16 @@ async def test_pipecat_realtime_service_two_turns_and_an_interruption(
     # pipecat: nothing raised, nothing logged as an error
     assert [f for f in up + down if isinstance(f, ErrorFrame)] == []
     assert pipecat_errors == []
-    # the server: nothing logged at WARNING or above
+    # the server: nothing logged at WARNING or above; the front logged only the session's end,
+    # by the client's normal close (no receive or send failure, no refused close)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    front_log = [r.getMessage() for r in caplog.records if r.name.startswith("realtime")]
+    assert len(front_log) == 1 and front_log[0].endswith(f"session {session.session_id} ends: client_closed_1000")
 
     # the ledger
     p = await project_as_of(engine.store)
     assert [t.finished_reason for t in p.turn_tables if t.session_id == session.session_id] == ["stop", "cancel"]
     assert p.leaks() == []
     assert all(port.live_request_ids() == set() for port in engine.ports)
+    history = await engine.store.read_stream(session.session_id)
+    assert [h.event.reason for h in history if h.event.type == "SessionClosed"] == ["disconnect"]
