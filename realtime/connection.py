@@ -182,6 +182,11 @@ class RealtimeConnection:
             return await self._refuse_open(exc.code, str(exc), OPEN_REFUSAL_CLOSE_CODE.get(exc.code, 1008))
         except RequestIdError as exc:
             return await self._refuse_open("invalid_query", f"session_id: {exc}", 1008, "session_id")
+        except Exception as exc:  # noqa: BLE001 - the ledger or engine failed: told, logged, 1011
+            logger.exception("%s: open_session failed", self.connection_id)
+            return await self._refuse_open(
+                "internal_error", f"the session could not be opened: {type(exc).__name__}", 1011
+            )
         config = SessionConfig(
             session_id=params.session_id,
             model=params.model,

@@ -91,3 +91,10 @@ def sdk_client(port: int) -> AsyncOpenAI:
 def client(port) -> AsyncOpenAI:
     """The official SDK, pointed at the test server (``client.realtime.connect(...)``)."""
     return sdk_client(port)
+
+
+def pytest_configure(config) -> None:
+    """The live-engine fixtures (``live_ports``) for test_live_*.py, registered once (as
+    tests/engine/conftest.py does)."""
+    if not config.pluginmanager.has_plugin("tests.engine.fixtures"):
+        config.pluginmanager.import_plugin("tests.engine.fixtures")

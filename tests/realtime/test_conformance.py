@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -164,3 +165,21 @@ async def test_server_shutdown_under_a_response(tmp_path):
         assert [e.reason for e in history if e.type == "SessionClosed"] == ["server_shutdown"]
     finally:
         await store.close()
+
+
+async def test_a_frame_over_15_mib_is_refused_and_the_session_goes_on(engine, state, client):
+    """The default limit (GA's 15 MiB per event plus the envelope): the front answers, not the
+    transport (no 1009 close), and nothing reaches the ledger."""
+    async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-big"}) as conn:
+        wire = Wire(conn)
+        await wire.recv()
+        audio = "A" * (state.options.max_frame_bytes + 1)
+        await conn.send_raw(json.dumps({"type": "input_audio_buffer.append", "event_id": "big", "audio": audio}))
+        error = (await wire.until("error", timeout_s=30))["error"]
+        assert error["code"] == "event_too_large" and error["event_id"] is None  # never parsed
+        done = await one_turn(wire, "Still fine?")
+        assert done["response"]["status"] == "completed"
+        wire.check()
+    assert await settled_ledger(state, "rt-big") == ["stop"]
+    history = [s.event for s in await engine.store.read_stream("rt-big")]
+    assert [e.input_kind for e in history if e.type == "InputAppended"] == ["text"]

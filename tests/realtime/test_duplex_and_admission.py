@@ -128,3 +128,17 @@ async def test_a_client_that_overflows_its_queue_is_closed_as_a_disconnect(tmp_p
         assert [e.reason for e in history if e.type == "SessionClosed"] == ["disconnect"]
     finally:
         await engine.aclose()
+
+
+async def test_an_open_that_fails_is_an_error_then_1011(engine, monkeypatch):
+    async def broken(*args, **kwargs):
+        raise RuntimeError("the ledger is unreachable")
+
+    monkeypatch.setattr(engine, "open_session", broken)
+    async with serve_app(engine) as port:
+        async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "x"}) as conn:
+            wire = Wire(conn)
+            error = (await wire.recv())["error"]
+            assert (error["code"], error["type"]) == ("internal_error", "server_error")
+            assert "unreachable" not in error["message"]  # the server's internals stay in its log
+            assert await closed_with(wire) == 1011
