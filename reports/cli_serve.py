@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -59,8 +60,9 @@ async def _serve(
 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    ports = await start_ports(thinker_dir, talker_dir, dtype, err, timings)
+    ports: list[Any] = []
     try:
+        await start_ports(thinker_dir, talker_dir, dtype, err, timings, ports)
         err.print(f"engines up in {time.monotonic() - t0:.1f} s", highlight=False)
         engine = await SessionEngine.open(url, ports, config=config)
         try:

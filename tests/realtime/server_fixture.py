@@ -51,6 +51,7 @@ async def serve_app(
         host="127.0.0.1",
         port=0,
         log_level="warning",
+        log_config=None,  # uvicorn's records propagate to the root logger: tests can capture them
         lifespan="off",
         ws="websockets-sansio",
         ws_max_size=2 * options.max_frame_bytes,

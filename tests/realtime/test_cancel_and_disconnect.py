@@ -3,6 +3,8 @@ engine with 2,000-token replies, so a cancel or a drop always lands mid-response
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from websockets.exceptions import ConnectionClosed
 
@@ -76,7 +78,8 @@ async def test_input_clear_leaves_the_running_response_alone(long_engine, long_s
 
 
 @pytest.mark.parametrize("how", ["clean_close", "transport_abort"])
-async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
+async def test_disconnect_mid_response(long_engine, long_app, long_port, how, caplog):
+    caplog.set_level(logging.INFO)
     sid = f"rt-drop-{how}"
     state = long_app.state.realtime
     client = sdk_client(long_port)
@@ -110,6 +113,8 @@ async def test_disconnect_mid_response(long_engine, long_app, long_port, how):
         wire.check()
     await eventually(lambda: long_engine.sessions[sid].closed and not state.connections, timeout_s=15)
     assert await settled_ledger(state, sid) == ["close", "cancel"]
+    failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert failures == []  # no unhandled exception on the server, whichever way the client left
 
 
 async def test_idle_timeout_is_a_disconnect_but_not_while_a_response_runs(tmp_path):
