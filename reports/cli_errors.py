@@ -12,9 +12,11 @@ Exit codes (the same error gives the same code from every command):
   exception; ``DUPLEX_LEDGER_DEBUG=1`` shows its traceback). ``audit`` also exits 1 for
   leaks; its error line on stderr tells the two apart.
 * **1 — tampered**: a command that folds or exports the log's events (``audit``, ``tables``,
-  ``metrics``, ``timeline``) found its hash chain broken; it prints its output (the edited
-  log's account), then one line on stderr naming the first bad position and what is wrong
-  (:func:`exit_if_tampered`), as ``verify`` does.
+  ``metrics``, ``timeline``, ``events export``) found its hash chain broken; it prints its
+  output (the edited log's account), then one line on stderr naming the first bad position
+  and what is wrong (:func:`exit_if_tampered`), as ``verify`` does. When a command fails and
+  the log's chain is broken, ``TAMPERED … position N`` is its first line, before the error
+  the edited row caused (:func:`run`), and the exit is 1.
 
 Every message is one line per problem on stderr, printed without rich markup (user data such
 as ``--session '[/]'`` is text, not markup), with characters the terminal cannot encode
@@ -172,4 +174,44 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -
     except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line, one exit code
         if os.environ.get(DEBUG_ENV):
             raise
+        fault = None if isinstance(exc, not_about_the_log()) else log_fault(url)
+        if fault is not None:  # the edited row is why it failed: say so first (issue 22)
+            say(f"TAMPERED: the log's hash chain is broken at {fault} (run `duplex-ledger verify`)", url)
+            for line in describe(exc, url):
+                say(line, url)
+            raise typer.Exit(TAMPERED) from None
         report(exc, url)
+
+
+def not_about_the_log() -> tuple[type[BaseException], ...]:
+    """Errors a ledger's rows cannot have caused (the input file, the URL, a conflict with a
+    row being written, a file that is not a readable ledger): no chain walk after them."""
+    from events.jsonl import JsonlError
+    from reports.traces import TraceError
+
+    return (JsonlError, TraceError, ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError)
+
+
+def log_fault(url: str | None) -> ChainFault | None:
+    """The first fault of the hash chain of the ledger at ``url`` (None: intact, or it could
+    not be walked): asked when a command failed, so that an error an edited row caused is
+    preceded by ``TAMPERED … position N`` (issue 22). A SQLite file is walked with plain
+    ``sqlite3`` (:func:`events.chain_walk.walk_sqlite`), PostgreSQL through a read-only store."""
+    from events.chain_walk import walk_log, walk_sqlite
+    from events.store.url import backend_of, resolve_url, sqlite_path
+
+    try:
+        url = resolve_url(url)
+        if backend_of(url) == "sqlite":
+            path = sqlite_path(url)
+            return walk_sqlite(str(path.resolve())).finish() if path.is_file() else None
+
+        async def walk() -> ChainFault | None:
+            from events.store.store import EventStore
+
+            async with await EventStore.open(url, read_only=True, tolerate_missing=True) as store:
+                return (await walk_log(store))[1]
+
+        return asyncio.run(walk())
+    except Exception:  # noqa: BLE001 - no verdict: the command's own error is reported as it is
+        return None

@@ -25,7 +25,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from events.chain_walk import ChainFault, ChainWalker, Digest, check_sqlite_segment, walk_log, walker_of
+from events.chain_walk import (
+    ChainFault,
+    ChainWalker,
+    Digest,
+    check_sqlite_segment,
+    sqlite_file,
+    walk_log,
+    walk_sqlite,
+    walker_of,
+)
 from events.gc_pause import gc_paused
 from events.store.migrate import missing_guards
 from events.store.store import EventStore
@@ -84,13 +93,17 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
         walker, fresh = await _walk_and_fold_in_parallel(store, head, until or 0, watch)
     if walker is None:  # a small or PostgreSQL log, or a chain fault to name: one ordered read
         walker, fresh = ChainWalker(watch=watch), consistency.FreshFold(until or 0)
-        # The collector paused for the whole read (events.gc_pause): between batches the
-        # driver's rows alone triggered its passes over the fold state (~9 µs an event).
-        with gc_paused():
-            async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
-                if not walker.feed(rows):
-                    break
-                fresh.feed(rows)
+        try:
+            await _walk_and_fold(store, head, walker, fresh)
+        except Exception:
+            # A value the store never writes (text that is not UTF-8, a retyped column) fails
+            # the driver or the fold: the plain-sqlite3 walk names it at its position.
+            path = sqlite_file(store)
+            if path is None:
+                raise
+            walker = await asyncio.to_thread(walk_sqlite, path, head, watch)
+            if walker.finish() is None:
+                raise
     fault = walker.finish(digest)
     mismatch = None
     if fault is None and until is not None:
@@ -105,6 +118,23 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
     return Verdict(fault, mismatch, walker.rows, walker.digest(), until, note, missing)
 
 
+async def _walk_and_fold(
+    store: EventStore, head: int, walker: ChainWalker, fresh: consistency.FreshFold
+) -> None:
+    """One ordered read of rows 1..``head``: each batch is chain-checked, and only the rows
+    whose links hold are folded (an edited row is named, never decoded: its fault comes first,
+    not what its values make the fold raise)."""
+    # The collector paused for the whole read (events.gc_pause): between batches the
+    # driver's rows alone triggered its passes over the fold state (~9 µs an event).
+    with gc_paused():
+        async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
+            going_on = walker.feed(rows)
+            checked = walker.next_position
+            fresh.feed(rows if rows[-1].position < checked else [r for r in rows if r.position < checked])
+            if not going_on:
+                return
+
+
 async def _walk_and_fold_in_parallel(
     store: EventStore, head: int, until: int, watch: list[int]
 ) -> tuple[ChainWalker | None, consistency.FreshFold]:
@@ -116,8 +146,11 @@ async def _walk_and_fold_in_parallel(
     chain = asyncio.ensure_future(asyncio.to_thread(check_sqlite_segment, path, 1, head, watch))
     try:
         fresh = await ProjectionRunner(store).fresh_fold(until)
-    finally:
-        found = await chain
+    except Exception:
+        if (await chain).intact:
+            raise
+        return None, consistency.FreshFold(until)  # an edited row failed the fold: named in order
+    found = await chain
     return walker_of([found], head), fresh
 
 
