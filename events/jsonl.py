@@ -55,7 +55,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from events.chain import GENESIS, row_hash
-from events.limits import INT64_MAX, check_value, short_number
+from events.limits import INT64_MAX, check_value, id_length_error, short_number
 from events.records import EventRecord
 from events.store import ConcurrencyError, EventIdConflict, EventStore, ImportResult, ImportRow, StoredRow
 from events.store.rows import dump_data
@@ -184,6 +184,17 @@ class ChainClaim:
     hash: bytes | None
 
 
+def _uuid_of(value: Any) -> Any:
+    """A JSON line's ``event_id`` text as a UUID (its only JSON spelling), for the strict
+    models; anything else is handed on for the model to refuse, naming it."""
+    if type(value) is str:
+        try:
+            return UUID(value)
+        except ValueError:
+            return value
+    return value
+
+
 def parse_line(text: str | bytes, lineno: int) -> ImportRow:
     """Validate one line (text, or raw bytes that must be UTF-8) into an ImportRow.
 
@@ -234,13 +245,16 @@ def _parse_line(text: str | bytes, lineno: int) -> tuple[ImportRow, ChainClaim |
         raise JsonlError([LineError(lineno, "schema_version", str(exc))]) from None
     envelope = {"type": type_name, "session_id": obj["stream"], "ts": obj["ts"]}
     if obj.get("event_id") is not None:
-        envelope["event_id"] = obj["event_id"]
+        envelope["event_id"] = _uuid_of(obj["event_id"])
     try:
-        event = cls.model_validate({**payload, **envelope})
+        event = cls.model_validate({**payload, **envelope})  # strict (events.limits): "3" is not 3
     except ValidationError as exc:
         raise JsonlError(_validation_errors(lineno, type_name, exc)) from None
     except RecursionError:
         raise JsonlError([LineError(lineno, "data", "nested too deeply")]) from None
+    if (too_long := id_length_error(event.session_id, event)) is not None:
+        field, message = too_long
+        raise JsonlError([LineError(lineno, "stream" if field == "session_id" else f"data.{field}", message)])
     if stored_version == cls.SCHEMA_VERSION:
         return ImportRow.from_event(event, version=version, recorded_at_us=recorded_at_us, line=lineno), claim
     record = EventRecord(

@@ -539,12 +539,20 @@ def event_class(type_name: str) -> type[EventBase]:
 
 
 def parse_event(data: dict[str, Any]) -> EventBase:
-    """Validate a dict (envelope + payload, with ``type``) into its event model.
+    """Validate a dict (envelope + payload, with ``type``) into its event model, strictly (the
+    models' strict mode, :mod:`events.limits`: ``"3"`` is not ``3``; ``event_id`` may be a
+    UUID's text).
 
     Raises UnknownEventType or pydantic.ValidationError (naming type and field).
     """
     if not isinstance(data, dict) or "type" not in data:
         raise UnknownEventType(f"an event needs a 'type' field, got {data!r:.120}")
+    event_id = data.get("event_id")
+    if type(event_id) is str:  # a UUID's JSON spelling; the strict models take UUIDs (issue 22)
+        try:
+            data = {**data, "event_id": UUID(event_id)}
+        except ValueError:
+            pass  # refused by the model, naming the field
     return event_class(data["type"]).model_validate(data)
 
 

@@ -19,7 +19,7 @@ from pydantic_core import PydanticSerializationError
 
 from events.chain import Pieces, row_pieces
 from events.gc_pause import gc_paused
-from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US
+from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US, id_length_error
 from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
 from events.store.errors import InvalidRow
 from events.types import EventBase, ts_to_us
@@ -86,6 +86,8 @@ class NewRow:
             data = payload_json(event)
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
+        if (too_long := id_length_error(stream_id, event)) is not None:
+            raise InvalidRow(f"event {event_id}: {too_long[0]}: {too_long[1]}")
         if not MIN_TS_US <= ts_us <= MAX_TS_US or "\x00" in stream_id:
             return cls(stream_id, event_id, type_, schema_version, ts_us, data).check()  # its own error
         try:
@@ -120,7 +122,11 @@ class NewRow:
 
     @classmethod
     def from_import(cls, row: ImportRow) -> NewRow:
+        """The row of an import. Raises InvalidRow for an id longer than its limit
+        (:func:`events.limits.id_length_error`)."""
         record = row.record
+        if (too_long := id_length_error(record.stream_id, record.data)) is not None:
+            raise InvalidRow(f"event {record.event_id}: {too_long[0]}: {too_long[1]}")
         return cls(
             stream_id=record.stream_id,
             event_id=str(record.event_id),
