@@ -10,7 +10,10 @@ hash from the stored hash of the row before it, and stops at the first fault, wh
 * ``reordered`` — two neighbouring rows that chain when swapped back;
 * ``edited`` — any other row whose content does not give its stored hash;
 * ``rewritten`` — the chain is consistent but differs from a digest taken earlier (history
-  rewritten and rehashed).
+  rewritten and rehashed);
+* ``index`` — (SQLite, :func:`chain_fault`) the rows chain, but an index of ``events`` the
+  readers look rows up by does not hold exactly the table's rows (a b-tree forged with
+  ``PRAGMA writable_schema``, :mod:`events.store.integrity`).
 
 A :class:`Digest` is what ``duplex-ledger digest`` prints for the operator to keep elsewhere:
 ``{"position": N, "hash": "<hex>", "recorded_at": <seconds>, "algorithm": ALGORITHM}``.
@@ -30,7 +33,7 @@ from typing import Any, Literal
 
 from events.chain import ALGORITHM, GENESIS, row_hash
 
-FaultKind = Literal["missing", "inserted", "reordered", "edited", "rewritten"]
+FaultKind = Literal["missing", "inserted", "reordered", "edited", "rewritten", "index"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,11 +421,29 @@ async def chain_fault(store: Any, until_position: int) -> ChainFault | None:
         return None
     path = sqlite_file(store)
     if path is not None:
-        segment = await asyncio.to_thread(check_sqlite_segment, path, 1, until_position)
+        # Both are sqlite3's own C code (the GIL released): they run side by side.
+        segment, structure = await asyncio.gather(
+            asyncio.to_thread(check_sqlite_segment, path, 1, until_position),
+            asyncio.to_thread(events_structure_fault, path),
+        )
         if segment.intact:
-            return None
-        return (await asyncio.to_thread(walk_sqlite, path, until_position)).finish()
+            return structure
+        return (await asyncio.to_thread(walk_sqlite, path, until_position)).finish() or structure
     return (await walk_log(store, until_position=until_position))[1]
+
+
+def events_structure_fault(db_path: str) -> ChainFault | None:
+    """SQLite: the ``events`` table's b-trees as a fault (``PRAGMA integrity_check(events)``:
+    every index the readers look rows up by holds exactly the table's rows), None when sound
+    (:func:`events.store.integrity.structure_fault`)."""
+    from events.store.integrity import readonly, structure_fault
+
+    conn = readonly(db_path)
+    try:
+        found = structure_fault(conn, "events")
+    finally:
+        conn.close()
+    return None if found is None else ChainFault(found.position, "index", found.detail)
 
 
 def sqlite_file(store: Any) -> str | None:

@@ -145,9 +145,16 @@ def exit_if_tampered(fault: ChainFault | None, url: str | None = None) -> None:
     bad position and what is wrong, and exit 1 (tampered). Called after the command's output,
     so what the edited log says is still shown."""
     if fault is not None:
-        say(f"TAMPERED: the log's hash chain is broken at {fault} (the output above is the edited log's "
-            "account; run `duplex-ledger verify`)", url)  # fmt: skip
+        say(f"{tampered_line(fault)} (the output above is the edited log's account; run `duplex-ledger verify`)", url)
         raise typer.Exit(TAMPERED)
+
+
+def tampered_line(fault: ChainFault) -> str:
+    """``TAMPERED: …`` naming the fault's position: the hash chain broken there, or (kind
+    ``index``) an index of the log that does not hold the table's rows."""
+    if fault.kind == "index":
+        return f"TAMPERED: the ledger's index does not match its log at position {fault.position}: {fault.detail}"
+    return f"TAMPERED: the log's hash chain is broken at {fault}"
 
 
 def checked_url(db: str | None) -> str:
@@ -176,7 +183,7 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -
             raise
         fault = None if isinstance(exc, not_about_the_log()) else log_fault(url)
         if fault is not None:  # the edited row is why it failed: say so first (issue 22)
-            say(f"TAMPERED: the log's hash chain is broken at {fault} (run `duplex-ledger verify`)", url)
+            say(f"{tampered_line(fault)} (run `duplex-ledger verify`)", url)
             for line in describe(exc, url):
                 say(line, url)
             raise typer.Exit(TAMPERED) from None
@@ -197,14 +204,16 @@ def log_fault(url: str | None) -> ChainFault | None:
     not be walked): asked when a command failed, so that an error an edited row caused is
     preceded by ``TAMPERED … position N`` (issue 22). A SQLite file is walked with plain
     ``sqlite3`` (:func:`events.chain_walk.walk_sqlite`), PostgreSQL through a read-only store."""
-    from events.chain_walk import walk_log, walk_sqlite
+    from events.chain_walk import events_structure_fault, walk_log, walk_sqlite
     from events.store.url import backend_of, resolve_url, sqlite_path
 
     try:
         url = resolve_url(url)
         if backend_of(url) == "sqlite":
             path = sqlite_path(url)
-            return walk_sqlite(str(path.resolve())).finish() if path.is_file() else None
+            if not path.is_file():
+                return None
+            return walk_sqlite(str(path.resolve())).finish() or events_structure_fault(str(path.resolve()))
 
         async def walk() -> ChainFault | None:
             from events.store.store import EventStore

@@ -18,7 +18,7 @@ import typer
 
 from events.limits import MAX_POSITION
 from events.store.url import DEFAULT_URL, ENV_VAR, redact
-from reports.cli_errors import TAMPERED, check_session, checked_url, describe, run, say
+from reports.cli_errors import TAMPERED, check_session, checked_url, describe, run, say, tampered_line
 
 DbOption = Annotated[
     str | None,
@@ -189,8 +189,7 @@ def events_export(
             fault = await chain_fault(store, await store.head_position())
             if fault is None:
                 return await _export(store), False
-            say(f"TAMPERED: the log's hash chain is broken at {fault} (the export is the edited log as "
-                "stored; run `duplex-ledger verify`)", url)  # fmt: skip
+            say(f"{tampered_line(fault)} (the export is the log as stored; run `duplex-ledger verify`)", url)
             try:
                 return await _export(store), True
             except Exception as exc:  # noqa: BLE001 - a value the edit left that no line can hold

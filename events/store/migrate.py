@@ -232,7 +232,8 @@ def refuse_drift(sync_conn: Connection, url: str, revision: str | None, tolerate
             f"{shown} holds schema object(s) the ledger did not create: {', '.join(foreign)}; a ledger "
             "file runs nothing of its own, so it is not opened or migrated (nothing was changed). Drop them "
             "(`sqlite3 FILE 'DROP TRIGGER name'`, `DROP VIEW`, `DROP INDEX`, `DROP TABLE`), or run "
-            "`duplex-ledger verify` on a copy without them"
+            "`duplex-ledger verify` on a copy without them",
+            foreign,
         )
     if missing and not tolerate_missing:
         raise MissingSchemaObject(
