@@ -181,6 +181,8 @@ class StoredRow(NamedTuple):
         :func:`events.records.from_record`). One row: no collector pause (the live
         ``subscribe`` path decodes row by row)."""
         decode = struct_from_row_json if as_struct else from_row_json
+        if type(self.stream_id) is not str or type(self.version) is not int:
+            _retyped(self)
         event = decode(self.type, self.schema_version, self.stream_id, self.event_id, self.ts_us, self.data)
         return StoredEvent(self.position, self.stream_id, self.version, self.recorded_at_us / 1_000_000, event)
 
@@ -198,7 +200,7 @@ def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[S
                 StoredEvent,
                 (
                     r.position,
-                    r.stream_id,
+                    r.stream_id if type(r.stream_id) is str and type(r.version) is int else _retyped(r),
                     r.version,
                     r.recorded_at_us / 1_000_000,
                     decode(r.type, r.schema_version, r.stream_id, r.event_id, r.ts_us, r.data),
@@ -206,3 +208,15 @@ def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[S
             )
             for r in rows
         ]
+
+
+def _retyped(row: StoredRow) -> str:
+    """Raise ValueError for a row whose stream id or version is not of the type the store
+    writes (SQLite ``typeof``: an edit, issue 22) — which decoding would otherwise carry into
+    a fold that sorts or compares them."""
+    from events.chain_walk import retyped
+
+    raise ValueError(
+        f"position {row.position}: {retyped(row) or 'a value of another storage type'}: the row was edited "
+        "(run `duplex-ledger verify`)"
+    )
