@@ -311,7 +311,9 @@ _SEGMENT_COLUMNS = (
     "data",
     "hash",
 )
-_SEGMENT_SQL = f"SELECT {', '.join(_SEGMENT_COLUMNS)} FROM events WHERE position >= ? AND position <= ? ORDER BY position"
+_SEGMENT_SQL = (
+    f"SELECT {', '.join(_SEGMENT_COLUMNS)} FROM events WHERE position >= ? AND position <= ? ORDER BY position"
+)
 MAX_I64 = 2**63 - 1
 
 

@@ -184,17 +184,6 @@ class ChainClaim:
     hash: bytes | None
 
 
-def _uuid_of(value: Any) -> Any:
-    """A JSON line's ``event_id`` text as a UUID (its only JSON spelling), for the strict
-    models; anything else is handed on for the model to refuse, naming it."""
-    if type(value) is str:
-        try:
-            return UUID(value)
-        except ValueError:
-            return value
-    return value
-
-
 def parse_line(text: str | bytes, lineno: int) -> ImportRow:
     """Validate one line (text, or raw bytes that must be UTF-8) into an ImportRow.
 
@@ -245,7 +234,7 @@ def _parse_line(text: str | bytes, lineno: int) -> tuple[ImportRow, ChainClaim |
         raise JsonlError([LineError(lineno, "schema_version", str(exc))]) from None
     envelope = {"type": type_name, "session_id": obj["stream"], "ts": obj["ts"]}
     if obj.get("event_id") is not None:
-        envelope["event_id"] = _uuid_of(obj["event_id"])
+        envelope["event_id"] = obj["event_id"]
     try:
         event = cls.model_validate({**payload, **envelope})  # strict (events.limits): "3" is not 3
     except ValidationError as exc:

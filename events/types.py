@@ -172,6 +172,18 @@ class EventBase(LimitedModel):
             return v  # already exact to the microsecond and in range (the store's read path)
         return ts_from_any(v)
 
+    @field_validator("event_id", mode="before")
+    @classmethod
+    def _event_id_text(cls, v: Any) -> Any:
+        # A UUID's text is the UUID (JSON has no other spelling), no type confusion: the
+        # models' strict mode (events.limits) would refuse it.
+        if type(v) is str:
+            try:
+                return UUID(v)
+            except ValueError:
+                return v  # refused by the strict UUID check, naming the field
+        return v
+
     @field_validator("session_id", mode="after")
     @classmethod
     def _no_nul(cls, v: str) -> str:
@@ -547,12 +559,6 @@ def parse_event(data: dict[str, Any]) -> EventBase:
     """
     if not isinstance(data, dict) or "type" not in data:
         raise UnknownEventType(f"an event needs a 'type' field, got {data!r:.120}")
-    event_id = data.get("event_id")
-    if type(event_id) is str:  # a UUID's JSON spelling; the strict models take UUIDs (issue 22)
-        try:
-            data = {**data, "event_id": UUID(event_id)}
-        except ValueError:
-            pass  # refused by the model, naming the field
     return event_class(data["type"]).model_validate(data)
 
 

@@ -154,9 +154,7 @@ async def _verify_log(store: EventStore, digest: Digest | None, max_idle_s: floa
     return Verdict(fault, mismatch, walker.rows, walker.digest(), until, note, missing)
 
 
-async def _walk_and_fold(
-    store: EventStore, head: int, walker: ChainWalker, fresh: consistency.FreshFold
-) -> None:
+async def _walk_and_fold(store: EventStore, head: int, walker: ChainWalker, fresh: consistency.FreshFold) -> None:
     """One ordered read of rows 1..``head``: each batch is chain-checked, and only the rows
     whose links hold are folded (an edited row is named, never decoded: its fault comes first,
     not what its values make the fold raise)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 EVENTS_INDEXES_SQL = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' ORDER BY name"
 _WHERE = re.compile(r"\bWHERE\b(.*)$", re.IGNORECASE | re.DOTALL)
@@ -53,7 +54,7 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _columns(conn: sqlite3.Connection, index: str) -> list[str]:
+def _columns(conn: SqlReader, index: str) -> list[str]:
     return [row[2] for row in conn.execute(f"PRAGMA index_info({_quote(index)})") if row[2] is not None]
 
 
@@ -92,7 +93,9 @@ def index_fault(conn: sqlite3.Connection, until_position: int | None = None) -> 
     return min(found, key=lambda f: f.position) if found else None
 
 
-def _describe(conn: sqlite3.Connection, name: str, cols: list[str], via_index: str, via_table: str, position: int) -> str:
+def _describe(
+    conn: sqlite3.Connection, name: str, cols: list[str], via_index: str, via_table: str, position: int
+) -> str:
     at = "AND" if " WHERE " in via_index else "WHERE"
     indexed = conn.execute(f"{via_index} {at} position = ?", (position,)).fetchall()
     stored = conn.execute(f"{via_table} {at} position = ?", (position,)).fetchall()
@@ -147,13 +150,22 @@ def structure_fault(conn: sqlite3.Connection, table: str | None = None) -> Index
     )
 
 
-def stat_problems(conn: sqlite3.Connection) -> list[str]:
+class SqlReader(Protocol):
+    """What the statistics checks read through: a ``sqlite3`` connection, or a SQLAlchemy one
+    adapted (:mod:`events.store.sqlite_schema`)."""
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ..., /) -> Any: ...
+
+
+def stat_problems(conn: SqlReader) -> list[str]:
     """Every way the ``sqlite_stat*`` tables depart from what ``ANALYZE`` writes (module
     doc), [] when they hold its shape (or are absent)."""
     problems: list[str] = []
     tables = {
         name: sql
-        for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'sqlite\\_stat%' ESCAPE '\\'")
+        for name, sql in conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE name LIKE 'sqlite\\_stat%' ESCAPE '\\'"
+        )
     }
     for name, sql in sorted(tables.items()):
         expected = STAT_TABLES.get(name)
@@ -170,7 +182,7 @@ def stat_problems(conn: sqlite3.Connection) -> list[str]:
     return problems
 
 
-def _indexes_of(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+def _indexes_of(conn: SqlReader) -> dict[tuple[str, str], int]:
     """(table, index) -> the index's column count, for every index of every ordinary table."""
     out: dict[tuple[str, str], int] = {}
     for name, table in conn.execute(
@@ -180,7 +192,7 @@ def _indexes_of(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
     return out
 
 
-def _ledger_tables(conn: sqlite3.Connection) -> set[str]:
+def _ledger_tables(conn: SqlReader) -> set[str]:
     return {
         row[0]
         for row in conn.execute(
@@ -189,7 +201,7 @@ def _ledger_tables(conn: sqlite3.Connection) -> set[str]:
     }
 
 
-def _stat1_problems(conn: sqlite3.Connection) -> list[str]:
+def _stat1_problems(conn: SqlReader) -> list[str]:
     indexes, tables = _indexes_of(conn), _ledger_tables(conn)
     problems: list[str] = []
     seen: set[tuple[object, object]] = set()
@@ -210,7 +222,7 @@ def _stat1_problems(conn: sqlite3.Connection) -> list[str]:
     return problems
 
 
-def _stat4_problems(conn: sqlite3.Connection) -> list[str]:
+def _stat4_problems(conn: SqlReader) -> list[str]:
     indexes = _indexes_of(conn)
     problems: list[str] = []
     for n, (tbl, idx, neq, nlt, ndlt, sample) in enumerate(

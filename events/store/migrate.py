@@ -258,10 +258,7 @@ def pg_shape(sync_conn: Connection) -> dict[str, tuple[str, ...]]:
     creates) with their columns, and its named ledger indexes."""
     known = _known_ledger_objects()
     columns = sync_conn.execute(
-        sa.text(
-            "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema()"
-        )
+        sa.text("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()")
     ).all()
     shape: dict[str, list[str]] = {}
     for table, column in columns:

@@ -68,8 +68,16 @@ RETYPED = {
     "ts-real": ("UPDATE events SET ts_us = ts_us + 0.5 WHERE position = 5", 5, "ts_us holds real"),
     "recorded-real": ("UPDATE events SET recorded_at_us = 1e300 WHERE position = 6", 6, "recorded_at_us holds real"),
     "version-text": ("UPDATE events SET version = 'v' || version WHERE position = 7", 7, "version holds text"),
-    "schema-version-text": ("UPDATE events SET schema_version = 'one' WHERE position = 8", 8, "schema_version holds text"),
-    "stream-blob": ("UPDATE events SET stream_id = CAST(stream_id AS BLOB) WHERE position = 9", 9, "stream_id holds blob"),
+    "schema-version-text": (
+        "UPDATE events SET schema_version = 'one' WHERE position = 8",
+        8,
+        "schema_version holds text",
+    ),
+    "stream-blob": (
+        "UPDATE events SET stream_id = CAST(stream_id AS BLOB) WHERE position = 9",
+        9,
+        "stream_id holds blob",
+    ),
     "type-blob": ("UPDATE events SET type = CAST(type AS BLOB) WHERE position = 10", 10, "type holds blob"),
     "event-id-blob": ("UPDATE events SET event_id = randomblob(16) WHERE position = 11", 11, "event_id holds blob"),
     "hash-text": ("UPDATE events SET hash = hex(hash) WHERE position = 12", 12, "hash holds text"),
@@ -117,7 +125,11 @@ def test_a_reader_says_tampered_before_the_error_the_edited_row_causes(
     position = conn.execute("SELECT min(position) FROM events WHERE type = 'TurnCommitted'").fetchone()[0]
     conn.close()
     _edit(path, f"UPDATE events SET data = {edit} WHERE position = {position}")
-    for reader, args in {**READERS, "tables-json": ("tables", "--format", "json"), "audit-s1": ("audit", "--session", "S1")}.items():
+    for reader, args in {
+        **READERS,
+        "tables-json": ("tables", "--format", "json"),
+        "audit-s1": ("audit", "--session", "S1"),
+    }.items():
         extra = ("-o", str(tmp_path / "t.html")) if reader == "timeline" else ()
         r = cli(*args, *extra)
         assert r.exit_code == 1, (reader, r.output)
@@ -228,9 +240,7 @@ def test_analyzes_own_statistics_are_accepted(clean_file: Path, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("kind", sorted(STATS))
-def test_statistics_in_a_shape_analyze_never_writes_are_tampering(
-    clean_file: Path, tmp_path: Path, kind: str
-) -> None:
+def test_statistics_in_a_shape_analyze_never_writes_are_tampering(clean_file: Path, tmp_path: Path, kind: str) -> None:
     cli, path = _analyzed(clean_file, tmp_path)
     conn = sqlite3.connect(path)
     conn.executescript(STATS[kind])

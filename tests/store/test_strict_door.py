@@ -139,9 +139,7 @@ def test_the_examples_still_parse() -> None:
     ],
     ids=["stream", "stream-utf8", "stream-10MB", "request_id", "request_ids"],
 )
-def test_a_too_long_id_is_refused_at_the_door_naming_the_line(
-    cli: Cli, tmp_path: Path, line: dict, field: str
-) -> None:
+def test_a_too_long_id_is_refused_at_the_door_naming_the_line(cli: Cli, tmp_path: Path, line: dict, field: str) -> None:
     assert cli("db", "upgrade").exit_code == 0
     path = _write(tmp_path, _with(SUBMIT, request_id="fine"), line)
     result = cli("events", "import", str(path))
