@@ -11,7 +11,10 @@ Every event is a frozen pydantic v2 model discriminated by ``type`` and carries:
   (:mod:`events.upcasting`).
 
 Unknown fields, wrong types and missing fields raise :class:`pydantic.ValidationError`, whose
-message names the event type and the field. Use :func:`parse_event` for a plain dict.
+message names the event type and the field. Validation is strict (pydantic strict mode,
+:mod:`events.limits`): ``"3"`` is not ``3``, ``true`` is not ``1``, ``"yes"`` is not ``true``
+(an ``event_id`` may be a UUID's text, ``ts`` an ISO-8601 time); committed rows are read back
+with ``strict=False`` (:mod:`events.records`), so every log written before still reads. Use :func:`parse_event` for a plain dict.
 """
 
 from __future__ import annotations
