@@ -417,8 +417,11 @@ async def chain_fault(store: Any, until_position: int) -> ChainFault | None:
     ``EventStore``), None when intact: what a reader that folds those rows checks first
     (``audit``, ``tables``, ``metrics``, ``timeline``, ``events export``; README "Reading an
     untrusted ledger"). A SQLite log is checked with plain ``sqlite3`` on a thread
-    (:func:`check_sqlite_segment`, no driver overhead); a broken one, or a PostgreSQL log, is
-    walked in order (:func:`walk_log`), which names the fault."""
+    (:func:`check_sqlite_segment`, no driver overhead) while a second thread checks that the
+    ``events`` indexes hold exactly the table's rows (:func:`events_structure_fault`, kind
+    ``index``; ≈0.17 s per 100,000 events against ≈0.44 s for the walk); a broken chain, or a
+    PostgreSQL log, is walked in order (:func:`walk_sqlite`, :func:`walk_log`), which names
+    the fault. A chain fault comes before an index fault."""
     if until_position <= 0:
         return None
     path = sqlite_file(store)

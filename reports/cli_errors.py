@@ -181,7 +181,7 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -
     except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line, one exit code
         if os.environ.get(DEBUG_ENV):
             raise
-        fault = None if isinstance(exc, not_about_the_log()) else log_fault(url)
+        fault = None if isinstance(exc, not_about_the_log()) else log_fault(url, exc)
         if fault is not None:  # the edited row is why it failed: say so first (issue 22)
             say(f"{tampered_line(fault)} (run `duplex-ledger verify`)", url)
             for line in describe(exc, url):
@@ -199,11 +199,15 @@ def not_about_the_log() -> tuple[type[BaseException], ...]:
     return (JsonlError, TraceError, ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError)
 
 
-def log_fault(url: str | None) -> ChainFault | None:
+def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault | None:
     """The first fault of the hash chain of the ledger at ``url`` (None: intact, or it could
-    not be walked): asked when a command failed, so that an error an edited row caused is
-    preceded by ``TAMPERED … position N`` (issue 22). A SQLite file is walked with plain
-    ``sqlite3`` (:func:`events.chain_walk.walk_sqlite`), PostgreSQL through a read-only store."""
+    not be walked): asked when a command failed with ``exc``, so that an error an edited row
+    caused is preceded by ``TAMPERED … position N`` (issue 22). A SQLite file is walked with
+    plain ``sqlite3`` (:func:`events.chain_walk.walk_sqlite`, its ``events`` indexes checked
+    too); PostgreSQL through a read-only store, unless ``exc`` says the server could not be
+    reached or refused the connection (asking again would wait as long again)."""
+    from sqlalchemy.exc import DBAPIError
+
     from events.chain_walk import events_structure_fault, walk_log, walk_sqlite
     from events.store.url import backend_of, resolve_url, sqlite_path
 
@@ -214,6 +218,9 @@ def log_fault(url: str | None) -> ChainFault | None:
             if not path.is_file():
                 return None
             return walk_sqlite(str(path.resolve())).finish() or events_structure_fault(str(path.resolve()))
+
+        if isinstance(exc, (DBAPIError, OSError, TimeoutError)):
+            return None
 
         async def walk() -> ChainFault | None:
             from events.store.store import EventStore

@@ -255,3 +255,53 @@ def test_statistics_in_a_shape_analyze_never_writes_are_tampering(clean_file: Pa
         r = cli(*args)
         assert r.exit_code == 2 and "sqlite_stat" in r.output, (args, r.output)
     assert path.read_bytes() == before
+
+
+def test_on_both_backends_a_reader_says_tampered_before_the_validation_error(cli: Cli, tmp_path: Path) -> None:
+    """The same on PostgreSQL (the owner disables the guard, edits, enables it again)."""
+    import asyncio
+
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    sqlite = cli.url.startswith("sqlite")
+    if not sqlite:
+        assert cli("db", "upgrade").exit_code == 0
+    assert cli("events", "import", str(LOG)).exit_code == 0
+    edit = (
+        "UPDATE events SET data = json_set(data, '$.turn_id', 'x') WHERE position = {p}"
+        if sqlite
+        else "UPDATE events SET data = jsonb_set(data::jsonb, '{{turn_id}}', '\"x\"')::text WHERE position = {p}"
+    )
+    lift, put_back = (
+        ("DROP TRIGGER events_no_update", SQLITE_TRIGGERS["events_no_update"])
+        if sqlite
+        else (
+            "ALTER TABLE events DISABLE TRIGGER events_no_update_delete",
+            "ALTER TABLE events ENABLE TRIGGER events_no_update_delete",
+        )
+    )
+
+    async def forge() -> int:
+        engine = create_async_engine(cli.url)
+        try:
+            async with engine.begin() as conn:
+                p = (
+                    await conn.execute(sa.text("SELECT min(position) FROM events WHERE type = 'TurnCommitted'"))
+                ).scalar_one()
+                for statement in (lift, edit.format(p=p), put_back):
+                    await conn.execute(sa.text(statement))
+                return int(p)
+        finally:
+            await engine.dispose()
+
+    position = asyncio.run(forge())
+    for reader, args in READERS.items():
+        extra = ("-o", str(tmp_path / "t.html")) if reader == "timeline" else ()
+        r = cli(*args, *extra)
+        assert r.exit_code == 1, (reader, r.output)
+        assert _first_stderr(r).startswith(f"TAMPERED: the log's hash chain is broken at position {position}"), (
+            reader,
+            r.stderr,
+        )
+        assert "turn_id" in r.stderr or reader == "export", (reader, r.stderr)
