@@ -102,16 +102,17 @@ class SessionEngine:
         ports: Sequence[StagePort],
         *,
         recover: bool = True,
-        synchronous: Synchronous = "NORMAL",
+        synchronous: Synchronous | None = None,
         **kwargs,
     ) -> SessionEngine:  # type: ignore[no-untyped-def]
         """Open (creating or upgrading) the ledger at ``url``, take this replica's lease, by
         default recover, and start the lease renewal and takeover scans (engine_bridge.replicas).
 
-        ``synchronous`` (SQLite): NORMAL (the engine's default; WAL) makes every durable intent
-        survive a crash or SIGKILL of the process — what crash recovery needs — and costs far
-        less per commit on a loaded machine (benchmarks/bench_live_overhead.py); FULL also
-        survives power loss of the host."""
+        ``synchronous`` (SQLite): None (default) takes the URL's ``?synchronous=``, else FULL:
+        an acknowledged append survives power loss of the host. NORMAL (WAL) still survives a
+        crash or SIGKILL of the process — what crash recovery needs — and costs less per commit
+        on a loaded machine (benchmarks/bench_live_overhead.py), but may lose the commits since
+        the last WAL checkpoint on power loss or an OS crash."""
         store = await EventStore.open(url, create=True, synchronous=synchronous)
         engine = cls(store, ports, owns_store=True, **kwargs)
         await engine.replica.start()

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from engine_bridge.ports import EngineMetrics, FinishedStats
 from events.stats import EngineStamp, StageRequestStats
@@ -51,7 +52,7 @@ from projections.intervals import gen_ms, span_ms, tpot_ms, ttft_ms
 
 __all__ = ["SegmentMetrics", "itls_from_receipts", "stage_stats_from_outputs"]
 
-MONO = "engine_monotonic"
+MONO: Final = "engine_monotonic"
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from events.store.store import EventStore
 from events.types import (
     AbortRequested,
     AbortResult,
+    Outcome,
     ReleaseRequested,
     ReleaseResult,
     SessionClosed,
@@ -202,6 +203,8 @@ async def _settle_interrupted_aborts(
             for port in ports:
                 if port.stage_id not in stages:
                     continue
+                outcome: Outcome
+                error: str | None
                 try:
                     await port.abort([request_id])
                     outcome, error = "ok", None

@@ -55,7 +55,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from events.chain import GENESIS, row_hash
-from events.limits import INT64_MAX, check_value, short_number
+from events.limits import INT64_MAX, check_value, id_length_error, short_number
 from events.records import EventRecord
 from events.store import ConcurrencyError, EventIdConflict, EventStore, ImportResult, ImportRow, StoredRow
 from events.store.rows import dump_data
@@ -236,11 +236,14 @@ def _parse_line(text: str | bytes, lineno: int) -> tuple[ImportRow, ChainClaim |
     if obj.get("event_id") is not None:
         envelope["event_id"] = obj["event_id"]
     try:
-        event = cls.model_validate({**payload, **envelope})
+        event = cls.model_validate({**payload, **envelope})  # strict (events.limits): "3" is not 3
     except ValidationError as exc:
         raise JsonlError(_validation_errors(lineno, type_name, exc)) from None
     except RecursionError:
         raise JsonlError([LineError(lineno, "data", "nested too deeply")]) from None
+    if (too_long := id_length_error(event.session_id, event)) is not None:
+        field, message = too_long
+        raise JsonlError([LineError(lineno, "stream" if field == "session_id" else f"data.{field}", message)])
     if stored_version == cls.SCHEMA_VERSION:
         return ImportRow.from_event(event, version=version, recorded_at_us=recorded_at_us, line=lineno), claim
     record = EventRecord(

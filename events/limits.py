@@ -29,6 +29,42 @@ MAX_POSITION = 2**63 - 1  # a log position (and a stream version) is a signed 64
 MAX_DEPTH = 32  # lists/dicts inside a free-form field: deeper cannot be read back on every path
 
 
+MAX_STREAM_ID_BYTES = 256
+"""The longest stream (session) id, in bytes of UTF-8, on both backends (issue 22)."""
+MAX_REQUEST_ID_BYTES = 512
+"""The longest request id, in bytes of UTF-8: room for the id minted from any session id the
+store accepts (DOMAIN §1.1: ``duplex-s.`` + base64url of at most 256 bytes, 342 characters, +
+``.i.<I>.e.<E>.r.<ROLE>`` with 64-bit numbers, under 110 characters) and for an engine's
+own ids (``chatcmpl-…``). Both limits keep every index key the ledger builds on them (events
+``(stream_id, version)``, ``rm_request_resources``' primary key) far below PostgreSQL's b-tree
+row limit (~2.7 kB), so both backends refuse the same ids, at the door."""
+REQUEST_ID_FIELDS = ("request_id", "request_ids")
+"""The payload fields that hold request ids (one, or a list)."""
+
+
+def id_length_error(stream_id: Any, payload: Any) -> tuple[str, str] | None:
+    """``(field, message)`` for the first id longer than its limit (:data:`MAX_STREAM_ID_BYTES`
+    for the stream, :data:`MAX_REQUEST_ID_BYTES` for ``payload``'s request ids, a mapping or an
+    event model), None when every id fits. Non-text values are the models' to refuse."""
+    if type(stream_id) is str and len(stream_id) * 4 > MAX_STREAM_ID_BYTES:
+        size = len(stream_id.encode("utf-8", "surrogatepass"))
+        if size > MAX_STREAM_ID_BYTES:
+            return "session_id", _too_long("stream (session) id", stream_id, size, MAX_STREAM_ID_BYTES)
+    for name in REQUEST_ID_FIELDS:
+        value = payload.get(name) if isinstance(payload, dict) else getattr(payload, name, None)
+        for i, rid in enumerate(value if isinstance(value, list) else [value]):
+            if type(rid) is str and len(rid) * 4 > MAX_REQUEST_ID_BYTES:
+                size = len(rid.encode("utf-8", "surrogatepass"))
+                if size > MAX_REQUEST_ID_BYTES:
+                    where = f"{name}[{i}]" if isinstance(value, list) else name
+                    return where, _too_long("request id", rid, size, MAX_REQUEST_ID_BYTES)
+    return None
+
+
+def _too_long(what: str, value: str, size: int, limit: int) -> str:
+    return f"{what} is {size} bytes of UTF-8, longer than the {limit} allowed (it begins {value[:40]!r})"
+
+
 def storable_text(text: str) -> str:
     """``text`` with every code point UTF-8 cannot encode (a lone surrogate, ``"\\ud800"``)
     replaced by U+FFFD, else ``text`` itself. For text the engine produced (model outputs),
@@ -108,7 +144,10 @@ def _at(where: str) -> str:
 
 
 class _Closed(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # strict: the door (construction, append, import) takes no lax coercion — "3" is not 3,
+    # true is not 1, "yes" is not true (issue 22). The read path of committed rows validates
+    # with strict=False (events.records), so every log written before still reads back.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class LimitedModel(_Closed):

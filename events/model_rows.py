@@ -75,6 +75,7 @@ _REPLAYED: dict[str, Callable[[Any], Any] | None] = {
     "_storable": None,
     "_normalise_ts": None,
     "_no_nul": None,
+    "_event_id_text": None,  # the envelope's event id is built from its checked text here
     "_norm_submit": _ts_field,
     "_norm_commit": _ts_field,
     "_downstream": _stage_downstream,

@@ -70,7 +70,8 @@ def from_record(
     cls = event_class(type_name)
     payload = upcast(type_name, schema_version, cls.SCHEMA_VERSION, data)
     return cls.model_validate(
-        {**payload, "type": type_name, "event_id": event_id, "session_id": stream_id, "ts": us_to_ts(ts_us)}
+        {**payload, "type": type_name, "event_id": event_id, "session_id": stream_id, "ts": us_to_ts(ts_us)},
+        strict=False,  # a committed row reads back as it always did; the door was strict (issue 22)
     )
 
 
@@ -105,7 +106,7 @@ def validate_row_json(
         json.dumps(str(event_id)),
         ts,
     )
-    event = cls.model_validate_json(envelope + rest)
+    event = cls.model_validate_json(envelope + rest, strict=False)  # committed: read back as ever
     want = (type_name, stream_id, str(event_id), ts)
     got = (event.type, event.session_id, str(event.event_id), event.ts)
     if got != want:  # a payload key repeated an envelope field (JSON: the last one wins)

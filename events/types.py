@@ -11,7 +11,10 @@ Every event is a frozen pydantic v2 model discriminated by ``type`` and carries:
   (:mod:`events.upcasting`).
 
 Unknown fields, wrong types and missing fields raise :class:`pydantic.ValidationError`, whose
-message names the event type and the field. Use :func:`parse_event` for a plain dict.
+message names the event type and the field. Validation is strict (pydantic strict mode,
+:mod:`events.limits`): ``"3"`` is not ``3``, ``true`` is not ``1``, ``"yes"`` is not ``true``
+(an ``event_id`` may be a UUID's text, ``ts`` an ISO-8601 time); committed rows are read back
+with ``strict=False`` (:mod:`events.records`), so every log written before still reads. Use :func:`parse_event` for a plain dict.
 """
 
 from __future__ import annotations
@@ -171,6 +174,18 @@ class EventBase(LimitedModel):
         if type(v) is float and 0 <= v <= _MAX_TS and (us := ts_to_us(v)) <= MAX_TS_US and us / 1_000_000 == v:
             return v  # already exact to the microsecond and in range (the store's read path)
         return ts_from_any(v)
+
+    @field_validator("event_id", mode="before")
+    @classmethod
+    def _event_id_text(cls, v: Any) -> Any:
+        # A UUID's text is the UUID (JSON has no other spelling), no type confusion: the
+        # models' strict mode (events.limits) would refuse it.
+        if type(v) is str:
+            try:
+                return UUID(v)
+            except ValueError:
+                return v  # refused by the strict UUID check, naming the field
+        return v
 
     @field_validator("session_id", mode="after")
     @classmethod
@@ -559,7 +574,9 @@ def event_class(type_name: str) -> type[EventBase]:
 
 
 def parse_event(data: dict[str, Any]) -> EventBase:
-    """Validate a dict (envelope + payload, with ``type``) into its event model.
+    """Validate a dict (envelope + payload, with ``type``) into its event model, strictly (the
+    models' strict mode, :mod:`events.limits`: ``"3"`` is not ``3``; ``event_id`` may be a
+    UUID's text).
 
     Raises UnknownEventType or pydantic.ValidationError (naming type and field).
     """

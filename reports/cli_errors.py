@@ -12,9 +12,11 @@ Exit codes (the same error gives the same code from every command):
   exception; ``DUPLEX_LEDGER_DEBUG=1`` shows its traceback). ``audit`` also exits 1 for
   leaks; its error line on stderr tells the two apart.
 * **1 — tampered**: a command that folds or exports the log's events (``audit``, ``tables``,
-  ``metrics``, ``timeline``) found its hash chain broken; it prints its output (the edited
-  log's account), then one line on stderr naming the first bad position and what is wrong
-  (:func:`exit_if_tampered`), as ``verify`` does.
+  ``metrics``, ``timeline``, ``events export``) found its hash chain broken; it prints its
+  output (the edited log's account), then one line on stderr naming the first bad position
+  and what is wrong (:func:`exit_if_tampered`), as ``verify`` does. When a command fails and
+  the log's chain is broken, ``TAMPERED … position N`` is its first line, before the error
+  the edited row caused (:func:`run`), and the exit is 1.
 
 Every message is one line per problem on stderr, printed without rich markup (user data such
 as ``--session '[/]'`` is text, not markup), with characters the terminal cannot encode
@@ -172,9 +174,16 @@ def exit_if_tampered(fault: ChainFault | None, url: str | None = None) -> None:
     bad position and what is wrong, and exit 1 (tampered). Called after the command's output,
     so what the edited log says is still shown."""
     if fault is not None:
-        say(f"TAMPERED: the log's hash chain is broken at {fault} (the output above is the edited log's "
-            "account; run `duplex-ledger verify`)", url)  # fmt: skip
+        say(f"{tampered_line(fault)} (the output above is the edited log's account; run `duplex-ledger verify`)", url)
         raise typer.Exit(TAMPERED)
+
+
+def tampered_line(fault: ChainFault) -> str:
+    """``TAMPERED: …`` naming the fault's position: the hash chain broken there, or (kind
+    ``index``) an index of the log that does not hold the table's rows."""
+    if fault.kind == "index":
+        return f"TAMPERED: the ledger's index does not match its log at position {fault.position}: {fault.detail}"
+    return f"TAMPERED: the log's hash chain is broken at {fault}"
 
 
 def checked_url(db: str | None) -> str:
@@ -217,4 +226,53 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -
     except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line, one exit code
         if os.environ.get(DEBUG_ENV):
             raise
+        fault = None if isinstance(exc, not_about_the_log()) else log_fault(url, exc)
+        if fault is not None:  # the edited row is why it failed: say so first (issue 22)
+            say(f"{tampered_line(fault)} (run `duplex-ledger verify`)", url)
+            for line in describe(exc, url):
+                say(line, url)
+            raise typer.Exit(TAMPERED) from None
         report(exc, url)
+
+
+def not_about_the_log() -> tuple[type[BaseException], ...]:
+    """Errors a ledger's rows cannot have caused (the input file, the URL, a conflict with a
+    row being written, a file that is not a readable ledger): no chain walk after them."""
+    from events.jsonl import JsonlError
+    from reports.traces import TraceError
+
+    return (JsonlError, TraceError, ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError)
+
+
+def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault | None:
+    """The first fault of the hash chain of the ledger at ``url`` (None: intact, or it could
+    not be walked): asked when a command failed with ``exc``, so that an error an edited row
+    caused is preceded by ``TAMPERED … position N`` (issue 22). A SQLite file is walked with
+    plain ``sqlite3`` (:func:`events.chain_walk.walk_sqlite`, its ``events`` indexes checked
+    too); PostgreSQL through a read-only store, unless ``exc`` says the server could not be
+    reached or refused the connection (asking again would wait as long again)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from events.chain_walk import events_structure_fault, walk_log, walk_sqlite
+    from events.store.url import backend_of, resolve_url, sqlite_path
+
+    try:
+        url = resolve_url(url)
+        if backend_of(url) == "sqlite":
+            path = sqlite_path(url)
+            if not path.is_file():
+                return None
+            return walk_sqlite(str(path.resolve())).finish() or events_structure_fault(str(path.resolve()))
+
+        if isinstance(exc, (DBAPIError, OSError, TimeoutError)):
+            return None
+
+        async def walk() -> ChainFault | None:
+            from events.store.store import EventStore
+
+            async with await EventStore.open(url, read_only=True, tolerate_missing=True) as store:
+                return (await walk_log(store))[1]
+
+        return asyncio.run(walk())
+    except Exception:  # noqa: BLE001 - no verdict: the command's own error is reported as it is
+        return None

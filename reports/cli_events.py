@@ -18,7 +18,7 @@ import typer
 
 from events.limits import MAX_POSITION
 from events.store.url import DEFAULT_URL, ENV_VAR, redact
-from reports.cli_errors import check_session, checked_url, run, say
+from reports.cli_errors import TAMPERED, check_session, checked_url, describe, run, say, tampered_line
 
 DbOption = Annotated[
     str | None,
@@ -173,6 +173,7 @@ def events_export(
     ``--output`` that is the ledger file (or its -wal/-shm/-journal, or a link to one) is
     refused (exit 2); a regular file is replaced only once the export is complete."""
     from events import jsonl
+    from events.chain_walk import chain_fault
     from reports.output_file import output_file, refuse_ledger_target
     from reports.progress import progress_bar
 
@@ -180,29 +181,44 @@ def events_export(
     if output is not None:
         refuse_ledger_target(output, url)
 
-    async def body() -> int:
+    async def body() -> tuple[int, bool]:
         store = await _open(url)
         try:
             await check_session(store, stream)
-            if output is None:
-                return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
-            total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
-            n = 0
-            with (
-                output_file(output) as fh,
-                progress_bar(f"exporting to {output.name}", total) as advance,
-            ):  # terminal only
-                async for line in jsonl.export_lines(store, stream_id=stream, from_position=from_position):
-                    fh.write(line)
-                    n += 1
-                    advance(1)
-            return n
+            # The rows exported are the evidence either way; a broken chain is said first (issue 22).
+            fault = await chain_fault(store, await store.head_position())
+            if fault is None:
+                return await _export(store), False
+            say(f"{tampered_line(fault)} (the export is the log as stored; run `duplex-ledger verify`)", url)
+            try:
+                return await _export(store), True
+            except Exception as exc:  # noqa: BLE001 - a value the edit left that no line can hold
+                for line in describe(exc, url):
+                    say(line, url)
+                raise typer.Exit(TAMPERED) from None
         finally:
             await store.close()
 
-    n = run(body, url)
+    async def _export(store: Any) -> int:
+        if output is None:
+            return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
+        total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
+        n = 0
+        with (
+            output_file(output) as fh,
+            progress_bar(f"exporting to {output.name}", total) as advance,
+        ):  # terminal only
+            async for line in jsonl.export_lines(store, stream_id=stream, from_position=from_position):
+                fh.write(line)
+                n += 1
+                advance(1)
+        return n
+
+    n, tampered = run(body, url)
     if output is not None:
         say(f"exported {n} event(s) to {output}")
+    if tampered:
+        raise typer.Exit(TAMPERED)
 
 
 @events_app.command("tail")

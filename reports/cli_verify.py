@@ -10,13 +10,18 @@ chain with plain ``sqlite3``, and walked in order only to name a fault.
 With ``--digest`` (the JSON ``digest`` printed earlier, kept elsewhere) it also catches a
 truncated tail and a history rewritten and rehashed. It never writes to the ledger.
 
-Exit codes: 0 intact; 1 tampered (the first bad position and what is wrong, or the first
-read-model row or checkpoint difference, or the ledger's guard triggers missing); 2 usage (a missing ledger, a bad digest file, an unreadable log).
+Exit codes: 0 intact; 1 tampered (the first bad position and what is wrong — a row edited,
+missing, inserted, reordered, a value's storage type changed —, an index of the log that
+does not hold its rows (``PRAGMA integrity_check``, :mod:`events.store.integrity`), the first
+read-model row or checkpoint difference, the ledger's guard triggers missing, or a schema
+object the ledger did not create, refused before anything ran); 2 usage (a missing ledger,
+a bad digest file, an unreadable log).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +30,20 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from events.chain_walk import ChainFault, ChainWalker, Digest, check_sqlite_segment, walk_log, walker_of
+from events.chain_walk import (
+    ChainFault,
+    ChainWalker,
+    Digest,
+    check_sqlite_segment,
+    sqlite_file,
+    walk_log,
+    walk_sqlite,
+    walker_of,
+)
 from events.gc_pause import gc_paused
+from events.store import integrity
+from events.store.errors import ForeignSchemaObject
+from events.store.integrity import IndexFault
 from events.store.migrate import missing_guards
 from events.store.store import EventStore
 from events.store.url import sqlite_path
@@ -59,14 +76,42 @@ class Verdict:
     compared_at: int | None
     note: str = ""
     missing: tuple[str, ...] = ()
+    structure: IndexFault | None = None
 
     @property
     def intact(self) -> bool:
-        return self.fault is None and self.mismatch is None and not self.missing
+        return self.fault is None and self.mismatch is None and not self.missing and self.structure is None
+
+
+async def structure_of(store: EventStore) -> IndexFault | None:
+    """SQLite: the whole file's b-trees (``PRAGMA integrity_check``; every index against its
+    table, the first disagreeing position of the log named: :mod:`events.store.integrity`),
+    None when sound or on PostgreSQL (the server keeps its own indexes)."""
+    path = sqlite_file(store)
+    if path is None:
+        return None
+
+    def check() -> IndexFault | None:
+        conn = integrity.readonly(path)
+        try:
+            return integrity.structure_fault(conn)
+        finally:
+            conn.close()
+
+    return await asyncio.to_thread(check)
 
 
 async def verify_store(store: EventStore, digest: Digest | None = None, *, max_idle_s: float = 30.0) -> Verdict:
     """Check ``store`` (module docstring). Raises what reading or decoding the log raises."""
+    structure = asyncio.ensure_future(structure_of(store))
+    try:
+        verdict = await _verify_log(store, digest, max_idle_s)
+    finally:
+        found_structure = await structure
+    return dataclasses.replace(verdict, structure=found_structure)
+
+
+async def _verify_log(store: EventStore, digest: Digest | None, max_idle_s: float) -> Verdict:
     found = await store.run_read(consistency.load_models)
     missing = tuple(await store.run_read(missing_guards))
     note = ""
@@ -84,13 +129,17 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
         walker, fresh = await _walk_and_fold_in_parallel(store, head, until or 0, watch)
     if walker is None:  # a small or PostgreSQL log, or a chain fault to name: one ordered read
         walker, fresh = ChainWalker(watch=watch), consistency.FreshFold(until or 0)
-        # The collector paused for the whole read (events.gc_pause): between batches the
-        # driver's rows alone triggered its passes over the fold state (~9 µs an event).
-        with gc_paused():
-            async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
-                if not walker.feed(rows):
-                    break
-                fresh.feed(rows)
+        try:
+            await _walk_and_fold(store, head, walker, fresh)
+        except Exception:
+            # A value the store never writes (text that is not UTF-8, a retyped column) fails
+            # the driver or the fold: the plain-sqlite3 walk names it at its position.
+            path = sqlite_file(store)
+            if path is None:
+                raise
+            walker = await asyncio.to_thread(walk_sqlite, path, head, watch)
+            if walker.finish() is None:
+                raise
     fault = walker.finish(digest)
     mismatch = None
     if fault is None and until is not None:
@@ -105,6 +154,21 @@ async def verify_store(store: EventStore, digest: Digest | None = None, *, max_i
     return Verdict(fault, mismatch, walker.rows, walker.digest(), until, note, missing)
 
 
+async def _walk_and_fold(store: EventStore, head: int, walker: ChainWalker, fresh: consistency.FreshFold) -> None:
+    """One ordered read of rows 1..``head``: each batch is chain-checked, and only the rows
+    whose links hold are folded (an edited row is named, never decoded: its fault comes first,
+    not what its values make the fold raise)."""
+    # The collector paused for the whole read (events.gc_pause): between batches the
+    # driver's rows alone triggered its passes over the fold state (~9 µs an event).
+    with gc_paused():
+        async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
+            going_on = walker.feed(rows)
+            checked = walker.next_position
+            fresh.feed(rows if rows[-1].position < checked else [r for r in rows if r.position < checked])
+            if not going_on:
+                return
+
+
 async def _walk_and_fold_in_parallel(
     store: EventStore, head: int, until: int, watch: list[int]
 ) -> tuple[ChainWalker | None, consistency.FreshFold]:
@@ -116,8 +180,11 @@ async def _walk_and_fold_in_parallel(
     chain = asyncio.ensure_future(asyncio.to_thread(check_sqlite_segment, path, 1, head, watch))
     try:
         fresh = await ProjectionRunner(store).fresh_fold(until)
-    finally:
-        found = await chain
+    except Exception:
+        if (await chain).intact:
+            raise
+        return None, consistency.FreshFold(until)  # an edited row failed the fold: named in order
+    found = await chain
     return walker_of([found], head), fresh
 
 
@@ -142,6 +209,13 @@ def _run_on(db: str | None, body, *, tolerate_missing: bool = False):  # type: i
 
     try:
         return asyncio.run(run())
+    except ForeignSchemaObject as exc:  # tampering too: named, and nothing of the file was run
+        out.print(
+            f"TAMPERED: schema: object(s) the ledger did not create: {', '.join(exc.objects)} (refused before "
+            "anything ran, the log unchecked: verify a copy without them)",
+            markup=False,
+        )
+        raise typer.Exit(1) from None
     except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line per problem, exit 2
         for line in describe(exc, db):  # (exit 1 means tampered here, so every error is 2)
             say(line, db)
@@ -175,7 +249,9 @@ def verify(
         out.print(f"TAMPERED: {_missing_line(verdict.missing)}", markup=False)
     if verdict.fault is not None:
         out.print(f"TAMPERED: log {verdict.fault}", markup=False)
-    elif verdict.mismatch is not None:
+    if verdict.structure is not None:
+        out.print(_structure_line(verdict.structure), markup=False)
+    if verdict.fault is None and verdict.mismatch is not None:
         what = "" if verdict.mismatch.what == "checkpoint" else "read model "
         out.print(
             f"TAMPERED: {what}{verdict.mismatch} (at position {verdict.compared_at}; "
@@ -202,17 +278,25 @@ def digest(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
     the chain is already broken or the ledger's guard triggers are missing (a digest of a
     tampered ledger would vouch for the tampering)."""
 
-    async def check(store: EventStore) -> tuple[tuple[Digest, ChainFault | None], list[str]]:
-        return await head_digest(store), await store.run_read(missing_guards)
+    async def check(
+        store: EventStore,
+    ) -> tuple[tuple[Digest, ChainFault | None], list[str], IndexFault | None]:
+        return await head_digest(store), await store.run_read(missing_guards), await structure_of(store)
 
-    (head, fault), missing = _run_on(db, check, tolerate_missing=True)
+    (head, fault), missing, structure = _run_on(db, check, tolerate_missing=True)
     if missing:
         out.print(f"TAMPERED: {_missing_line(missing)}", markup=False)
     if fault is not None:
         out.print(f"TAMPERED: log {fault}", markup=False)
-    if missing or fault is not None:
+    if structure is not None:
+        out.print(_structure_line(structure), markup=False)
+    if missing or fault is not None or structure is not None:
         raise typer.Exit(1)
     typer.echo(head.to_json())
+
+
+def _structure_line(found: IndexFault) -> str:
+    return f"TAMPERED: database structure at position {found.position}: {found.detail}"
 
 
 def _missing_line(missing: Sequence[str]) -> str:

@@ -9,8 +9,9 @@ SQLite (``sqlite+aiosqlite``)
     same file: a whole group-commit batch costs one thread hop instead of one per statement
     (aiosqlite's per-statement hop dominated the write path). Every connection runs
     ``busy_timeout`` and the configured ``synchronous`` level (FULL by default: a commit
-    returns once the WAL is fsynced; NORMAL may lose the last commits on power loss, never
-    corrupts); the write connection also sets ``journal_mode=WAL`` (persistent in the file,
+    returns once the WAL is fsynced; NORMAL, asked for with ``?synchronous=NORMAL`` on the URL
+    or the ``synchronous`` argument, may lose the commits since the last WAL checkpoint on
+    power loss or an OS crash, never on a process crash, and never corrupts); the write connection also sets ``journal_mode=WAL`` (persistent in the file,
     so readers never set it: a read leaves the file as it was). ``read_only=True`` opens the
     readers through a ``mode=ro`` URI and refuses writes (:class:`ReadOnlyStore`). The driver's own transaction handling is off
     (``isolation_level = None``) and SQLAlchemy's ``begin`` hook sends ``BEGIN IMMEDIATE``,
@@ -44,7 +45,7 @@ from events.chain import GENESIS
 from events.store import schema
 from events.store.errors import ReadOnlyStore
 from events.store.probe import readonly_async_engine
-from events.store.url import backend_of, numeric_query, redact, sqlite_path
+from events.store.url import backend_of, numeric_query, redact, sqlite_engine_url, sqlite_path, sqlite_synchronous
 from events.store.writer_thread import WriterThread
 
 Synchronous = Literal["FULL", "NORMAL"]
@@ -82,10 +83,19 @@ def tip_of(row: Any) -> tuple[int, bytes]:
     ) == 32 else GENESIS
 
 
-def check_synchronous(synchronous: str) -> None:
-    """ValueError unless ``synchronous`` is FULL or NORMAL (the SQLite levels the store allows)."""
-    if synchronous not in ("FULL", "NORMAL"):
+def check_synchronous(synchronous: str | None) -> None:
+    """ValueError unless ``synchronous`` is FULL, NORMAL or None (the SQLite levels the store
+    allows; None: the URL's ``?synchronous=``, else FULL)."""
+    if synchronous not in ("FULL", "NORMAL", None):
         raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
+
+
+def synchronous_of(url: str, synchronous: Synchronous | None = None) -> Synchronous:
+    """The level a SQLite store on ``url`` runs at: ``synchronous`` when given, else the URL's
+    ``?synchronous=FULL|NORMAL``, else FULL (an acknowledged append survives power loss)."""
+    check_synchronous(synchronous)
+    chosen = synchronous or sqlite_synchronous(url) or "FULL"
+    return "NORMAL" if chosen == "NORMAL" else "FULL"
 
 
 class Backend:
@@ -99,7 +109,12 @@ class Backend:
         self.reader: AsyncEngine = self._make_reader()
 
     def _make_reader(self) -> AsyncEngine:
-        return create_async_engine(self.url, **self._reader_kwargs())
+        return create_async_engine(self.engine_url, **self._reader_kwargs())
+
+    @property
+    def engine_url(self) -> str:
+        """The URL the driver is given (SQLite: without the store's own query)."""
+        return self.url
 
     def _reader_kwargs(self) -> dict[str, Any]:
         return {}
@@ -163,10 +178,14 @@ class SqliteBackend(Backend):
     name = "sqlite"
 
     def __init__(
-        self, url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000, read_only: bool = False
+        self,
+        url: str,
+        *,
+        synchronous: Synchronous | None = None,
+        busy_timeout_ms: int = 30_000,
+        read_only: bool = False,
     ) -> None:
-        check_synchronous(synchronous)
-        self.synchronous = synchronous
+        self.synchronous = synchronous_of(url, synchronous)
         self.busy_timeout_ms = busy_timeout_ms
         path = sqlite_path(url)
         if not read_only and not path.parent.exists():
@@ -180,6 +199,10 @@ class SqliteBackend(Backend):
 
     def _make_reader(self) -> AsyncEngine:
         return readonly_async_engine(self.url) if self.read_only else super()._make_reader()
+
+    @property
+    def engine_url(self) -> str:
+        return sqlite_engine_url(self.url)
 
     async def _select_rows_raw(
         self, from_position: int, until_position: int | None, limit: int, stream_id: str | None
@@ -227,7 +250,7 @@ class SqliteBackend(Backend):
     def make_write_engine(self) -> Engine:
         """A sync engine on the same file whose transactions start with ``BEGIN IMMEDIATE``."""
         engine = create_engine(
-            self.url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1),
+            self.engine_url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1),
             connect_args={"timeout": self.busy_timeout_ms / 1000},
         )
         self._install_hooks(engine, begin="BEGIN IMMEDIATE")
@@ -357,7 +380,7 @@ class PostgresBackend(Backend):
 
 
 def make_backend(
-    url: str, *, synchronous: Synchronous = "FULL", busy_timeout_ms: int = 30_000, read_only: bool = False
+    url: str, *, synchronous: Synchronous | None = None, busy_timeout_ms: int = 30_000, read_only: bool = False
 ) -> Backend:
     """The backend a URL selects (see :func:`events.store.url.backend_of`). Raises ValueError
     for an unsupported URL."""

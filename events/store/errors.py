@@ -70,7 +70,12 @@ class StoreClosed(StoreError):
 
 class ForeignSchemaObject(SchemaRevisionError):
     """A SQLite ledger file holds a trigger, view or index the ledger did not create (or one
-    whose text was changed): opening it would run code from the file. Nothing was changed."""
+    whose text was changed, or ``sqlite_stat*`` rows ANALYZE would not write): opening it
+    would run code from the file. ``objects`` names each. Nothing was changed."""
+
+    def __init__(self, message: str, objects: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.objects = list(objects or [])
 
 
 class MissingSchemaObject(SchemaRevisionError):

@@ -105,7 +105,9 @@ def _command(sync_conn: Connection, url: str, name: str, revision: str) -> None:
         # N processes opening a fresh database at once: one migrates, the others wait here and
         # then find it at head (without the lock: IntegrityError on pg_type, issue 11).
         sync_conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
-    ledger_state(sync_conn, url)  # refuses another application's database before any DDL
+    current = ledger_state(sync_conn, url)  # refuses another application's database before any DDL
+    if sync_conn.dialect.name == "postgresql":
+        refuse_shape_mismatch(sync_conn, url, current, name)
     cfg = alembic_config(url)
     cfg.attributes["connection"] = sync_conn
     try:
@@ -156,7 +158,13 @@ async def downgrade(url: str | None = None, revision: str = "base") -> str | Non
     if backend_of(url) == "sqlite":
         read_sqlite(url, ledger_state)
     await _with_connection(url, _command, "downgrade", revision)
-    return await current_revision(url)
+    try:
+        return await current_revision(url)
+    except SchemaRevisionError as exc:  # the downgrade itself committed: say so, not "nothing was changed"
+        said = str(exc).replace("; nothing was changed", "").replace(" (nothing was changed)", "")
+        raise SchemaRevisionError(
+            f"the downgrade to {revision!r} was committed, but the database's state is now unexpected: {said}"
+        ) from None
 
 
 def ledger_state(sync_conn: Connection, url: str, tolerate_missing: bool = False) -> str | None:
@@ -213,6 +221,89 @@ def sqlite_schema_at(revision: str | None) -> dict[tuple[str, str], str]:
     return {(kind, name): sql for kind, name, sql in rows}
 
 
+@functools.cache
+def shape_at(revision: str | None) -> dict[str, tuple[str, ...]]:
+    """The ledger's tables at ``revision`` with their columns (sorted), and its named indexes
+    as ``"index <name>"`` keys with no columns: what a database at that revision holds on
+    either backend (read from :func:`sqlite_schema_at`'s scratch database)."""
+    if revision is None:
+        return {"alembic_version": ("version_num",)}
+    engine = sa.create_engine("sqlite+pysqlite://", poolclass=sa.pool.StaticPool)
+    try:
+        with engine.begin() as conn:
+            cfg = Config()
+            cfg.set_main_option("script_location", SCRIPT_LOCATION)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+            inspector = sa.inspect(conn)
+            shape: dict[str, tuple[str, ...]] = {}
+            for table in inspector.get_table_names():
+                shape[table] = tuple(sorted(c["name"] for c in inspector.get_columns(table)))
+                for index in inspector.get_indexes(table):
+                    if index["name"]:
+                        shape[f"index {index['name']}"] = ()
+    finally:
+        engine.dispose()
+    return shape
+
+
+def _known_ledger_objects() -> set[str]:
+    """Every table and named index some revision of this code creates."""
+    script = ScriptDirectory.from_config(alembic_config())
+    return {key for rev in script.walk_revisions() for key in shape_at(rev.revision)}
+
+
+def pg_shape(sync_conn: Connection) -> dict[str, tuple[str, ...]]:
+    """:func:`shape_at`'s view of a PostgreSQL database: its ledger tables (those some revision
+    creates) with their columns, and its named ledger indexes."""
+    known = _known_ledger_objects()
+    columns = sync_conn.execute(
+        sa.text("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()")
+    ).all()
+    shape: dict[str, list[str]] = {}
+    for table, column in columns:
+        if table in known:
+            shape.setdefault(table, []).append(column)
+    out = {table: tuple(sorted(cols)) for table, cols in shape.items()}
+    for (index,) in sync_conn.execute(
+        sa.text("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+    ).all():
+        if f"index {index}" in known:
+            out[f"index {index}"] = ()
+    return out
+
+
+def refuse_shape_mismatch(sync_conn: Connection, url: str, revision: str | None, name: str) -> None:
+    """PostgreSQL, before a migration runs: raise SchemaRevisionError unless the database's
+    ledger tables, their columns and its named indexes are exactly those of the revision its
+    ``alembic_version`` records (:func:`shape_at`). A recorded revision that does not match
+    the schema (edited, or left behind by a failed manual change) would make a downgrade drop
+    tables its revisions never created — the log included — and strand the rest; nothing is
+    dropped or created. A revision this code does not know is not checked (its shape is
+    unknown; the revision check refuses it)."""
+    if revision is not None and not revision_known(revision):
+        return
+    expected, found = dict(shape_at(revision)), pg_shape(sync_conn)
+    if revision is None:  # a fresh database may or may not hold an (empty) alembic_version yet
+        expected.pop("alembic_version", None)
+        found.pop("alembic_version", None)
+    if expected == found:
+        return
+    extra = sorted(k for k in found if k not in expected)
+    lacking = sorted(k for k in expected if k not in found)
+    changed = sorted(k for k in expected if k in found and expected[k] != found[k])
+    parts = [
+        *(f"{k} is not part of it" for k in extra),
+        *(f"{k} is missing" for k in lacking),
+        *(f"table {k} has columns {', '.join(found[k])}, not {', '.join(expected[k])}" for k in changed),
+    ]
+    raise SchemaRevisionError(
+        f"{redact(url)} records schema revision {revision or 'base'!r}, but its schema is not that revision's "
+        f"({'; '.join(parts)}); refusing to {name} (nothing was changed). Restore alembic_version to the "
+        "revision its tables are at, or restore the database from a backup"
+    )
+
+
 def refuse_drift(sync_conn: Connection, url: str, revision: str | None, tolerate_missing: bool = False) -> None:
     """Raise ForeignSchemaObject when a SQLite file holds a trigger, view, index or table that
     the ledger's migrations up to ``revision`` did not create (or whose text differs), naming
@@ -232,7 +323,8 @@ def refuse_drift(sync_conn: Connection, url: str, revision: str | None, tolerate
             f"{shown} holds schema object(s) the ledger did not create: {', '.join(foreign)}; a ledger "
             "file runs nothing of its own, so it is not opened or migrated (nothing was changed). Drop them "
             "(`sqlite3 FILE 'DROP TRIGGER name'`, `DROP VIEW`, `DROP INDEX`, `DROP TABLE`), or run "
-            "`duplex-ledger verify` on a copy without them"
+            "`duplex-ledger verify` on a copy without them",
+            foreign,
         )
     if missing and not tolerate_missing:
         raise MissingSchemaObject(

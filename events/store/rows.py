@@ -19,7 +19,7 @@ from pydantic_core import PydanticSerializationError
 
 from events.chain import Pieces, row_pieces
 from events.gc_pause import gc_paused
-from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US
+from events.limits import INT64_MAX, MAX_TS_US, MIN_TS_US, id_length_error
 from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
 from events.store.errors import InvalidRow
 from events.types import EventBase, ts_to_us
@@ -86,6 +86,8 @@ class NewRow:
             data = payload_json(event)
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
+        if (too_long := id_length_error(stream_id, event)) is not None:
+            raise InvalidRow(f"event {event_id}: {too_long[0]}: {too_long[1]}")
         if not MIN_TS_US <= ts_us <= MAX_TS_US or "\x00" in stream_id:
             return cls(stream_id, event_id, type_, schema_version, ts_us, data).check()  # its own error
         try:
@@ -120,7 +122,11 @@ class NewRow:
 
     @classmethod
     def from_import(cls, row: ImportRow) -> NewRow:
+        """The row of an import. Raises InvalidRow for an id longer than its limit
+        (:func:`events.limits.id_length_error`)."""
         record = row.record
+        if (too_long := id_length_error(record.stream_id, record.data)) is not None:
+            raise InvalidRow(f"event {record.event_id}: {too_long[0]}: {too_long[1]}")
         return cls(
             stream_id=record.stream_id,
             event_id=str(record.event_id),
@@ -175,6 +181,8 @@ class StoredRow(NamedTuple):
         :func:`events.records.from_record`). One row: no collector pause (the live
         ``subscribe`` path decodes row by row)."""
         decode = struct_from_row_json if as_struct else from_row_json
+        if type(self.stream_id) is not str or type(self.version) is not int:
+            _retyped(self)
         event = decode(self.type, self.schema_version, self.stream_id, self.event_id, self.ts_us, self.data)
         return StoredEvent(self.position, self.stream_id, self.version, self.recorded_at_us / 1_000_000, event)
 
@@ -192,7 +200,7 @@ def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[S
                 StoredEvent,
                 (
                     r.position,
-                    r.stream_id,
+                    r.stream_id if type(r.stream_id) is str and type(r.version) is int else _retyped(r),
                     r.version,
                     r.recorded_at_us / 1_000_000,
                     decode(r.type, r.schema_version, r.stream_id, r.event_id, r.ts_us, r.data),
@@ -200,3 +208,15 @@ def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[S
             )
             for r in rows
         ]
+
+
+def _retyped(row: StoredRow) -> str:
+    """Raise ValueError for a row whose stream id or version is not of the type the store
+    writes (SQLite ``typeof``: an edit, issue 22) — which decoding would otherwise carry into
+    a fold that sorts or compares them."""
+    from events.chain_walk import retyped
+
+    raise ValueError(
+        f"position {row.position}: {retyped(row) or 'a value of another storage type'}: the row was edited "
+        "(run `duplex-ledger verify`)"
+    )

@@ -12,7 +12,9 @@ reports as tampering and every other command refuses.
 Texts are compared with runs of whitespace collapsed (SQLite keeps a statement's text as it
 was written; SQLAlchemy writes ``CREATE TABLE`` over several lines). The autoindexes of
 UNIQUE and PRIMARY KEY constraints (``sqlite_autoindex_<table>_<n>``, no text) belong to their
-table, whose text fixes them; ``sqlite_stat*`` tables are SQLite's own (``ANALYZE``).
+table, whose text fixes them; ``sqlite_stat*`` tables are SQLite's own (``ANALYZE``), accepted
+only in the shape ANALYZE writes (:func:`events.store.integrity.stat_problems`: a ledger
+table, one of its indexes, counts only), so the query planner never reads anything else.
 ``tests/store/test_migrations.py`` checks that a fresh ledger and one migrated from older
 revisions hold exactly :data:`SQLITE_SCHEMA`.
 """
@@ -20,9 +22,12 @@ revisions hold exactly :data:`SQLITE_SCHEMA`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+
+from events.store.integrity import stat_problems
 
 SQLITE_TRIGGERS: dict[str, str] = {
     "events_no_update": "CREATE TRIGGER events_no_update BEFORE UPDATE ON events "
@@ -108,8 +113,21 @@ def schema_drift(sync_conn: Connection, schema: dict[tuple[str, str], str] | Non
         if kind == "index" and sql is None and name.startswith("sqlite_autoindex_") and ("table", table) in schema:
             continue  # a constraint's index: its table's text fixes it
         if kind == "table" and name.startswith("sqlite_stat"):
-            continue
+            continue  # SQLite's own, in ANALYZE's shape only: checked below
         shown = f"{kind} {name}" if kind == "table" else f"{kind} {name} on {table}"
         foreign.append(shown + (" (text changed)" if expected is not None else ""))
+    if any(kind == "table" and name.startswith("sqlite_stat") for kind, name in seen):
+        foreign += stat_problems(_Driver(sync_conn))
     missing = [f"{kind} {name}" for kind, name in schema if (kind, name) not in seen]
     return SchemaDrift(sorted(foreign), sorted(missing))
+
+
+class _Driver:
+    """A SQLAlchemy connection as the ``execute(sql, params)`` that
+    :mod:`events.store.integrity` reads through."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: tuple[object, ...] = ()) -> Any:
+        return self.conn.exec_driver_sql(sql, params) if params else self.conn.exec_driver_sql(sql)

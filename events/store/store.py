@@ -66,7 +66,7 @@ class EventStore:
         *,
         create: bool = False,
         read_only: bool = False,
-        synchronous: Synchronous = "FULL",
+        synchronous: Synchronous | None = None,
         busy_timeout_ms: int = 30_000,
         max_batch_rows: int = 4000,
         tolerate_missing: bool = False,
@@ -78,8 +78,10 @@ class EventStore:
         PostgreSQL too). Without it, a SQLite file is first inspected read-only, so a file that
         is not a ledger at this code's revision is refused byte-identical. ``read_only=True``
         (not with ``create``): readers open a SQLite file through a ``mode=ro`` URI and appends
-        raise ReadOnlyStore. ``synchronous`` (SQLite only): FULL (durable on power loss,
-        default) or NORMAL. Raises LedgerNotFound (without creating anything) for a SQLite file
+        raise ReadOnlyStore. ``synchronous`` (SQLite only): FULL (an acknowledged append
+        survives power loss) or NORMAL (the commits since the last WAL checkpoint may be lost on
+        power loss or an OS crash, never on a process crash); None (default): the URL's
+        ``?synchronous=FULL|NORMAL``, else FULL. Raises LedgerNotFound (without creating anything) for a SQLite file
         that does not exist when ``create`` is false; NotALedger for another application's
         database, a directory or a non-database file; SchemaRevisionError when the schema is
         missing, older or newer than the code (the message says what to run); ValueError for

@@ -59,11 +59,7 @@ def backend_of(url: str) -> Backend:
     if u.drivername == "sqlite+aiosqlite":
         if not u.database or u.database == ":memory:":
             raise ValueError(f"{url!r}: the ledger needs a SQLite file, e.g. sqlite+aiosqlite:///./duplex-ledger.db")
-        if u.query:
-            raise ValueError(
-                f"{redact(url)!r}: a SQLite ledger URL takes no query parameters "
-                f"(got {', '.join(sorted(u.query))}); the ledger sets its own pragmas"
-            )
+        _check_sqlite_query(u, url)
         return "sqlite"
     if u.drivername == "postgresql+asyncpg":
         _check_postgresql(u)
@@ -72,6 +68,37 @@ def backend_of(url: str) -> Backend:
         f"unsupported database URL {u.render_as_string(hide_password=True)!r}: "
         "use sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER:PASS@HOST/DB"
     )
+
+
+SQLITE_SYNCHRONOUS = ("FULL", "NORMAL")
+"""The values of a SQLite URL's one query parameter, ``synchronous`` (default FULL)."""
+
+
+def _check_sqlite_query(u: URL, url: str) -> None:
+    """A SQLite ledger URL takes one query parameter, ``synchronous=FULL|NORMAL``; anything
+    else is refused naming it (the ledger sets its own pragmas)."""
+    others = sorted(k for k in u.query if k != "synchronous")
+    if others:
+        raise ValueError(
+            f"{redact(url)!r}: a SQLite ledger URL takes no query parameter but synchronous=FULL|NORMAL "
+            f"(got {', '.join(others)}); the ledger sets its own pragmas"
+        )
+    value = u.query.get("synchronous")
+    if value is not None and (not isinstance(value, str) or value.upper() not in SQLITE_SYNCHRONOUS):
+        raise ValueError(f"{redact(url)!r}: synchronous={value!r} must be FULL or NORMAL (given once)")
+
+
+def sqlite_synchronous(url: str) -> str | None:
+    """The ``synchronous`` level a SQLite URL asks for (``FULL``/``NORMAL``, upper case), None
+    when it names none (the store's default, FULL, applies)."""
+    value = parse_url(url).query.get("synchronous")
+    return value.upper() if isinstance(value, str) else None
+
+
+def sqlite_engine_url(url: str) -> str:
+    """A SQLite ledger URL without its query (``synchronous`` is the store's, not the
+    driver's: ``sqlite3.connect`` would refuse it)."""
+    return url.split("?", 1)[0] if parse_url(url).query else url
 
 
 ASYNCPG_QUERY = frozenset(

@@ -19,13 +19,14 @@ Stage0 id modes (capability ``supports_core_resumable_request``, DOMAIN §3.4):
 from __future__ import annotations
 
 from functools import singledispatch
-from typing import Any
+from typing import Any, Literal
 
 from events import ids
 from events.types import (
     ActiveRequestBound,
     CancelRequested,
     CommandRejected,
+    CommitAction,
     EpochAdvanced,
     Fence,
     InputAppended,
@@ -273,7 +274,7 @@ def _(command: Commit, state: SessionState) -> list[Step]:
     if c.buffered_chunks == 0:
         return _reject(state, c.ts, "commit", "input_audio_buffer_empty", "nothing appended since the last commit")
 
-    def committed(action: str, create_response: bool, response_id: str | None = None) -> Record:
+    def committed(action: CommitAction, create_response: bool, response_id: str | None = None) -> Record:
         return Record(
             (
                 TurnCommitted(
@@ -419,7 +420,9 @@ def _(command: Submit, state: SessionState) -> list[Step]:
     ``(TurnRef, kind)``."""
     request_id = state.stage0_id()
     turn = state.turn(request_id, command.response_id)
-    kind = "update" if state.resident and command.open_stream_id == request_id else "initial"
+    kind: Literal["initial", "update"] = (
+        "update" if state.resident and command.open_stream_id == request_id else "initial"
+    )
     steps: list[Step] = [
         *_reserve(state, command.ts, request_id),
         Record(

@@ -77,7 +77,7 @@ def test_max_idle_must_be_a_finite_duration(sqlite_cli: Cli, value: str) -> None
 @pytest.mark.parametrize(
     ("url", "names"),
     [
-        ("sqlite+aiosqlite:///{tmp}/x.db?sslmode=bogus", "takes no query parameters"),
+        ("sqlite+aiosqlite:///{tmp}/x.db?sslmode=bogus", "takes no query parameter but synchronous"),
         ("postgresql+asyncpg://u:secret@127.0.0.1:99999/x", "port 99999"),
         ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?sslmode=require", "ssl=<mode>"),
         ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?ssl=bogus", "ssl='bogus'"),

@@ -123,6 +123,7 @@ def test_a_planted_trigger_is_never_run_the_file_is_refused(tmp_path):
     before = path.read_bytes()
     for command in ("audit", "tables", "verify", "rebuild"):
         r = cli(command)
-        assert r.exit_code == 2 and "planted on rm_audit_findings" in r.output
+        # verify names it as tampering (exit 1, issue 22); nothing of the file runs either way
+        assert r.exit_code == (1 if command == "verify" else 2) and "planted on rm_audit_findings" in r.output
         assert "events_no_update on events" in r.output
     assert path.read_bytes() == before

@@ -156,7 +156,11 @@ def test_a_foreign_schema_object_is_refused_by_every_command(tmp_path: Path, kin
     ddl, named = FOREIGN[kind]
     execute(path, ddl)
     before = path.read_bytes()
-    for command in ("verify", "digest", *OTHER_COMMANDS):
+    for command in ("verify", "digest"):  # tampering: named first, exit 1, nothing of the file run (issue 22)
+        r = cli(*command_args(command))
+        assert r.exit_code == 1 and r.stdout.startswith("TAMPERED: schema:"), (command, r.output)
+        assert "did not create" in r.output and named in r.output, (command, r.output)
+    for command in OTHER_COMMANDS:
         r = cli(*command_args(command))
         assert r.exit_code == 2 and "did not create" in r.output and named in r.output, (command, r.output)
     with pytest.raises(ForeignSchemaObject, match=named.split(" (")[0]):
