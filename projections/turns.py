@@ -348,20 +348,17 @@ class TurnsFold:
             return
         if request_id is not None and s.submits_seen and request_id not in s.live:
             # A log that records submits names an id with no live segment (never submitted,
-            # aborted, released): the response opens, but no engine request is its (D1, D9, D8).
+            # aborted, released, older epoch): D19 — the begin opens nothing, binds nothing and
+            # ends nothing (a response pre-created at commit stays open as it was); one warning.
             self._warn(
                 s,
                 "begin_of_unheld_id",
                 0,
                 request_id,
                 st,
-                f"begin of response {response_id!r} names an id the session does not hold; "
-                "the response has no engine request",
+                f"begin of response {response_id!r} names an id the session does not hold; ignored",
             )
-            request_id = None
-            unheld = True
-        else:
-            unheld = False
+            return
         turn = s.open
         if turn is not None:
             if turn.response_id == response_id:  # the begin of a turn pre-created at commit (D7)
@@ -392,7 +389,7 @@ class TurnsFold:
         turn = OpenTurn(response_id, None, _title_turn(request_id, turn_id), arrival, st.position)
         turn.tx_baseline = {edge: (v[0], v[1], v[2]) for edge, v in s.tx_totals.items()}
         s.open = turn
-        if request_id is None and not unheld and st.event.type == "ResponseBegun":
+        if request_id is None and st.event.type == "ResponseBegun":
             # A begin that names no id: the buffered id, else the current id in its segment.
             request_id = s.pending_request_id or (s.current_id if s.current_id in s.live else None)
         if request_id is not None:
