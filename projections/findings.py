@@ -53,6 +53,8 @@ WARNING_KINDS: dict[str, str] = {
     "after_close": "a fact (submit, forward, reserve, append, commit, begin, output, snapshot, finish, listen "
     "unit, second close) written after its session's SessionClosed or SessionTakenOver, before it was opened "
     "again: binds, opens and counts nothing (D18, D9)",
+    "clock_stepped_back": "a span between two wall-clock stamps came out negative (the host's clock stepped "
+    "back): shown and observed as 0; first/last position name its two stamps (D17)",
     "session_taken_over": "the session's replica died (lease expired) and another replica closed it and settled "
     "its ids (issue 14)",
 }

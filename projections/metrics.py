@@ -71,6 +71,7 @@ from events.types import (
 from projections.dispatch import dispatch_table
 from projections.intervals import span_ms
 from projections.projector import Projector
+from projections.resources import WRITES_AFTER_END
 from projections.turn_tables import TurnTables
 
 FamilyKind = Literal["counter", "gauge", "histogram"]
@@ -392,15 +393,21 @@ class MetricsFold:
         s = self.sessions.get(event.session_id)
         if s is None:
             s = self.sessions[event.session_id] = _Session()
+        held = self.projector.session_resources(event.session_id)
+        after_end = (  # D18: a write after the close or takeover counts nowhere (the audit's own gate)
+            held is not None
+            and (held.closed_at or held.taken_over_at) is not None
+            and event.type in WRITES_AFTER_END  # type: ignore[attr-defined]
+        )
         handler = self._handlers.get(type(event))
-        if handler is not None:
+        if handler is not None and not after_end:
             handler(s, stored, event)
             s = self.sessions[event.session_id]  # a SessionOpened starts a fresh incarnation
         self.projector.apply(stored)
         turns = self.projector.turns.take_finalized() if self.projector.turns.finalized else []
         for turn in turns:
             self._turn(s, turn)
-        if isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed):
+        if not after_end and (isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed)):
             self._rollup(event.session_id, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
         if s.close_reason is not None:
             self._settle(event.session_id, s)
@@ -498,7 +505,7 @@ class MetricsFold:
         first = self._first_audio(s, t)
         if first is not None:
             ts, stage = first
-            ttfp_ms = span_ms(t.arrival_ts, ts)
+            ttfp_ms = max(span_ms(t.arrival_ts, ts), 0.0)  # D17 (inside [arrival, finalize] already)
             s.ttfp_ms.append(ttfp_ms)
             self.sink.observe("vllm_omni:audio_ttfp_s", (model, str(stage)), ttfp_ms / 1000.0)
 
@@ -521,7 +528,8 @@ class MetricsFold:
 
     # ------------------------------------------------------------------ close
     def _rollup(self, session_id: str, s: _Session, st: StoredEvent, e: SessionClosed) -> None:
-        wall_ms = span_ms(s.opened_ts, e.ts) if s.opened_ts is not None else None
+        # D17: a clock stepped back between open and close shows and observes 0, never negative
+        wall_ms = max(span_ms(s.opened_ts, e.ts), 0.0) if s.opened_ts is not None else None
         self.rollups.append(
             SessionRollup(
                 session_id=session_id,
