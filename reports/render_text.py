@@ -2,7 +2,8 @@
 
 Per turn, in order: ``[Overall Summary]``, ``RequestE2EStats``, one ``[OmniTiming]`` line,
 ``StageRequestStats`` (left out when no stage reported), ``TransferEdgeStats`` (left out when
-the turn has no edge). Each table is a ``[<title>]`` line and a PrettyTable-default-style grid
+the turn has no edge, or no edge row to show: DOMAIN §5.7 D16 — the ``[OmniTiming]`` line still
+names such an edge, ``0->1=0.00ms``). Each table is a ``[<title>]`` line and a PrettyTable-default-style grid
 (reproduced here, no dependency): ``Field`` left aligned, value columns and their headers right
 aligned, one space of padding, ``+---+`` rules above and below the header and at the bottom.
 
@@ -227,8 +228,8 @@ def turn_sections(t: TurnTables) -> list[Table | str]:
     sections: list[Table | str] = [summary_table(t), e2e_table(t), omni_timing_line(t)]
     if t.stages:
         sections.append(stage_table(t))
-    if t.transfers:
-        sections.append(transfer_table(t))
+    if t.transfers and (edges := transfer_table(t)).rows:
+        sections.append(edges)  # D16: an edge with no row to show prints no table (0.30.0)
     return sections
 
 
