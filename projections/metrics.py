@@ -395,9 +395,7 @@ class MetricsFold:
             s = self.sessions[event.session_id] = _Session()
         held = self.projector.session_resources(event.session_id)
         after_end = (  # D18: a write after the close or takeover counts nowhere (the audit's own gate)
-            held is not None
-            and (held.closed_at or held.taken_over_at) is not None
-            and event.type in WRITES_AFTER_END  # type: ignore[attr-defined]
+            held is not None and (held.closed_at or held.taken_over_at) is not None and event.type in WRITES_AFTER_END  # type: ignore[attr-defined]
         )
         handler = self._handlers.get(type(event))
         if handler is not None and not after_end:

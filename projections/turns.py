@@ -122,7 +122,13 @@ class DerivedStage:
         segment's durations clamp them to 0 (:mod:`projections.intervals`)."""
         spans = (
             ("vllm_ttft_ms", self.submit_position, self.submit_ts, self.first_token_position, self.first_token_ts),
-            ("vllm_tpot_ms", self.first_token_position, self.first_token_ts, self.last_token_position, self.last_token_ts),
+            (
+                "vllm_tpot_ms",
+                self.first_token_position,
+                self.first_token_ts,
+                self.last_token_position,
+                self.last_token_ts,
+            ),
             ("stage_gen_time_ms", self.submit_position, self.submit_ts, self.last_position, self.last_ts),
         )
         return [(n, a, ta, b, tb) for n, a, ta, b, tb in spans if ta is not None and tb is not None and tb < ta]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cases.field_support import FIELD_DIR, kinds_at, run_cli, runner, stage
 from reports.cli import app
+from tests.cases.field_support import FIELD_DIR, kinds_at, run_cli, runner, stage
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
