@@ -71,7 +71,6 @@ from events.types import (
 from projections.dispatch import dispatch_table
 from projections.intervals import span_ms
 from projections.projector import Projector
-from projections.resources import WRITES_AFTER_END
 from projections.turn_tables import TurnTables
 
 FamilyKind = Literal["counter", "gauge", "histogram"]
@@ -393,19 +392,17 @@ class MetricsFold:
         s = self.sessions.get(event.session_id)
         if s is None:
             s = self.sessions[event.session_id] = _Session()
-        held = self.projector.session_resources(event.session_id)
-        after_end = (  # D18: a write after the close or takeover counts nowhere (the audit's own gate)
-            held is not None and (held.closed_at or held.taken_over_at) is not None and event.type in WRITES_AFTER_END  # type: ignore[attr-defined]
-        )
+        # D9/D18: a fact the audit refuses (of an id the session does not hold, after the close
+        # or a takeover, a second close) counts nowhere: the audit's own verdict gates it.
+        accepted = self.projector.apply(stored)
         handler = self._handlers.get(type(event))
-        if handler is not None and not after_end:
+        if handler is not None and accepted:
             handler(s, stored, event)
             s = self.sessions[event.session_id]  # a SessionOpened starts a fresh incarnation
-        self.projector.apply(stored)
         turns = self.projector.turns.take_finalized() if self.projector.turns.finalized else []
         for turn in turns:
             self._turn(s, turn)
-        if not after_end and (isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed)):
+        if accepted and (isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed)):
             self._rollup(event.session_id, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
         if s.close_reason is not None:
             self._settle(event.session_id, s)
@@ -509,19 +506,17 @@ class MetricsFold:
 
     @staticmethod
     def _first_audio(s: _Session, t: TurnTables) -> tuple[float, int] | None:
-        """The turn's first audio output inside [arrival, finalize]; outputs up to the finalize
-        are then forgotten (a resident id serves later turns)."""
+        """The turn's first audio output inside [arrival, finalize]; the id's outputs up to the
+        finalize (in log order) are then forgotten (a resident id serves later turns)."""
         if t.request_id is None:  # ended before any engine request (D8): no audio
             return None
         outputs = s.audio_first.get(t.request_id)
         if not outputs:
             return None
         inside = [o for o in outputs if t.arrival_ts <= o[0] <= t.finalize_ts]
-        rest = [o for o in outputs if o[0] > t.finalize_ts]
-        if rest:
-            s.audio_first[t.request_id] = rest
-        else:
-            del s.audio_first[t.request_id]
+        # Every output recorded so far came before the finalize in the log, whatever its ts says
+        # (a clock stepped back, D17): none of them may lend a later turn its first audio.
+        del s.audio_first[t.request_id]
         return min(inside) if inside else None
 
     # ------------------------------------------------------------------ close

@@ -282,7 +282,8 @@ class ResourcesFold:
         if session.pending_retarget is not None and etype != "ActiveRequestBound":
             self._check_retarget(session, stored)
         ended = session.closed_at or session.taken_over_at
-        if ended is not None and etype in WRITES_AFTER_END:
+        if ended is not None and etype in WRITES_AFTER_END and (etype != "SessionClosed" or session.closed_at):
+            # (the new owner's own SessionClosed after its SessionTakenOver is the takeover's close)
             verdict = self._after_end(session, stored, ended)
         else:
             handler = self._handlers.get(type(event))
