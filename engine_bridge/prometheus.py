@@ -10,16 +10,23 @@
 * :func:`exposition` — the text format (0.0.4) without the ``*_created`` series: they hold the
   wall time a child was created, which would make the live and the re-projected exposition
   differ for the same log.
-* :meth:`LedgerMetrics.serve` — ``/metrics`` on 127.0.0.1 (``start_http_server``).
+* :class:`MetricsServer` / :meth:`LedgerMetrics.serve` — ``/metrics`` on 127.0.0.1 by
+  default: ``prometheus_client.make_asgi_app`` served by uvicorn on a thread of its own, with a
+  listen backlog of :data:`LISTEN_BACKLOG` (the standard library's ``wsgiref`` server behind
+  ``start_http_server`` listens with a backlog of 5 and dropped scrapes under 64 concurrent
+  scrapers, issue 22).
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+import uvicorn
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_asgi_app
 from prometheus_client.metrics_core import Metric
 
 from events.records import StoredEvent
@@ -57,6 +64,9 @@ class PrometheusSink:
 
     def set(self, family: str, labels: tuple[str, ...], value: float) -> None:
         self._child(family, labels).set(value)
+
+    def declare(self, family: str, labels: tuple[str, ...]) -> None:
+        self._child(family, labels)
 
 
 class _WithoutCreated:
@@ -138,15 +148,72 @@ class LedgerMetrics:
         return exposition(self.registry)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` on ``addr:port`` (0 = any free port) in a daemon thread; returns the
-        port. Only loopback by default."""
-        server, _thread = start_http_server(port, addr=addr, registry=exposition_registry(self.registry))
-        self._server = server
-        return int(server.server_port)
+        """Serve ``/metrics`` on ``addr:port`` (0 = any free port) until :meth:`close`; returns
+        the port. Only loopback by default."""
+        self._server = self.start_server(port, addr)
+        return self._server.port
+
+    def start_server(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+        """A :class:`MetricsServer` of this registry that :meth:`close` leaves running: its
+        caller stops it (or the process's exit does), so a scraper still sees the final state
+        after the engine closed (``duplex-ledger run --metrics-linger-s``)."""
+        return MetricsServer(self.registry, port, addr)
 
     def close(self) -> None:
-        """Stop the HTTP server, if any."""
+        """Stop the HTTP server :meth:`serve` started, if any."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
+
+
+LISTEN_BACKLOG = 2048
+"""Pending connections the ``/metrics`` socket queues (the OS may cap it: ``somaxconn``)."""
+SERVER_START_TIMEOUT_S = 10.0
+
+
+class MetricsServer:
+    """``/metrics`` (any path answers the exposition) of ``registry`` without ``*_created``
+    series, served by uvicorn (``make_asgi_app``) on a daemon thread with its own event loop.
+
+    The socket is bound here, so ``port`` (0 = any free port) is known when the constructor
+    returns and a taken port raises ``OSError`` at once; the constructor waits until uvicorn
+    serves (``RuntimeError`` after :data:`SERVER_START_TIMEOUT_S`). :meth:`close` stops it."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((addr, port))
+            self._socket.listen(LISTEN_BACKLOG)
+        except OSError:
+            self._socket.close()
+            raise
+        self.addr = addr
+        self.port = int(self._socket.getsockname()[1])
+        app = make_asgi_app(registry=exposition_registry(registry))
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", backlog=LISTEN_BACKLOG, timeout_keep_alive=5
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="metrics-http", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the /metrics server on {addr}:{self.port} did not start")
+            time.sleep(0.005)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and wait for the thread (at most a few seconds)."""
+        self._server.should_exit = True
+        self._thread.join(timeout=SERVER_START_TIMEOUT_S)
+        self._socket.close()

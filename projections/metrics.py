@@ -28,6 +28,15 @@ turn table, so they add nothing here):
   of a stage ≥ 1, whose tokens stand for codec frames) that falls inside
   [arrival_ts, finalize_ts]; at most one sample per turn, never negative; ``stage`` = the stage
   of that output. A turn with no audio output has no sample.
+* vLLM's own charts (issue 22), from the turn table's Stage0 row:
+  ``vllm_omni:time_to_first_token_s{model_name}`` (``vllm_ttft_ms`` / 1000 when present),
+  ``vllm_omni:request_time_per_output_token_s{model_name}`` (``vllm_tpot_ms`` / 1000 when > 0),
+  ``vllm_omni:inter_token_latency_s{model_name}`` (each ``vllm_itls_ms`` entry / 1000).
+
+After every event: ``vllm_omni:num_requests_running`` / ``num_requests_waiting`` ``{model_name}``
+(gauges): of the ids the resources fold says run, those with no ``StageOutput`` since their
+latest submit/forward are waiting, the others running. A model's histogram children and these
+gauges exist (zero samples) from its first ``SessionOpened``.
 
 Session and lifecycle (``duplex_ledger:``): ``listen_units_total`` (+1 per
 ``ResponseListened``); ``listen_only_turns_total`` (+1 when a turn that listened and never
@@ -49,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -124,6 +133,31 @@ TTFP_BUCKETS_S: tuple[float, ...] = (
     2560.0,
 )
 """vLLM's time-to-first-token buckets (s), used for time to first audio packet."""
+TTFT_BUCKETS_S: tuple[float, ...] = TTFP_BUCKETS_S
+"""vLLM's ``vllm:time_to_first_token_seconds`` buckets (s)."""
+ITL_BUCKETS_S: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+"""vLLM's ``vllm:inter_token_latency_seconds`` / ``request_time_per_output_token_seconds``
+buckets (s)."""
 SESSION_DURATION_BUCKETS_S: tuple[float, ...] = (
     1.0,
     5.0,
@@ -189,6 +223,39 @@ FAMILIES: dict[str, Family] = {
             help="Turn arrival to the turn's first audio output, seconds, server wall clock; one per turn.",
         ),
         Family(
+            "vllm_omni:time_to_first_token_s",
+            "histogram",
+            ("model_name",),
+            TTFT_BUCKETS_S,
+            help="Stage0 vllm_ttft_ms of each turn table, seconds (vLLM's time_to_first_token).",
+        ),
+        Family(
+            "vllm_omni:request_time_per_output_token_s",
+            "histogram",
+            ("model_name",),
+            ITL_BUCKETS_S,
+            help="Stage0 vllm_tpot_ms (> 0) of each turn table, seconds (vLLM's request TPOT).",
+        ),
+        Family(
+            "vllm_omni:inter_token_latency_s",
+            "histogram",
+            ("model_name",),
+            ITL_BUCKETS_S,
+            help="Each Stage0 vllm_itls_ms entry of each turn table, seconds.",
+        ),
+        Family(
+            "vllm_omni:num_requests_running",
+            "gauge",
+            ("model_name",),
+            help="Engine ids the log says run and that gave an output since their latest submit/forward.",
+        ),
+        Family(
+            "vllm_omni:num_requests_waiting",
+            "gauge",
+            ("model_name",),
+            help="Engine ids the log says run that gave no output yet since their latest submit/forward.",
+        ),
+        Family(
             "duplex_ledger:listen_units_total",
             "counter",
             help="Listen-only units (ResponseListened): the model kept listening.",
@@ -246,6 +313,9 @@ class MetricsSink(Protocol):
 
     def set(self, family: str, labels: tuple[str, ...], value: float) -> None: ...
 
+    def declare(self, family: str, labels: tuple[str, ...]) -> None:
+        """Make the child exist (zero samples) before its first update (issue 22)."""
+
 
 class TallySink:
     """A plain-dict sink: ``values[(family, labels)]`` = counter total or gauge value;
@@ -254,6 +324,7 @@ class TallySink:
     def __init__(self) -> None:
         self.values: dict[tuple[str, tuple[str, ...]], float] = {}
         self.observations: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+        self.declared: set[tuple[str, tuple[str, ...]]] = set()
 
     def inc(self, family: str, labels: tuple[str, ...], amount: float) -> None:
         self.values[(family, labels)] = self.values.get((family, labels), 0.0) + amount
@@ -263,6 +334,9 @@ class TallySink:
 
     def set(self, family: str, labels: tuple[str, ...], value: float) -> None:
         self.values[(family, labels)] = value
+
+    def declare(self, family: str, labels: tuple[str, ...]) -> None:
+        self.declared.add((family, labels))
 
 
 @dataclass(frozen=True)
@@ -369,6 +443,10 @@ class MetricsFold:
         self.admitted = 0
         self.cleanup_pending = 0
         self._models: set[str] = set()
+        self._awaiting: dict[str, set[str]] = {}  # session -> ids awaiting an output since their submit
+        self._request_counts: dict[str, tuple[str, int, int]] = {}  # session -> (model, running, waiting)
+        self._model_requests: dict[str, list[int]] = {}  # model -> [running, waiting]
+        self._stages: set[tuple[str, int]] = set()  # (model, stage) declared
         self._handlers = dispatch_table(
             {
                 SessionOpened: self._opened,
@@ -406,6 +484,7 @@ class MetricsFold:
             self._rollup(event.session_id, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
         if s.close_reason is not None:
             self._settle(event.session_id, s)
+        self._request_gauges(event.session_id, s.model_name)
         return turns
 
     def apply_all(self, events: Sequence[StoredEvent] | Any) -> MetricsFold:
@@ -429,6 +508,7 @@ class MetricsFold:
                 self.sink.inc("vllm_omni:requests_success_total", (model, reason), 0)
             for name in ("vllm_omni:prompt_tokens_total", "vllm_omni:generation_tokens_total"):
                 self.sink.inc(name, (model,), 0)
+            self._declare_model(model)
 
     def _closed(self, s: _Session, st: StoredEvent, e: SessionClosed) -> None:
         if s.admitted:
@@ -465,8 +545,11 @@ class MetricsFold:
 
     def _segment(self, s: _Session, st: StoredEvent, e: StageRequestSubmitted | StageRequestForwarded) -> None:
         s.audio_open.add((e.request_id, e.stage_id))
+        self._awaiting.setdefault(e.session_id, set()).add(e.request_id)
+        self._declare_stage(s.model_name, e.stage_id)
 
     def _output(self, s: _Session, st: StoredEvent, e: StageOutput) -> None:
+        self._awaiting.get(e.session_id, set()).discard(e.request_id)
         key = (e.request_id, e.stage_id)
         if key in s.audio_open and is_audio_output(e.stage_id, e.num_new_tokens, e.audio_frames):
             s.audio_open.discard(key)
@@ -493,6 +576,7 @@ class MetricsFold:
             (model,),
             sum(row.get("num_tokens_out") or 0 for row in t.stages.values()),
         )
+        self._latencies(model, stage0)
         if stage0.get("vllm_ttft_ms") is not None:
             s.ttft_ms.append(stage0["vllm_ttft_ms"])
         if (stage0.get("vllm_tpot_ms") or 0) > 0:
@@ -518,6 +602,66 @@ class MetricsFold:
         # (a clock stepped back, D17): none of them may lend a later turn its first audio.
         del s.audio_first[t.request_id]
         return min(inside) if inside else None
+
+    # ------------------------------------------------------------------ vLLM-style families (issue 22)
+    def _declare_model(self, model: str) -> None:
+        """A model's histogram children and request gauges exist from its first session on."""
+        for name in (
+            "vllm_omni:e2e_request_latency_s",
+            "vllm_omni:time_to_first_token_s",
+            "vllm_omni:request_time_per_output_token_s",
+            "vllm_omni:inter_token_latency_s",
+        ):
+            self.sink.declare(name, (model,))
+        self._model_requests.setdefault(model, [0, 0])
+        self.sink.set("vllm_omni:num_requests_running", (model,), 0)
+        self.sink.set("vllm_omni:num_requests_waiting", (model,), 0)
+
+    def _declare_stage(self, model: str, stage_id: int) -> None:
+        """A stage's children (``abort_failures_total``, the model's ``audio_ttfp_s``) exist
+        from the stage's first submit/forward on."""
+        if (model, stage_id) in self._stages:
+            return
+        if not any(stage == stage_id for _, stage in self._stages):
+            self.sink.inc("duplex_ledger:abort_failures_total", (str(stage_id),), 0)
+        self._stages.add((model, stage_id))
+        self.sink.declare("vllm_omni:audio_ttfp_s", (model, str(stage_id)))
+
+    def _latencies(self, model: str, stage0: Mapping[str, Any]) -> None:
+        """TTFT, request TPOT and ITLs of one turn table's Stage0 row (the figures its
+        ``[DuplexSessionSummary]`` and ``--log-stats`` tables print), in seconds."""
+        ttft_ms = stage0.get("vllm_ttft_ms")
+        if ttft_ms is not None:
+            self.sink.observe("vllm_omni:time_to_first_token_s", (model,), ttft_ms / 1000.0)
+        tpot_ms = stage0.get("vllm_tpot_ms") or 0
+        if tpot_ms > 0:
+            self.sink.observe("vllm_omni:request_time_per_output_token_s", (model,), tpot_ms / 1000.0)
+        for itl_ms in stage0.get("vllm_itls_ms") or ():
+            self.sink.observe("vllm_omni:inter_token_latency_s", (model,), itl_ms / 1000.0)
+
+    def _request_gauges(self, session_id: str, model: str) -> None:
+        """Running/waiting of the session's model after one event: of the ids the resources
+        fold says run (submitted, not finished, aborted or released), those with no
+        ``StageOutput`` since their latest submit/forward are waiting, the others running."""
+        held = self.projector.session_resources(session_id)
+        ids = held.running_ids() if held is not None else set()
+        awaiting = self._awaiting.get(session_id)
+        if awaiting:
+            awaiting &= ids
+        waiting = len(ids & awaiting) if awaiting else 0
+        now = (model, len(ids) - waiting, waiting)
+        before = self._request_counts.get(session_id, (model, 0, 0))
+        if now == before:
+            return
+        self._request_counts[session_id] = now
+        for (m, running, wait), sign in ((before, -1), (now, 1)):
+            totals = self._model_requests.setdefault(m, [0, 0])
+            totals[0] += sign * running
+            totals[1] += sign * wait
+        for m in {before[0], model}:
+            totals = self._model_requests[m]
+            self.sink.set("vllm_omni:num_requests_running", (m,), totals[0])
+            self.sink.set("vllm_omni:num_requests_waiting", (m,), totals[1])
 
     # ------------------------------------------------------------------ close
     def _rollup(self, session_id: str, s: _Session, st: StoredEvent, e: SessionClosed) -> None:

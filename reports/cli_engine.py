@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
-import warnings
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -37,6 +39,7 @@ from reports import cli_projections
 from reports.cli_errors import checked_url, fail, report
 from reports.cli_errors import run as run_body  # `run` is this module's command
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
+from reports.escape import terminal
 from reports.render_text import turn_log_messages
 from reports.trace_player import LineOutcome, RunProgress, TraceRunResult
 from reports.traces import Trace, TraceError, TraceLine, parse_traces
@@ -49,12 +52,37 @@ DTYPE_HELP = (
 )
 METRICS_PORT_HELP = (
     "Serve the Prometheus families (vllm_omni:*, duplex_ledger:*) at http://127.0.0.1:PORT/metrics "
-    "while the trace runs (0 = any free port)."
+    "from the engines' start until the process exits (0 = any free port)."
 )
+METRICS_LINGER_HELP = (
+    "With --metrics-port: keep serving /metrics this many seconds after the tables and the audit "
+    "are printed, so a scraper sees the run's final state."
+)
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT, the shell's convention)."""
 TABLES_MARK = "== per-turn tables =="
 AUDIT_MARK = "== audit =="
 
 model_app = typer.Typer(help="Prepare the models the live engines run.", no_args_is_help=True)
+
+
+INPUT_CANCEL_NOTE = (
+    "finished_reason cancel in the tables; the client's response.cancelled says barge_in, its legacy wire reason: "
+    "DOMAIN §2.4"
+)
+"""What ``run``/``demo`` add to an ``input.cancel`` line that cancelled a response (M17)."""
+
+
+def cancelled_words(wire_reason: object) -> str:
+    """The text of a ``response.cancelled`` line: the client event's wire reason, and the log's
+    ``finished_reason`` (the tables' word, DOMAIN §2.4) when that reason maps to another one
+    (``client_cancelled`` → ``cancel``, ``disconnect`` → ``close``). A wire ``barge_in`` is a
+    barge-in's or an ``input.cancel``'s (M17): the ``input.cancel`` line after it says which."""
+    from projections.reasons import reason_for_cancel_source
+
+    wire = str(wire_reason)
+    logged = reason_for_cancel_source(wire)
+    return f"wire reason {wire}" + (f"; finished_reason {logged} in the tables" if logged != wire else "")
 
 
 def bundled_traces() -> list[Path]:
@@ -137,7 +165,8 @@ class _Live:
         self.turns = trace.turns
 
     def say(self, text: str) -> None:
-        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        """One conversation line: model output and ids are log text (no markup, controls escaped)."""
+        self.progress.console.print(terminal(text), markup=False, highlight=False, soft_wrap=True)
 
     def on_progress(self, p: RunProgress) -> None:
         self.progress.update(
@@ -152,7 +181,8 @@ class _Live:
         if line.type == "input.append" and line.is_speech:
             self.say(f"{tag} user: {line.text or line.transcript or '(speech)'}")
         elif line.type not in ("input.append", "input.commit"):
-            self.say(f"{tag} {line.type}" + (f" — {outcome.detail}" if outcome.detail else ""))
+            note = f" ({INPUT_CANCEL_NOTE})" if line.type == "input.cancel" and outcome.status == "ok" else ""
+            self.say(f"{tag} {line.type}" + (f" — {outcome.detail}" if outcome.detail else "") + note)
         if outcome.status != "ok":
             self.say(f"{tag} line {line.line_no} {line.type}: {outcome.status}: {outcome.detail}")
 
@@ -163,7 +193,7 @@ class _Live:
         elif event.type == "response.listen":
             self.say(f"{tag} assistant keeps listening")
         elif event.type == "response.cancelled":
-            self.say(f"{tag} response cancelled ({event.data.get('reason')})")
+            self.say(f"{tag} response cancelled ({cancelled_words(event.data.get('reason'))})")
 
     def on_turn(self, session, turn) -> None:  # type: ignore[no-untyped-def]
         from reports.render_text import omni_timing_line
@@ -182,24 +212,32 @@ async def _drive(
     dtype: str,
     err: Console,
     metrics_port: int | None = None,
+    servers: list[Any] | None = None,
+    closed: list[str] | None = None,
 ) -> tuple[TraceRunResult, dict[str, float]]:
+    """Start the engines, play ``trace``, stop the engines. ``closed`` collects, in order, what
+    was closed on the way out (said on Ctrl-C)."""
+    closed = [] if closed is None else closed
     from engine_bridge.engine import SessionEngine
     from engine_bridge.vllm_port import VllmStagePort
     from reports.trace_player import run_trace
 
+    # vLLM starts synchronously, blocking the loop for minutes: asyncio.run's own SIGINT
+    # handler (cancel the main task from the loop) would wait for it. Ctrl-C raises at once
+    # instead; the finally blocks below close what was started (issue 22).
+    interrupt_at_once()
     timings: dict[str, float] = {}
+    ports: list[Any] = []
     t0 = time.monotonic()
-    with err.status("starting Stage0 (thinker) engine…"):
-        thinker = await VllmStagePort.start(thinker_dir, stage_id=0, name="thinker", dtype=dtype, load_progress=False)
-    timings["thinker_start_s"] = time.monotonic() - t0
-    ports = [thinker]
     try:
-        t1 = time.monotonic()
-        with err.status("starting Stage1 (talker) engine…"):
-            ports.append(
-                await VllmStagePort.start(talker_dir, stage_id=1, name="talker", dtype=dtype, load_progress=False)
-            )
-        timings["talker_start_s"] = time.monotonic() - t1
+        for stage_id, name, model_dir in ((0, "thinker", thinker_dir), (1, "talker", talker_dir)):
+            t1 = time.monotonic()
+            err.print(f"starting Stage{stage_id} ({name}) engine… (Ctrl-C stops)", highlight=False, markup=False)
+            with err.status(f"starting Stage{stage_id} ({name}) engine…"):
+                ports.append(
+                    await VllmStagePort.start(model_dir, stage_id=stage_id, name=name, dtype=dtype, load_progress=False)
+                )
+            timings[f"{name}_start_s"] = time.monotonic() - t1
         err.print(
             f"engines up in {time.monotonic() - t0:.1f} s; running {len(trace.sessions)} session(s), "
             f"{len(trace.lines)} trace lines",
@@ -209,10 +247,12 @@ async def _drive(
         engine = await SessionEngine.open(
             url, ports, config=config, on_turn=live.on_turn, stats_renderer=turn_log_messages
         )
+        closed.append(f"the ledger {redact(url)} (every open session closed)")  # by aclose, below
         async with engine:
-            if metrics_port is not None:  # issue 16: Prometheus families while the trace runs
-                served = engine.metrics.serve(metrics_port)
-                err.print(f"Prometheus metrics on http://127.0.0.1:{served}/metrics", highlight=False)
+            if metrics_port is not None:  # issues 16/22: served until the process exits, not the engine
+                server = engine.metrics.start_server(metrics_port)
+                (servers if servers is not None else []).append(server)
+                err.print(f"Prometheus metrics on {server.url}", highlight=False)
             with live.progress:
                 result = await run_trace(
                     engine,
@@ -227,7 +267,15 @@ async def _drive(
     finally:
         for port in reversed(ports):
             await port.shutdown()
+            closed.insert(0, f"the Stage{port.stage_id} ({port.name}) engine")
     return result, timings
+
+
+def interrupt_at_once() -> None:
+    """SIGINT raises KeyboardInterrupt where the main thread is, even inside a synchronous
+    call that blocks the event loop (vLLM's start-up). Main thread only."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _live_run(
@@ -241,35 +289,44 @@ def _live_run(
     dtype: str,
     verbose: bool,
     metrics_port: int | None = None,
+    metrics_linger_s: float = 0.0,
 ) -> None:
     """Shared body of ``demo`` and ``run`` (see the module docstring); raises typer.Exit."""
+    servers: list[Any] = []  # the /metrics server: it outlives the engine (issue 22)
     err = Console(stderr=True, soft_wrap=True)
     started = time.monotonic()
     trace = _parse(paths, err)
     if speed <= 0:
         fail("--speed must be > 0")
     if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        # Inherited by vLLM's engine-core processes: torch's deprecation warnings and its
-        # platform notes (Triton absent, NUMA binding) say nothing about the sessions.
-        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        os.environ.setdefault("TORCH_LOGS", "-all")
-        warnings.filterwarnings("ignore", category=FutureWarning)
+        from reports.model_prep import quiet_engine_logs
+
+        quiet_engine_logs()  # vLLM at ERROR, torch's warnings off (inherited by the engine cores)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries tables + audit only
     url = checked_url(db)
-    thinker_dir = _prepare(model, err)
-    talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
-    config = engine_config(model, max_tokens, talker_model)
-    result, timings = run_body(
-        lambda: _drive(trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port), url
-    )
+    closed: list[str] = []
+    try:
+        thinker_dir = _prepare(model, err)
+        talker_dir = (
+            thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
+        )
+        config = engine_config(model, max_tokens, talker_model)
+        result, timings = run_body(
+            lambda: _drive(
+                trace, url, thinker_dir, talker_dir, config, speed, log_stats, dtype, err, metrics_port, servers, closed
+            ),
+            url,
+        )
+    except KeyboardInterrupt:
+        what = ", ".join(closed) if closed else "nothing was running yet (no engine started, nothing written)"
+        err.print(f"interrupted (Ctrl-C); closed: {what}", highlight=False, markup=False)
+        raise typer.Exit(INTERRUPTED) from None
     problems = result.problems
     if problems:
         err.print(f"[yellow]{len(problems)} trace line(s) did not do what they asked:[/]", markup=True)
         for o in problems:
             err.print(
-                f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}",
+                terminal(f"  {Path(o.source).name} line {o.line_no} [{o.session}] {o.type}: {o.status}: {o.detail}"),
                 markup=False,
                 highlight=False,
             )
@@ -290,6 +347,9 @@ def _live_run(
         f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
         highlight=False,
     )
+    if servers and metrics_linger_s > 0:
+        err.print(f"serving {servers[0].url} for {metrics_linger_s:g} s more (--metrics-linger-s)", highlight=False)
+        time.sleep(metrics_linger_s)
     raise typer.Exit(code)
 
 
@@ -302,11 +362,24 @@ def demo(
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
+    metrics_linger_s: float = typer.Option(0.0, "--metrics-linger-s", min=0.0, max=86400.0, help=METRICS_LINGER_HELP),
 ) -> None:
     """Run the bundled example conversations on live vLLM engines; print tables and audit.
 
     The traces in examples/*.jsonl run concurrently; exit 1 if the audit is not clean."""
-    _live_run(bundled_traces(), db, model, talker_model, speed, None, max_tokens, dtype, verbose, metrics_port)
+    _live_run(
+        bundled_traces(),
+        db,
+        model,
+        talker_model,
+        speed,
+        None,
+        max_tokens,
+        dtype,
+        verbose,
+        metrics_port,
+        metrics_linger_s,
+    )
 
 
 def run(
@@ -322,11 +395,14 @@ def run(
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
+    metrics_linger_s: float = typer.Option(0.0, "--metrics-linger-s", min=0.0, max=86400.0, help=METRICS_LINGER_HELP),
 ) -> None:
     """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
 
     Exit 2 (nothing run) on bad trace lines, 1 when the audit after the run is not clean."""
-    _live_run([trace], db, model, talker_model, speed, log_stats, max_tokens, dtype, verbose, metrics_port)
+    _live_run(
+        [trace], db, model, talker_model, speed, log_stats, max_tokens, dtype, verbose, metrics_port, metrics_linger_s
+    )
 
 
 @model_app.command("prepare")

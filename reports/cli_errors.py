@@ -24,16 +24,14 @@ escaped and any database password masked (:func:`events.store.url.scrub`).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
-from events.store.errors import ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError
-from events.store.url import redact, scrub
 from reports.printable import printable
 
 if TYPE_CHECKING:
@@ -54,16 +52,41 @@ class UnknownSession(LookupError):
     """``--session`` (or ``--stream``) names a session the log has no event of."""
 
 
+class UnknownResponse(UnknownSession):
+    """``--response`` names a response id no event of the log carries."""
+
+
+def nearest(wanted: str, known: list[str], what: str, hint: str) -> str:
+    """``; did you mean 'a', 'b'?`` (difflib's closest of ``known``), else ``hint`` (the
+    command that lists the ``what``)."""
+    close = difflib.get_close_matches(wanted, known, n=3, cutoff=0.5)
+    if close:
+        return f"; did you mean {', '.join(map(repr, close))}?"
+    return f"; {hint}" if known else f"; the log holds no {what}"
+
+
 async def check_session(store: EventStore, session: str | None) -> None:
     """Raise UnknownSession when ``session`` is given and the log has no event of it (a typo
-    must not read as a clean audit, an empty table or an empty export)."""
+    must not read as a clean audit, an empty table or an empty export), naming the nearest
+    session ids."""
     if session is not None and await store.stream_version(session) == 0:
-        raise UnknownSession(f"no session {session!r} in the log {redact(store.url)}")
+        import sqlalchemy as sa
+
+        from events.store.url import redact
+
+        def stream_ids(conn: Any) -> list[str]:
+            return sorted(conn.execute(sa.text("SELECT DISTINCT stream_id FROM events")).scalars())
+
+        known = await store.run_read(stream_ids)
+        raise UnknownSession(
+            f"no session {session!r} in the log {redact(store.url)}{nearest(session, known, 'sessions', '`duplex-ledger sessions` lists them')}"
+        )
 
 
 def rejected_types() -> tuple[type[BaseException], ...]:
     """The exception classes that mean "rejected input" (exit 2)."""
     from events.jsonl import JsonlError
+    from events.store.errors import ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError
     from reports.traces import TraceError
 
     return (
@@ -95,7 +118,11 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
     """The lines that say what went wrong: a driver error as its own first line (not
     SQLAlchemy's SQL dump), every line of a JSONL or trace error. An operational error names
     the database (``url``, password masked) it happened on."""
+    from pydantic import ValidationError
+
     from events.jsonl import JsonlError
+    from events.store.errors import ConcurrencyError, EventIdConflict
+    from events.store.url import redact
     from reports.traces import TraceError
 
     if isinstance(exc, JsonlError):
@@ -121,6 +148,8 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
 
 def say(line: str, url: str | None = None) -> None:
     """Print one line on stderr: password masked, no markup, un-encodable characters escaped."""
+    from events.store.url import scrub
+
     safe = printable(scrub(line, url)).encode("utf-8", "backslashreplace").decode("utf-8")
     err.print(safe, markup=False, highlight=False)
 
@@ -155,10 +184,26 @@ def checked_url(db: str | None) -> str:
 
     try:
         url = resolve_url(db)
-        backend_of(url)
+        if backend_of(url) == "sqlite":
+            _check_sqlite_form(url)
     except ValueError as exc:
         report(exc, db)
     return url
+
+
+def _check_sqlite_form(url: str) -> None:
+    """A SQLite URL names a file, never a host, user or port (``sqlite+aiosqlite://x/y.db``
+    read as the file ``y.db`` on host ``x``): ValueError showing the right form."""
+    from sqlalchemy.engine import make_url
+
+    from events.store.url import redact
+
+    parsed = make_url(url)
+    if parsed.host or parsed.username or parsed.password or parsed.port:
+        raise ValueError(
+            f"{redact(url)!r} is not a SQLite file URL (it names a host): use sqlite+aiosqlite:///RELATIVE/PATH.db "
+            "or sqlite+aiosqlite:////ABSOLUTE/PATH.db (three slashes, then the path)"
+        )
 
 
 def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -> T:

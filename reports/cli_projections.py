@@ -25,28 +25,34 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
-from events.chain_walk import ChainFault, chain_fault, walk_log
 from events.limits import MAX_POSITION
-from events.store.owners import session_lifecycles
-from events.store.store import EventStore
-from projections.findings import Finding
-from projections.projector import Projector
-from projections.runner import ProjectionRunner, project_as_of
-from projections.turn_tables import TurnTables
-from reports.cli_errors import MAX_IDLE_S, check_session, checked_url, exit_if_tampered, fail, run, say
-from reports.printable import printable
-from reports.render_formats import render_csv, render_json, render_markdown
-from reports.render_text import render_tables_text
+from reports.cli_errors import (
+    MAX_IDLE_S,
+    UnknownResponse,
+    check_session,
+    checked_url,
+    exit_if_tampered,
+    fail,
+    nearest,
+    run,
+    say,
+)
+from reports.escape import rich_text
+
+if TYPE_CHECKING:  # imported where used, so `--help` and the other commands start fast (issue 22)
+    from rich.table import Table
+
+    from events.chain_walk import ChainFault
+    from events.store.store import EventStore
+    from projections.findings import Finding
+    from projections.projector import Projector
+    from projections.turn_tables import TurnTables
 
 PROJECTIONS = ("all", "request_resources", "audit", "turn_tables")
 
@@ -74,6 +80,10 @@ async def _projected(
     position reported is the head's), or caught up and persisted, with the first fault of the
     hash chain of the rows folded (None: intact). Raises UnknownSession for a ``session`` the
     log does not hold."""
+    from events.chain_walk import chain_fault
+    from events.store.store import EventStore
+    from projections.runner import ProjectionRunner, project_as_of
+
     async with await EventStore.open(db) as store:
         await check_session(store, session)
         if until_position is not None:
@@ -95,6 +105,9 @@ def short_detail(detail: str, limit: int = DETAIL_MAX) -> str:
 
 async def _replicas_of(url: str, sessions: set[str], until_position: int | None) -> dict[str, str]:
     """Session -> the replica that served it (issue 14), for sessions whose log names one."""
+    from events.store.owners import session_lifecycles
+    from events.store.store import EventStore
+
     async with await EventStore.open(url, read_only=True) as store:
         lives = await session_lifecycles(store, stream_ids=sessions, until_position=until_position)
     return {sid: life.served_by.replica_id for sid, life in lives.items() if life.served_by.replica_id}
@@ -102,6 +115,9 @@ async def _replicas_of(url: str, sessions: set[str], until_position: int | None)
 
 def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str] | None = None) -> Table:
     """A rich table of findings; every cell is user data, so it is escaped (not markup)."""
+    from rich.table import Table
+
+
     table = Table(title=title, title_justify="left", show_lines=False)
     columns = (
         "kind",
@@ -131,7 +147,7 @@ def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str
             ",".join(map(str, f.evidence[:12])) + ("…" if len(f.evidence) > 12 else ""),
             f.detail,
         )
-        table.add_row(*(escape(printable(short_detail(c))) for c in cells))
+        table.add_row(*(rich_text(short_detail(c)) for c in cells))
     return table
 
 
@@ -243,6 +259,10 @@ async def _turns(
     db: str | None, session: str | None, response: str | None, until_position: int | None
 ) -> tuple[list[TurnTables], ChainFault | None]:
     """The turns chosen, with the first fault of the hash chain of the rows folded."""
+    from events.chain_walk import chain_fault
+    from events.store.store import EventStore
+    from projections.runner import ProjectionRunner, project_as_of
+
     async with await EventStore.open(db) as store:
         await check_session(store, session)
         if until_position is not None:
@@ -254,20 +274,44 @@ async def _turns(
             await runner.checked_catch_up()
             turns = await runner.turn_tables(session, response)
             fault = runner.chain_fault
-    chosen = [
-        t
-        for t in turns
-        if (session is None or t.session_id == session) and (response is None or t.response_id == response)
-    ]
+        chosen = [
+            t
+            for t in turns
+            if (session is None or t.session_id == session) and (response is None or t.response_id == response)
+        ]
+        if response is not None and not chosen:
+            await check_response(store, session, response)
     return chosen, fault
 
 
-RENDERERS: dict[TablesFormat, Callable[[list[TurnTables]], str]] = {
-    TablesFormat.text: render_tables_text,
-    TablesFormat.json: render_json,
-    TablesFormat.csv: render_csv,
-    TablesFormat.markdown: render_markdown,
-}
+async def check_response(store: EventStore, session: str | None, response: str) -> None:
+    """Raise UnknownResponse when no event (of ``session``, when given) carries ``response``
+    as its response_id, naming the nearest ones; a response the log holds that has no turn
+    table (listen-only, log_stats off) is not an error."""
+    known: set[str] = set()
+    async for stored in store.read_all(from_position=1):
+        rid = getattr(stored.event, "response_id", None)
+        if isinstance(rid, str) and (session is None or stored.stream_id == session):
+            known.add(rid)
+    if response not in known:
+        where = f"session {session!r}" if session is not None else "the log"
+        raise UnknownResponse(
+            f"no response {response!r} in {where}{nearest(response, sorted(known), 'responses', '`tables --format json` lists them')}"
+        )
+
+
+def render(fmt: TablesFormat, turns: list[TurnTables]) -> str:
+    """``turns`` in ``fmt`` (:mod:`reports.render_text`, :mod:`reports.render_formats`)."""
+    from reports.render_formats import render_csv, render_json, render_markdown
+    from reports.render_text import render_tables_text
+
+    renderer = {
+        TablesFormat.text: render_tables_text,
+        TablesFormat.json: render_json,
+        TablesFormat.csv: render_csv,
+        TablesFormat.markdown: render_markdown,
+    }[fmt]
+    return renderer(turns)
 
 
 def tables(
@@ -290,8 +334,8 @@ def tables(
     """Re-project the per-turn metric tables (vLLM-Omni --log-stats layout) from the log.
 
     Text output is byte-identical to what the live engine printed for each turn. Exit 2 for
-    a missing ledger file or a --session the log does not hold; no matching turn is not an
-    error (a note says so on stderr).
+    a missing ledger file, or a --session or --response the log does not hold (the nearest
+    ids are named); a response that made no table is not an error (a note says so on stderr).
     """
     if summary and fmt not in (TablesFormat.text, TablesFormat.json):
         typer.echo("error: --summary works with --format text or json", err=True)
@@ -310,7 +354,7 @@ def tables(
             highlight=False,
             markup=False,
         )
-    text = RENDERERS[fmt](turns)
+    text = render(fmt, turns)
     if summary:  # issue 16: session rollups, from the metrics fold over the same log
         from reports import cli_metrics, render_summary
 
@@ -344,6 +388,12 @@ class ChainBroken(RuntimeError):
 
 
 async def _rebuild(db: str | None, quiet: bool, workers: int | None) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from events.chain_walk import walk_log
+    from events.store.store import EventStore
+    from projections.runner import ProjectionRunner
+
     async with await EventStore.open(db) as store:
         _, fault = await walk_log(store)
         if fault is not None:

@@ -52,7 +52,26 @@ __all__ = [
     "resolve_model",
 ]
 
+
 #: Environment variable naming the model cache directory.
+def quiet_engine_logs() -> None:
+    """Lower vLLM's and torch's own logging before vllm is imported (the settings are read at
+    import, and inherited by vLLM's engine-core processes): vLLM logs at ERROR (its INFO
+    configuration dump and its WARNING notes on CPU, and the "[shutdown] … force killing"
+    of an engine core slow to exit, say nothing about the sessions), torch's FutureWarnings,
+    platform notes and C++ log are off, and vLLM logs to stderr (stdout carries the tables).
+    A variable already set wins, so ``VLLM_LOGGING_LEVEL=INFO`` still shows everything."""
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::UserWarning")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_LOGS", "-all")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+
+
 CACHE_ENV_VAR = "DUPLEX_LEDGER_MODEL_CACHE"
 
 #: File written last into a prepared model directory (JSON: name, seconds, ...).

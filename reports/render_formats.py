@@ -17,9 +17,15 @@ All three carry the numbers of :mod:`reports.render_text`, with units in the fie
   two-column tables, the stage id for ``stage`` and the edge (``0->1``) for ``transfer``.
   Every field is written (no row hiding); ``value`` is the JSON number (``repr``, 3 decimals),
   empty for None, ``overflow`` for a number that overflowed, ``true``/``false`` for bools, JSON for lists and dicts. Filter/pivot freely.
+  Every text cell (ids, reason, table, column, field names, text values) goes through
+  :func:`reports.escape.csv_text` (a leading ``'`` before ``= + - @``, tab, CR); cells written
+  from numbers (``turn_id``, a number ``value`` such as ``-1.5``) are numbers, not text from
+  the log, and stay as they are.
 * **Markdown** (:func:`render_markdown`): per turn a heading, then the same tables, rows, hiding
   and formatted cells as the text log, as pipe tables, and the ``[OmniTiming]`` line in a code
-  span.
+  span. Text from the log goes through :func:`reports.escape.markdown_text` (headings, titles,
+  cells) or :func:`reports.escape.markdown_code` (the ``[OmniTiming]`` line): rendered by a
+  CommonMark renderer it is text, never a tag, link or emphasis.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from projections.turn_tables import JSON_RENAMES, TurnTables
+from reports.escape import FORMULA_LEADS, csv_text, markdown_code, markdown_text
 from reports.overflow import OVERFLOW_TEXT, json_row, nulled, overflows
-from reports.printable import printable
 from reports.render_text import Table, has_text_tables, turn_sections
+
+__all__ = ["CSV_HEADER", "FORMULA_LEADS", "render_csv", "render_json", "render_markdown"]
 
 JSON_FORMAT = "duplex-ledger.turn-tables"
 JSON_VERSION = 1
@@ -85,46 +93,39 @@ def _cells(doc: dict[str, Any]) -> Iterator[tuple[str, str, str, Any]]:
 
 
 def render_csv(turns: Iterable[TurnTables]) -> str:
-    """Tidy CSV (header + one row per turn/table/column/field), ``\\n`` line ends."""
+    """Tidy CSV (header + one row per turn/table/column/field), ``\\n`` line ends. Text cells
+    through :func:`reports.escape.csv_text`; number cells as written (see the module)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     for t in turns:
         doc = t.to_dict()
-        ident = tuple(map(_no_formula, (t.session_id, t.response_id, t.request_id or ""))) + (
+        ident = (
+            *map(csv_text, (t.session_id, t.response_id, t.request_id or "")),
             str(t.turn_id),
-            t.finished_reason,
+            csv_text(t.finished_reason),
         )
         for table, column, name, value in _cells(doc):
-            writer.writerow(tuple(map(printable, (*ident, table, column, name, _csv_value(value)))))
+            cell = _csv_value(value)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                cell = csv_text(cell)
+            writer.writerow((*ident, csv_text(table), csv_text(column), csv_text(name), cell))
     return out.getvalue()
 
 
-FORMULA_LEADS = ("=", "+", "-", "@")
-"""A spreadsheet reads a cell starting with one of these as a formula (CSV injection)."""
-
-
-def _no_formula(text: str) -> str:
-    """An id from the log as a CSV cell a spreadsheet shows as text: a leading ``'`` when it
-    would start a formula (OWASP "CSV injection"); the JSON output keeps the exact id."""
-    return "'" + text if text.startswith(FORMULA_LEADS) else text
-
-
-def _md_escape(text: str) -> str:
-    return printable(text.replace("\\", "\\\\").replace("|", "\\|"))
-
-
 def _md_table(table: Table) -> str:
+    """A table built by ``turn_sections(t, markdown_text)``: its title's ids are already written
+    for Markdown (the title's own brackets stay brackets); header and cells are escaped here."""
     header = ("Field", *table.columns)
     lines = [
-        f"**{_md_escape(table.title)}**",
+        f"**{table.title}**",
         "",
-        "| " + " | ".join(_md_escape(h) for h in header) + " |",
+        "| " + " | ".join(markdown_text(h) for h in header) + " |",
         "| :--- |" + " ---: |" * len(table.columns),
     ]
     for name, cells in table.rows:
         name = JSON_RENAMES.get(name, name)
-        lines.append("| " + " | ".join(_md_escape(c) for c in (name, *cells)) + " |")
+        lines.append("| " + " | ".join(markdown_text(c) for c in (name, *cells)) + " |")
     return "\n".join(lines)
 
 
@@ -134,12 +135,12 @@ def render_markdown(turns: Iterable[TurnTables]) -> str:
     blocks: list[str] = []
     for t in turns:
         blocks.append(
-            f"## {_md_escape(t.session_id)} · turn {t.turn_id} — {_md_escape(t.response_id)} "
-            f"({_md_escape(t.finished_reason)})"
+            f"## {markdown_text(t.session_id)} · turn {t.turn_id} — {markdown_text(t.response_id)} "
+            f"({markdown_text(t.finished_reason)})"
         )
         if not has_text_tables(t):
             blocks.append("_Ended before any engine request: no `--log-stats` tables (DOMAIN §5.7 D8)._")
             continue
-        for section in turn_sections(t):
-            blocks.append(f"`{section}`" if isinstance(section, str) else _md_table(section))
+        for section in turn_sections(t, markdown_text):
+            blocks.append(markdown_code(section) if isinstance(section, str) else _md_table(section))
     return "\n\n".join(blocks) + ("\n" if blocks else "")

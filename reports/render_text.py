@@ -3,8 +3,8 @@
 Per turn, in order: ``[Overall Summary]``, ``RequestE2EStats``, one ``[OmniTiming]`` line,
 ``StageRequestStats`` (left out when no stage reported), ``TransferEdgeStats`` (left out when
 the turn has no edge, or no edge row to show: DOMAIN §5.7 D16 — the ``[OmniTiming]`` line still
-names such an edge, ``0->1=0.00ms``). Each table is a ``[<title>]`` line and a PrettyTable-default-style grid
-(reproduced here, no dependency): ``Field`` left aligned, value columns and their headers right
+names such an edge, ``0->1=0.00ms``). Each table is a ``[<title>]`` line and a
+PrettyTable-default-style grid (reproduced here, no dependency): ``Field`` left aligned, value columns and their headers right
 aligned, one space of padding, ``+---+`` rules above and below the header and at the bottom.
 
 Rows: summary keys in summary order; E2E, stage and transfer rows sorted by name. A row is
@@ -22,7 +22,7 @@ Duplex titles carry ``[request_id=<engine id> response=<id> turn=<n> reason=<r>]
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args, get_origin
 
@@ -30,8 +30,8 @@ from events.ids import is_duplex
 from events.limits import derived
 from events.stats import STAT_FIELDS, StageRequestStats
 from projections.turn_tables import PREPROCESS_TIMING_KEY, TurnTables
+from reports.escape import terminal as printable
 from reports.overflow import number_text
-from reports.printable import printable
 
 NEVER_PRINTED_STAGE_FIELDS: frozenset[str] = frozenset(
     {
@@ -125,28 +125,37 @@ def grid(table: Table) -> str:
     return "\n".join([rule, fmt(header), rule, *(fmt(r) for r in lines), rule])
 
 
-def identity_suffix(t: TurnTables) -> str:
-    """Title suffix: duplex identity (M8) or the chat ``[request_id=<id>]``."""
+Escape = Callable[[str], str]
+"""How a medium writes text from the log (:mod:`reports.escape`); ``str`` keeps it as it is
+(the text medium escapes whole titles and cells as it prints them)."""
+
+
+def identity_suffix(t: TurnTables, esc: Escape = str) -> str:
+    """Title suffix: duplex identity (M8) or the chat ``[request_id=<id>]``; the ids and reason
+    written by ``esc`` (the brackets and ``=`` are the title's own)."""
+    rid = esc(str(t.request_id))
     if is_duplex(t.request_id):
-        return f"[request_id={t.request_id} response={t.response_id} turn={t.turn_id} reason={t.finished_reason}]"
-    return f"[request_id={t.request_id}]"
+        return f"[request_id={rid} response={esc(t.response_id)} turn={t.turn_id} reason={esc(t.finished_reason)}]"
+    return f"[request_id={rid}]"
 
 
-def summary_table(t: TurnTables) -> Table:
+def summary_table(t: TurnTables, esc: Escape = str) -> Table:
     return make_table("Overall Summary", ("Value",), ((k, (v,)) for k, v in t.summary.items()))
 
 
-def e2e_table(t: TurnTables) -> Table:
+def e2e_table(t: TurnTables, esc: Escape = str) -> Table:
     rows = {
         "e2e_total_ms": t.e2e["e2e_total_ms"],
         "e2e_total_tokens": t.e2e["e2e_total_tokens"],
         "transfers_total_kbytes": kbytes(t.e2e["transfers_total_bytes"]),
         "transfers_total_time_ms": t.e2e["transfers_total_time_ms"],
     }
-    return make_table(f"RequestE2EStats {identity_suffix(t)}", ("Value",), ((k, (v,)) for k, v in sorted(rows.items())))
+    return make_table(
+        f"RequestE2EStats {identity_suffix(t, esc)}", ("Value",), ((k, (v,)) for k, v in sorted(rows.items()))
+    )
 
 
-def stage_table(t: TurnTables) -> Table:
+def stage_table(t: TurnTables, esc: Escape = str) -> Table:
     """Columns = stage ids ascending; ``diffusion_metrics`` keys become rows (float kind)."""
     sids = sorted(t.stages)
     hidden = NEVER_PRINTED_STAGE_FIELDS | (DUPLEX_HIDDEN_STAGE_FIELDS if is_duplex(t.request_id) else frozenset())
@@ -166,10 +175,10 @@ def stage_table(t: TurnTables) -> Table:
         if all(_is_blank(v) for v in values):
             continue  # hidden on the data, before a None is given its printed zero
         rows.append((name, tuple(names[name] if v is None else v for v in values)))
-    return make_table(f"StageRequestStats {identity_suffix(t)}", tuple(str(s) for s in sids), rows)
+    return make_table(f"StageRequestStats {identity_suffix(t, esc)}", tuple(str(s) for s in sids), rows)
 
 
-def transfer_table(t: TurnTables) -> Table:
+def transfer_table(t: TurnTables, esc: Escape = str) -> Table:
     def rows_of(name: str) -> tuple[Any, ...]:
         if name == "size_kbytes":
             return tuple(kbytes(e.size_bytes) for e in t.transfers)
@@ -177,7 +186,9 @@ def transfer_table(t: TurnTables) -> Table:
 
     names = ("in_flight_time_ms", "rx_decode_time_ms", "size_kbytes", "tx_time_ms")
     return make_table(
-        f"TransferEdgeStats {identity_suffix(t)}", tuple(e.edge for e in t.transfers), ((n, rows_of(n)) for n in names)
+        f"TransferEdgeStats {identity_suffix(t, esc)}",
+        tuple(e.edge for e in t.transfers),
+        ((n, rows_of(n)) for n in names),
     )
 
 
@@ -223,12 +234,13 @@ def omni_timing_line(t: TurnTables) -> str:
     return "[OmniTiming] " + " ".join(tokens)
 
 
-def turn_sections(t: TurnTables) -> list[Table | str]:
-    """The turn's printed pieces in log order: tables and the ``[OmniTiming]`` line (a str)."""
-    sections: list[Table | str] = [summary_table(t), e2e_table(t), omni_timing_line(t)]
+def turn_sections(t: TurnTables, esc: Escape = str) -> list[Table | str]:
+    """The turn's printed pieces in log order: tables and the ``[OmniTiming]`` line (a str).
+    ``esc`` writes the ids in the tables' titles (a medium whose titles carry markup)."""
+    sections: list[Table | str] = [summary_table(t, esc), e2e_table(t, esc), omni_timing_line(t)]
     if t.stages:
-        sections.append(stage_table(t))
-    if t.transfers and (edges := transfer_table(t)).rows:
+        sections.append(stage_table(t, esc))
+    if t.transfers and (edges := transfer_table(t, esc)).rows:
         sections.append(edges)  # D16: an edge with no row to show prints no table (0.30.0)
     return sections
 

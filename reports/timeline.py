@@ -12,7 +12,11 @@ session's first event, wall clock: every x is an event ``ts``) with one lane per
 * ``session`` — open, close and ``EpochAdvanced``;
 * ``audit`` — leaks and warnings of the audit (DOMAIN §4.2, D9) at their first position.
 
-Hover shows the event type, its log position, ts and its main fields. :func:`write_timeline`
+Hover shows the event type, its log position, ts and its main fields. Every text from the log
+(ids, model text, reasons, details, the title's session id) goes through
+:func:`reports.escape.html_text`: plotly reads tags and entities in its strings, so a session id
+``<a href=…>`` shows as text, and controls and bidi overrides show as ``\\uNNNN``; the JSON plotly
+embeds in ``<script>`` escapes ``<``, ``>`` and ``/`` itself. :func:`write_timeline`
 writes the page with plotly.js inline (``include_plotlyjs=True``): no network at view time, so
 it opens from a copied file. Needs neither vllm nor torch.
 """
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import cast
 
@@ -48,6 +51,7 @@ from projections.dispatch import dispatch_table
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
+from reports.escape import html_text as escape
 
 REASON_COLOURS: dict[str, str] = {
     "stop": "#2e7d32",
@@ -220,7 +224,7 @@ def _stage_spans(turn: TurnTables, events: Sequence[StoredEvent], t0: float) -> 
                 f"<b>stage {stage_id}</b> response {escape(turn.response_id)}",
                 f"first token @ position {first.position} ts {first.event.ts:.6f}",
                 f"last token @ position {last.position} ts {last.event.ts:.6f}",
-                f"tokens {n}, reason {turn.finished_reason}",
+                f"tokens {n}, reason {escape(turn.finished_reason)}",
             ]
         )
         spans.append(
@@ -240,7 +244,7 @@ def _response_span(turn: TurnTables, t0: float) -> Span:
     hover = "<br>".join(
         [
             f"<b>response {escape(turn.response_id)}</b> turn {turn.turn_id}",
-            f"reason {turn.finished_reason}",
+            f"reason {escape(turn.finished_reason)}",
             f"request_id {escape(turn.request_id or 'None')}",
             f"arrival ts {turn.arrival_ts:.6f}",
             f"finalize ts {turn.finalize_ts:.6f}",
@@ -253,7 +257,7 @@ def _response_span(turn: TurnTables, t0: float) -> Span:
         turn.finalize_ts - t0,
         REASON_COLOURS.get(turn.finished_reason, "#757575"),
         hover,
-        f"response: {turn.finished_reason}",
+        f"response: {escape(turn.finished_reason)}",
     )
 
 
@@ -314,7 +318,7 @@ def timeline_figure(events: Sequence[StoredEvent], *, title: str | None = None) 
     extra = sorted({s.lane for s in spans} - set(LANES))
     fig.update_layout(
         title=title
-        or f"session {session_id} — {len(events)} events, positions "
+        or f"session {escape(session_id)} — {len(events)} events, positions "
         f"{events[0].position}…{events[-1].position}, {len(projector.turn_tables)} responses",
         barmode="overlay",
         template="plotly_white",

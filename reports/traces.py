@@ -305,18 +305,18 @@ def _problem_place(problem: str, prefixes: list[str]) -> tuple[int, int]:
     return (prefixes.index(prefix) if prefix in prefixes else len(prefixes), int(m.group(2)))
 
 
-def _text_lines(raw: bytes, prefix: str) -> list[str]:
-    """The file's lines as text. Raises TraceError naming every line that is not UTF-8."""
-    lines, problems = [], []
+def _text_lines(raw: bytes, prefix: str) -> tuple[list[str], list[str]]:
+    """The file's lines as text (a line that is not UTF-8 as a blank one, so the other lines
+    are still checked), and a problem naming each line that is not UTF-8."""
+    lines: list[str] = []
+    problems: list[str] = []
     for no, line in enumerate(raw.splitlines(), start=1):
         try:
             lines.append(line.decode("utf-8"))
         except UnicodeDecodeError as exc:
             problems.append(f"{prefix}line {no}: not UTF-8: byte 0x{line[exc.start]:02x} at byte {exc.start + 1}")
             lines.append("")
-    if problems:
-        raise TraceError(problems)
-    return lines
+    return lines, problems
 
 
 def parse_trace(path: str | Path) -> Trace:
@@ -327,7 +327,8 @@ def parse_trace(path: str | Path) -> Trace:
 def parse_traces(paths: Iterable[str | Path]) -> Trace:
     """Parse several trace files into one trace (run concurrently). With several files each
     problem is prefixed by its file name. A session id may appear in one file only. Raises
-    TraceError listing every problem, OSError when a file cannot be read."""
+    TraceError listing every problem of every file at once (bytes that are not UTF-8, bad
+    JSON, bad fields, order), OSError when a file cannot be read."""
     files = [Path(p) for p in paths]
     several = len(files) > 1
     lines: list[TraceLine | _BadOpen] = []
@@ -335,8 +336,9 @@ def parse_traces(paths: Iterable[str | Path]) -> Trace:
     owner: dict[str, str] = {}
     for path in files:
         prefix = f"{path.name}: " if several else ""
-        parsed, bad = _parse_lines(_text_lines(path.read_bytes(), prefix), str(path), prefix=prefix)
-        problems += bad
+        text, not_utf8 = _text_lines(path.read_bytes(), prefix)
+        parsed, bad = _parse_lines(text, str(path), prefix=prefix)
+        problems += not_utf8 + bad
         for line in parsed:
             if isinstance(line, _BadOpen):
                 continue

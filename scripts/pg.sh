@@ -10,7 +10,22 @@
 # Prints export lines; the LAST line is always the one for DUPLEX_LEDGER_TEST_PG_URL (the
 # owner role, with CREATEDB), which .ci/run evaluates. The line before it exports
 # DUPLEX_LEDGER_TEST_PG_APP_URL (the application role) for the role tests.
+#
+# `scripts/pg.sh --binaries` only installs the server binaries (initdb, pg_ctl) when they are
+# missing, through sudo when not root, and starts nothing: the README's test command runs it,
+# and the test session then starts a throwaway cluster of its own (tests/pg_cluster.py).
 set -euo pipefail
+
+if [ "${1:-}" = "--binaries" ]; then
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then
+    exit 0
+  fi
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+  exit 0
+fi
 
 PG_USER=${PG_USER:-ledger}
 PG_PASS=${PG_PASS:-ledger}

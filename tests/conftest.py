@@ -2,24 +2,18 @@
 
 * ``sqlite_url`` — a fresh SQLite file in ``tmp_path``.
 * ``pg_url`` — a fresh PostgreSQL database per test, created on the server named by
-  ``$DUPLEX_LEDGER_TEST_PG_URL`` (a ``postgresql+asyncpg://`` URL of a role with CREATEDB) and
-  dropped afterwards. Skips when the variable is unset.
+  ``$DUPLEX_LEDGER_TEST_PG_URL`` (a ``postgresql+asyncpg://`` URL of a role with CREATEDB), else
+  on a throwaway cluster the session starts once (:mod:`tests.pg_cluster`), and dropped
+  afterwards. Skips only when neither a URL nor the server binaries are there.
 * ``db_url`` — parametrised over both (``[sqlite]`` / ``[postgresql]`` test ids).
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-
-PG_ENV = "DUPLEX_LEDGER_TEST_PG_URL"
-PG_SKIP = (
-    f"PostgreSQL tests need ${PG_ENV}, e.g. postgresql+asyncpg://ledger:ledger@localhost/ledger_test "
-    "(a role with CREATEDB; .ci/run or scripts/pg.sh sets one up)"
-)
 
 
 @pytest.fixture
@@ -28,14 +22,11 @@ def sqlite_url(tmp_path) -> str:
 
 
 @pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(PG_SKIP)
+async def pg_url(pg_server_url: str) -> AsyncIterator[str]:
     import asyncpg
     from sqlalchemy.engine import make_url
 
-    url = make_url(base)
+    url = make_url(pg_server_url)
     name = f"dl_test_{uuid.uuid4().hex[:12]}"
     admin_dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
     admin = await asyncpg.connect(admin_dsn)
@@ -72,4 +63,5 @@ def db_url(request) -> str:
 
 
 # Live vLLM engines (session-scoped, started once; skip when vllm is not installed).
-pytest_plugins = ["tests.engine.fixtures"]
+# A throwaway PostgreSQL cluster when $DUPLEX_LEDGER_TEST_PG_URL is unset (session-scoped).
+pytest_plugins = ["tests.engine.fixtures", "tests.pg_cluster"]

@@ -1,5 +1,5 @@
 """Field cases CASE-18 onward: their JSONL inputs (``tests/cases/field/``, copies of
-``../shared/cases/data``), folded in memory and run through the CLI like a user would."""
+``shared/cases/data``: :mod:`tests.shared_inputs`), folded in memory and run through the CLI like a user would."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from events.records import StoredEvent
 from events.types import parse_event
 from projections.projector import Projector
 from reports.cli import app
+from tests.shared_inputs import shared_dir
 
 FIELD_DIR = Path(__file__).parent / "field"
-SHARED_DIR = Path(__file__).parents[2].parent / "shared" / "cases" / "data"
+SHARED_DIR = shared_dir() / "cases" / "data"
 runner = CliRunner()
 
 

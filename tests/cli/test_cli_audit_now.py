@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cases.field_support import FIELD_DIR
 from tests.cli.conftest import Cli
 
-CASE_18 = Path("/work/shared/cases/data/CASE-18.jsonl")
-LINES = CASE_18.read_text(encoding="utf-8").splitlines() if CASE_18.exists() else []
+CASE_18 = FIELD_DIR / "CASE-18.jsonl"
+LINES = CASE_18.read_text(encoding="utf-8").splitlines()
 
 
 def _crashed(sqlite_cli: Cli, tmp_path: Path, n: int) -> None:
@@ -22,7 +23,6 @@ def _crashed(sqlite_cli: Cli, tmp_path: Path, n: int) -> None:
     assert sqlite_cli("events", "import", str(tmp_path / "prefix.jsonl")).exit_code == 0
 
 
-@pytest.mark.skipif(not LINES, reason="field case CASE-18 not present")
 @pytest.mark.parametrize("n", range(1, len(LINES) + 1))
 def test_every_crash_point_of_case_18_is_listed_and_judged_by_the_wall_clock(
     sqlite_cli: Cli, tmp_path: Path, n: int

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -185,10 +184,9 @@ def test_tail_follows_and_exits_cleanly_on_ctrl_c(sqlite_cli: Cli, tmp_path: Pat
         assert json.loads(proc.stdout.readline())["position"] == 1  # catch-up
         sqlite_cli("events", "import", str(write_jsonl(tmp_path / "b.jsonl", GOOD[1:3])))
         assert json.loads(proc.stdout.readline())["position"] == 2  # live, written by another process
-        assert json.loads(proc.stdout.readline())["position"] == 3
-        time.sleep(0.1)
+        assert json.loads(proc.stdout.readline())["position"] == 3  # observed: it is following
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 0
+        assert proc.wait(60) == 0  # a bound for a loaded machine, not a wait (issue 22)
         assert "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:

@@ -256,8 +256,11 @@ def test_metrics_warns_of_overflowed_samples(overflow_ledger: str) -> None:
     """Prometheus carries floats, so ``metrics`` prints the sample, with the tables' warning (N3)."""
     r = CliRunner().invoke(app, ["metrics", "--db", overflow_ledger])
     assert r.exit_code == 0, r.stderr
-    assert r.stderr.count("warning:") == 1 and "1 sample(s) overflowed" in r.stderr
+    # prompt_tokens_total (two 2**63-1 prompts) and, since issue 22, the TPOT histogram's _sum
+    # (two vllm_tpot_ms of 1.7e308)
+    assert r.stderr.count("warning:") == 1 and "2 sample(s) overflowed" in r.stderr
     assert "vllm_omni:prompt_tokens_total" in r.stdout
+    assert 'vllm_omni:request_time_per_output_token_s_sum{model_name="unknown"} +Inf' in r.stdout
 
 
 def test_tables_json_summary_is_strict_with_overflow(overflow_ledger: str) -> None:

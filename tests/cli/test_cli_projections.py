@@ -103,11 +103,12 @@ def test_a_session_the_log_does_not_hold_is_a_usage_error(ledger, command):
     assert "no session 'S1-typo' in the log" in result.output
 
 
-def test_tables_says_when_nothing_matches(ledger):
+def test_tables_refuses_a_response_the_log_does_not_hold(ledger):
+    """Like a mistyped --session (issue 22): exit 2, the nearest response ids named."""
     url = ledger("case-12-arrival")
     result = run("tables", "--db", url, "--response", "resp-none", "--format", "json")
-    assert result.exit_code == 0 and json.loads(result.stdout)["turns"] == []
-    assert "no turn tables for response 'resp-none'" in result.stderr
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "no response 'resp-none' in the log" in result.stderr
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "1"], ["--workers", "2"]])

@@ -58,6 +58,10 @@ async def test_live_exposition_equals_the_offline_one(tmp_path):
     reasons = {dict(k[1])["finished_reason"]: v for k, v in live.items() if k[0] == "vllm_omni:requests_success_total"}
     assert reasons == {"stop": 10, "barge_in": 1, "cancel": 3, "close": 1, "abort": 0, "error": 0}
     assert live[("vllm_omni:e2e_request_latency_s_count", (("model_name", "thinker"),))] == 15
+    thinker = (("model_name", "thinker"),)
+    assert live[("vllm_omni:time_to_first_token_s_count", thinker)] > 0  # issue 22: the vLLM-style families
+    assert live[("vllm_omni:inter_token_latency_s_count", thinker)] > 0
+    assert live[("vllm_omni:num_requests_running", thinker)] == live[("vllm_omni:num_requests_waiting", thinker)] == 0
     assert live[("duplex_ledger:listen_units_total", ())] == 1
     assert live[("duplex_ledger:sessions_closed_total", (("reason", "session_close"),))] == 2
     assert live[("duplex_ledger:sessions_closed_total", (("reason", "disconnect"),))] == 1

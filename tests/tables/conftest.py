@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,6 @@ from projections.turn_tables import TurnTables, build_turn_tables
 ENGINE_ID = "duplex-s.czE.i.0.e.0.r.stage0_t3"
 RESPONSE_ID = "resp-s1-0-9f2c41aa"
 GOLDEN_COPY = Path(__file__).parent / "golden" / "worked-example.txt"
-
-
-def shared_dir() -> Path:
-    """DUPLEX_LEDGER_SHARED, else ../shared beside the repository root."""
-    env = os.environ.get("DUPLEX_LEDGER_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared"
 
 
 def worked_example_kwargs() -> dict[str, Any]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from reports.render_text import render_turn_text, turn_log_messages
+from tests.shared_inputs import shared_dir
 
-from .conftest import GOLDEN_COPY, shared_dir
+from .conftest import GOLDEN_COPY
 
 
 def test_worked_example_matches_golden_byte_for_byte(worked):
@@ -15,8 +14,6 @@ def test_worked_example_matches_golden_byte_for_byte(worked):
 
 def test_golden_copy_equals_shared_golden():
     shared = shared_dir() / "golden" / "worked-example.txt"
-    if not shared.exists():
-        pytest.skip(f"no shared golden at {shared}")
     assert GOLDEN_COPY.read_bytes() == shared.read_bytes()
 
 
