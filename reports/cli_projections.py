@@ -117,7 +117,6 @@ def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str
     """A rich table of findings; every cell is user data, so it is escaped (not markup)."""
     from rich.table import Table
 
-
     table = Table(title=title, title_justify="left", show_lines=False)
     columns = (
         "kind",
