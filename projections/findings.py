@@ -48,9 +48,13 @@ WARNING_KINDS: dict[str, str] = {
     "session's current id); joins no turn (D1)",
     "duplicate_ack": "abort result with no abort pending for that pool; releases nothing (D10)",
     "append_after_release": "append naming a Stage0 id the session no longer holds; ignored (D9)",
-    "begin_of_unheld_id": "a begin naming an id with no live segment in a log that records submits: the "
-    "response opens without an engine request (D1/D9, a D8 row)",
-    "after_close": "a response begun after its session closed (and before it was opened again); ignored (D9)",
+    "begin_of_unheld_id": "a begin naming an id with no live segment in a log that records submits (aborted, "
+    "released, older epoch, never submitted): opens nothing, no row (D19/D9)",
+    "after_close": "a fact (submit, forward, reserve, append, commit, begin, output, snapshot, finish, listen "
+    "unit, second close) written after its session's SessionClosed or SessionTakenOver, before it was opened "
+    "again: binds, opens and counts nothing (D18, D9)",
+    "clock_stepped_back": "a span between two wall-clock stamps came out negative (the host's clock stepped "
+    "back): shown and observed as 0; first/last position name its two stamps (D17)",
     "session_taken_over": "the session's replica died (lease expired) and another replica closed it and settled "
     "its ids (issue 14)",
 }

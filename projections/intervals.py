@@ -9,6 +9,10 @@ milliseconds: ``190.0``, never ``189.9999999999995``. Units are in the names.
 * :func:`span_ms` — end − start;
 * :func:`ttft_ms` — time to first token: first token-carrying output − the submit of *this*
   segment/turn (DOMAIN §5.6; CASE-10 for resident segments); None without a token;
+
+:func:`ttft_ms`, :func:`tpot_ms` and :func:`gen_ms` never return a negative value: a span whose
+end stamp is earlier than its start (the host's clock stepped back) is 0 (DOMAIN §5.7 D17; the
+turns fold reports it, once, with both positions). :func:`span_ms` keeps the sign.
 * :func:`tpot_ms` — time per output token of one segment: (last − first token) / (n − 1);
   None for fewer than 2 tokens (CASE-03: never a 0 or −1 denominator). The turn value over
   several segments is the token-weighted mean of ``projections.collapse`` (DOMAIN §5.4, M7);
@@ -29,14 +33,14 @@ def ttft_ms(submit_s: float | None, first_token_s: float | None) -> float | None
     """First token − submit (ms); None when either stamp is missing (no token: no TTFT)."""
     if submit_s is None or first_token_s is None:
         return None
-    return span_ms(submit_s, first_token_s)
+    return max(span_ms(submit_s, first_token_s), 0.0)  # D17: a clock stepped back shows 0
 
 
 def tpot_ms(first_token_s: float | None, last_token_s: float | None, num_tokens_out: int | None) -> float | None:
     """(last − first token) / (n − 1) in ms; None for n < 2 or a missing stamp."""
     if first_token_s is None or last_token_s is None or num_tokens_out is None or num_tokens_out < 2:
         return None
-    return span_ms(first_token_s, last_token_s) / (num_tokens_out - 1)
+    return max(span_ms(first_token_s, last_token_s), 0.0) / (num_tokens_out - 1)  # D17
 
 
 def gen_ms(start_s: float | None, last_output_s: float | None) -> float | None:

@@ -470,15 +470,17 @@ class MetricsFold:
         s = self.sessions.get(event.session_id)
         if s is None:
             s = self.sessions[event.session_id] = _Session()
+        # D9/D18: a fact the audit refuses (of an id the session does not hold, after the close
+        # or a takeover, a second close) counts nowhere: the audit's own verdict gates it.
+        accepted = self.projector.apply(stored)
         handler = self._handlers.get(type(event))
-        if handler is not None:
+        if handler is not None and accepted:
             handler(s, stored, event)
             s = self.sessions[event.session_id]  # a SessionOpened starts a fresh incarnation
-        self.projector.apply(stored)
         turns = self.projector.turns.take_finalized() if self.projector.turns.finalized else []
         for turn in turns:
             self._turn(s, turn)
-        if isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed):
+        if accepted and (isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed)):
             self._rollup(event.session_id, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
         if s.close_reason is not None:
             self._settle(event.session_id, s)
@@ -582,25 +584,23 @@ class MetricsFold:
         first = self._first_audio(s, t)
         if first is not None:
             ts, stage = first
-            ttfp_ms = span_ms(t.arrival_ts, ts)
+            ttfp_ms = max(span_ms(t.arrival_ts, ts), 0.0)  # D17 (inside [arrival, finalize] already)
             s.ttfp_ms.append(ttfp_ms)
             self.sink.observe("vllm_omni:audio_ttfp_s", (model, str(stage)), ttfp_ms / 1000.0)
 
     @staticmethod
     def _first_audio(s: _Session, t: TurnTables) -> tuple[float, int] | None:
-        """The turn's first audio output inside [arrival, finalize]; outputs up to the finalize
-        are then forgotten (a resident id serves later turns)."""
+        """The turn's first audio output inside [arrival, finalize]; the id's outputs up to the
+        finalize (in log order) are then forgotten (a resident id serves later turns)."""
         if t.request_id is None:  # ended before any engine request (D8): no audio
             return None
         outputs = s.audio_first.get(t.request_id)
         if not outputs:
             return None
         inside = [o for o in outputs if t.arrival_ts <= o[0] <= t.finalize_ts]
-        rest = [o for o in outputs if o[0] > t.finalize_ts]
-        if rest:
-            s.audio_first[t.request_id] = rest
-        else:
-            del s.audio_first[t.request_id]
+        # Every output recorded so far came before the finalize in the log, whatever its ts says
+        # (a clock stepped back, D17): none of them may lend a later turn its first audio.
+        del s.audio_first[t.request_id]
         return min(inside) if inside else None
 
     # ------------------------------------------------------------------ vLLM-style families (issue 22)
@@ -665,7 +665,8 @@ class MetricsFold:
 
     # ------------------------------------------------------------------ close
     def _rollup(self, session_id: str, s: _Session, st: StoredEvent, e: SessionClosed) -> None:
-        wall_ms = span_ms(s.opened_ts, e.ts) if s.opened_ts is not None else None
+        # D17: a clock stepped back between open and close shows and observes 0, never negative
+        wall_ms = max(span_ms(s.opened_ts, e.ts), 0.0) if s.opened_ts is not None else None
         self.rollups.append(
             SessionRollup(
                 session_id=session_id,

@@ -37,12 +37,15 @@ class Projector:
         self.position = 0
         self.turn_tables: list[TurnTables] = []
 
-    def apply(self, stored: StoredEvent) -> None:
+    def apply(self, stored: StoredEvent) -> bool:
+        """Apply one event; returns the resources fold's verdict: False for an event it refused
+        (DOMAIN §5.7 D9/D18: such a fact changes no state and counts nowhere)."""
         if stored.position // SWEEP_EVERY > self.position // SWEEP_EVERY:
             self.forget_closed()  # a sweep point was crossed (module doc)
         verdict = self.resources.apply(stored)
         self.turns.apply(stored, verdict.accepted)
         self.position = stored.position
+        return verdict.accepted
 
     def apply_all(self, events: Iterable[StoredEvent]) -> Projector:
         for stored in events:

@@ -123,6 +123,7 @@ class SessionResources:
     capabilities: Capabilities = field(default_factory=Capabilities)
     num_stages: int = 2
     closed_at: tuple[int, float] | None = None
+    taken_over_at: tuple[int, float] | None = None  # SessionTakenOver of this incarnation (D18)
     bindings: dict[tuple[int, str], Binding] = field(default_factory=dict)
     lives: dict[str, IdLife] = field(default_factory=dict)
     accepted_fence: tuple[int, int] = (-1, -1)  # (epoch, turn_id) high-water mark of this incarnation
@@ -175,6 +176,26 @@ class Verdict:
 
 ACCEPTED = Verdict(True)
 REFUSED = Verdict(False)
+
+WRITES_AFTER_END: frozenset[str] = frozenset(
+    {
+        "SessionClosed",
+        "StageRequestReserved",
+        "StageRequestSubmitted",
+        "StageRequestForwarded",
+        "InputAppended",
+        "TurnCommitted",
+        "ResponseBegun",
+        "ResponseListened",
+        "StageOutput",
+        "StageMetricsReported",
+        "StageRequestFinished",
+    }
+)
+"""Event kinds that, after a session's ``SessionClosed`` or ``SessionTakenOver`` (and before it
+is opened again), are writes after the end (DOMAIN §5.7 D18): refused, one warning each. The
+close's own cleanup (releases, aborts and their acks, lost, restored) and its terminal
+(``CancelRequested``/``TurnFinalized``/``ResponseEnded``, judged by the turns fold) still apply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,10 +281,34 @@ class ResourcesFold:
         etype = event.type  # type: ignore[attr-defined]
         if session.pending_retarget is not None and etype != "ActiveRequestBound":
             self._check_retarget(session, stored)
-        handler = self._handlers.get(type(event))
-        verdict = handler(session, stored, event) if handler is not None else ACCEPTED
+        ended = session.closed_at or session.taken_over_at
+        if ended is not None and etype in WRITES_AFTER_END and (etype != "SessionClosed" or session.closed_at):
+            # (the new owner's own SessionClosed after its SessionTakenOver is the takeover's close)
+            verdict = self._after_end(session, stored, ended)
+        else:
+            handler = self._handlers.get(type(event))
+            verdict = handler(session, stored, event) if handler is not None else ACCEPTED
         session.last_position, session.last_ts = stored.position, event.ts
         return verdict
+
+    def _after_end(self, s: SessionResources, st: StoredEvent, ended: tuple[int, float]) -> Verdict:
+        """DOMAIN §5.7 D18: a fact written after the session's ``SessionClosed`` (or after another
+        replica took it over) binds, opens and counts nothing; one warning naming its request id
+        (else its response id), so an operator can still abort what such a writer started."""
+        e = st.event
+        request_id = getattr(e, "request_id", None) or getattr(e, "response_id", None)
+        stage_id = getattr(e, "stage_id", None)
+        end = "taken over" if s.closed_at is None else "closed"
+        self._point(
+            s,
+            "after_close",
+            stage_id,
+            request_id,
+            st,
+            [ended[0]],
+            f"{e.type} after the session was {end} at position {ended[0]}; ignored",  # type: ignore[attr-defined]
+        )
+        return REFUSED
 
     def _life(self, session: SessionResources, request_id: str, stored: StoredEvent) -> IdLife:
         life = session.lives.get(request_id)
@@ -331,6 +376,7 @@ class ResourcesFold:
         s.capabilities = e.capabilities
         s.num_stages = e.num_stages
         s.closed_at = None
+        s.taken_over_at = None
         return ACCEPTED
 
     def _closed(self, s: SessionResources, st: StoredEvent, e: SessionClosed) -> Verdict:
@@ -678,6 +724,8 @@ class ResourcesFold:
             [],
             f"owner {previous} dead ({e.detected}); taken over by {e.replica_id}#{e.replica_incarnation}",
         )
+        if s.closed_at is None:
+            s.taken_over_at = (st.position, e.ts)  # the old owner's later writes count nowhere (D18)
         return ACCEPTED
 
     def _restored(self, s: SessionResources, st: StoredEvent, e: StageRequestRestored) -> Verdict:

@@ -202,12 +202,12 @@ def build_turn_tables(
       deltas count as 0; ``edge_order``: edges in first-seen order;
     * ``finished_reason`` outside the reason set becomes ``abort``.
 
-    ``e2e_total_ms`` = (finalize_ts - arrival_ts) * 1000; ``e2e_total_tokens`` = stage-0
+    ``e2e_total_ms`` = (finalize_ts - arrival_ts) * 1000, 0 when the clock stepped back (D17); ``e2e_total_tokens`` = stage-0
     ``num_tokens_in`` + every stage's ``num_tokens_out``. Pure; raises nothing for empty input.
     """
     stages = {sid: collapse_segments(segs) for sid, segs in sorted(segments.items()) if segs}
     transfers = _edges(stages, tx_delta, edge_order, snapshot_stages)
-    e2e_total_ms = span_ms(arrival_ts, finalize_ts)
+    e2e_total_ms = max(span_ms(arrival_ts, finalize_ts), 0.0)  # D17: a clock stepped back shows 0
     tokens = int((stages.get(0, {}).get("num_tokens_in") or 0) + sum(r["num_tokens_out"] or 0 for r in stages.values()))
     transfers_bytes = sum(e.size_bytes or 0 for e in transfers)
     e2e = {

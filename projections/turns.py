@@ -111,6 +111,28 @@ class DerivedStage:
     first_token_ts: float | None = None
     last_token_ts: float | None = None
     last_ts: float | None = None
+    # log positions of the stamps above (D17: a span that comes out negative names both)
+    submit_position: int = 0
+    first_token_position: int = 0
+    last_token_position: int = 0
+    last_position: int = 0
+
+    def stepped_back(self) -> list[tuple[str, int, float, int, float]]:
+        """The spans of this segment whose end stamp is earlier than their start (the host's
+        clock stepped back, D17), as (name, start position, start ts, end position, end ts); the
+        segment's durations clamp them to 0 (:mod:`projections.intervals`)."""
+        spans = (
+            ("vllm_ttft_ms", self.submit_position, self.submit_ts, self.first_token_position, self.first_token_ts),
+            (
+                "vllm_tpot_ms",
+                self.first_token_position,
+                self.first_token_ts,
+                self.last_token_position,
+                self.last_token_ts,
+            ),
+            ("stage_gen_time_ms", self.submit_position, self.submit_ts, self.last_position, self.last_ts),
+        )
+        return [(n, a, ta, b, tb) for n, a, ta, b, tb in spans if ta is not None and tb is not None and tb < ta]
 
     def to_segment(self) -> StageCollapse:
         """One segment of the stage (DOMAIN §5.3 decision; CASE-03/09/10), durations in ms from
@@ -131,6 +153,7 @@ class OpenTurn:
     turn_id: int
     arrival_ts: float
     opened_position: int = 0
+    arrival_position: int = 0  # the event that set arrival_ts (D17)
     segments: dict[int, list[StageCollapse]] = field(default_factory=dict)
     first_ts: dict[int, float] = field(default_factory=dict)
     last_ts: dict[int, float] = field(default_factory=dict)
@@ -168,6 +191,9 @@ class SessionTurns:
     pending_stamp: float | None = None
     pending_stamp_uncommitted: bool = False  # the stamp is an append's since the last commit
     pending_commit_ts: float | None = None
+    pending_stamp_position: int = 0
+    pending_commit_position: int = 0
+    opened_at: tuple[int, float] | None = None  # SessionOpened (position, ts): session wall time (D17)
     tx_totals: dict[Edge, list[Any]] = field(default_factory=dict)
     terminals: dict[str, Terminal] = field(default_factory=dict)
     closed: bool = False
@@ -278,15 +304,58 @@ class TurnsFold:
     ) -> None:
         self.findings.append(_finding(s.session_id, kind, stage_id, request_id, st, detail))
 
+    def _stepped_back(
+        self,
+        s: SessionTurns,
+        stage_id: int | None,
+        response_id: str | None,
+        start: tuple[int, float],
+        st: StoredEvent,
+        what: str,
+        end: tuple[int, float] | None = None,
+    ) -> None:
+        """DOMAIN §5.7 D17: a span between two wall-clock stamps came out negative (the host's
+        clock stepped back); it is shown and observed as 0; one warning naming both positions."""
+        end_position, end_ts = end if end is not None else (st.position, st.event.ts)
+        self.findings.append(
+            Finding(
+                s.session_id,
+                stage_id,
+                response_id,
+                "clock_stepped_back",
+                start[0],
+                start[1],
+                end_position,
+                end_ts,
+                tuple(sorted({start[0], end_position})),
+                f"{what}: {start[1]!r} at position {start[0]} -> {end_ts!r} at position {end_position}; clamped to 0",
+                severity_of("clock_stepped_back"),
+            )
+        )
+
+    def _stepped_back_segment(
+        self, s: SessionTurns, stage_id: int, response_id: str, d: DerivedStage, st: StoredEvent
+    ) -> None:
+        """D17 for a ledger-derived row: one warning per distinct pair of positions whose span
+        came out negative (TTFT, TPOT, generation time)."""
+        seen: set[tuple[int, int]] = set()
+        for name, a, ta, b, tb in d.stepped_back():
+            if (a, b) not in seen:
+                seen.add((a, b))
+                self._stepped_back(s, stage_id, response_id, (a, ta), st, f"stage {stage_id} {name}", (b, tb))
+
     # ------------------------------------------------------------------ lifecycle
     def _opened(self, s: SessionTurns, st: StoredEvent, e: SessionOpened) -> None:
         if s.closed:  # a new incarnation: fresh state, but its responses stay known (no id reused)
             s = self.sessions[s.session_id] = SessionTurns(s.session_id, terminals=s.terminals)
         s.num_stages = e.num_stages
+        s.opened_at = (st.position, e.ts)
 
     def _closed(self, s: SessionTurns, st: StoredEvent, e: SessionClosed) -> None:
         if s.open is not None:
             self._finalize(s, st, "close")
+        if s.opened_at is not None and e.ts < s.opened_at[1]:  # session wall time (metrics, rollup)
+            self._stepped_back(s, None, None, s.opened_at, st, "session wall time (SessionOpened -> SessionClosed)")
         s.closed = True
         s.live.clear()
         s.current_id = None
@@ -307,13 +376,13 @@ class TurnsFold:
 
     # ------------------------------------------------------------------ arrival
     @staticmethod
-    def _stamp(s: SessionTurns, ts: float) -> None:
+    def _stamp(s: SessionTurns, ts: float, position: int) -> None:
         if s.pending_stamp is None:
-            s.pending_stamp = ts
+            s.pending_stamp, s.pending_stamp_position = ts, position
 
     def _appended(self, s: SessionTurns, st: StoredEvent, e: InputAppended) -> None:
         if s.pending_stamp is None:
-            s.pending_stamp, s.pending_stamp_uncommitted = e.ts, True
+            s.pending_stamp, s.pending_stamp_position, s.pending_stamp_uncommitted = e.ts, st.position, True
 
     def _input_cleared(self, s: SessionTurns, st: StoredEvent, e: InputCleared) -> None:
         """input_audio_buffer.clear drops the uncommitted appends: an arrival stamp they set
@@ -329,8 +398,8 @@ class TurnsFold:
             self._begin(s, st, e.response_id, None, e.turn_id, e.ts)
             return
         if e.create_response and e.action != "START_AUTO_RESPONSE":
-            s.pending_commit_ts = e.ts
-        self._stamp(s, e.ts)
+            s.pending_commit_ts, s.pending_commit_position = e.ts, st.position
+        self._stamp(s, e.ts, st.position)
 
     # ------------------------------------------------------------------ open
     def _begun(self, s: SessionTurns, st: StoredEvent, e: ResponseBegun) -> None:
@@ -359,20 +428,17 @@ class TurnsFold:
             return
         if request_id is not None and s.submits_seen and request_id not in s.live:
             # A log that records submits names an id with no live segment (never submitted,
-            # aborted, released): the response opens, but no engine request is its (D1, D9, D8).
+            # aborted, released, older epoch): D19 — the begin opens nothing, binds nothing and
+            # ends nothing (a response pre-created at commit stays open as it was); one warning.
             self._warn(
                 s,
                 "begin_of_unheld_id",
                 0,
                 request_id,
                 st,
-                f"begin of response {response_id!r} names an id the session does not hold; "
-                "the response has no engine request",
+                f"begin of response {response_id!r} names an id the session does not hold; ignored",
             )
-            request_id = None
-            unheld = True
-        else:
-            unheld = False
+            return
         turn = s.open
         if turn is not None:
             if turn.response_id == response_id:  # the begin of a turn pre-created at commit (D7)
@@ -391,19 +457,20 @@ class TurnsFold:
                 f"begin of response {response_id!r}, already finalized; ignored",
             )
             return
-        caller_ts = commit_ts if commit_ts is not None else s.pending_commit_ts
-        if caller_ts is not None:
-            arrival = caller_ts
+        if commit_ts is not None:
+            arrival, arrival_position = commit_ts, st.position
+        elif s.pending_commit_ts is not None:
+            arrival, arrival_position = s.pending_commit_ts, s.pending_commit_position
         elif s.pending_stamp is not None:
-            arrival = s.pending_stamp
+            arrival, arrival_position = s.pending_stamp, s.pending_stamp_position
         else:
-            arrival = st.event.ts
+            arrival, arrival_position = st.event.ts, st.position
         s.pending_commit_ts = None
         s.pending_stamp, s.pending_stamp_uncommitted = None, False
-        turn = OpenTurn(response_id, None, _title_turn(request_id, turn_id), arrival, st.position)
+        turn = OpenTurn(response_id, None, _title_turn(request_id, turn_id), arrival, st.position, arrival_position)
         turn.tx_baseline = {edge: (v[0], v[1], v[2]) for edge, v in s.tx_totals.items()}
         s.open = turn
-        if request_id is None and not unheld and st.event.type == "ResponseBegun":
+        if request_id is None and st.event.type == "ResponseBegun":
             # A begin that names no id: the buffered id, else the current id in its segment.
             request_id = s.pending_request_id or (s.current_id if s.current_id in s.live else None)
         if request_id is not None:
@@ -499,10 +566,10 @@ class TurnsFold:
         if turn is not None and turn.request_id == e.request_id:
             d = turn.derived.setdefault(0, DerivedStage(e.request_id))
             if d.submit_ts is None:
-                d.submit_ts, d.num_tokens_in = e.ts, e.num_tokens_in
+                d.submit_ts, d.num_tokens_in, d.submit_position = e.ts, e.num_tokens_in, st.position
             return
         s.pending_request_id = e.request_id
-        s.pending_derived[0] = DerivedStage(e.request_id, e.ts, e.num_tokens_in)  # this segment's submit
+        s.pending_derived[0] = DerivedStage(e.request_id, e.ts, e.num_tokens_in, submit_position=st.position)
 
     def _forwarded(self, s: SessionTurns, st: StoredEvent, e: StageRequestForwarded | StageRequestSubmitted) -> None:
         if not rid.is_duplex(e.request_id):
@@ -513,7 +580,7 @@ class TurnsFold:
             s.forwarded.setdefault(e.request_id, set()).add(e.stage_id)
             d = self._derived(s, where, e.stage_id, e.request_id)
             if d.submit_ts is None:
-                d.submit_ts = e.ts
+                d.submit_ts, d.submit_position = e.ts, st.position
 
     def _output(self, s: SessionTurns, st: StoredEvent, e: StageOutput) -> None:
         if not rid.is_duplex(e.request_id):
@@ -522,11 +589,11 @@ class TurnsFold:
         if where == NOWHERE:
             return
         d = self._derived(s, where, e.stage_id, e.request_id)
-        d.last_ts = e.ts
+        d.last_ts, d.last_position = e.ts, st.position
         if e.num_new_tokens > 0:
             if d.first_token_ts is None:
-                d.first_token_ts = e.ts
-            d.last_token_ts = e.ts
+                d.first_token_ts, d.first_token_position = e.ts, st.position
+            d.last_token_ts, d.last_token_position = e.ts, st.position
             d.num_tokens_out += e.num_new_tokens
         if where == TURN and e.finished and e.finish_reason == "abort":
             self._finalize(s, st, "abort")  # the engine ended the turn's request (D11)
@@ -575,7 +642,7 @@ class TurnsFold:
         s.pending_rows[e.stage_id] = s.pending_rows.get(e.stage_id, EMPTY).combine(segment)
         s.pending_first_ts.setdefault(e.stage_id, first)
         s.pending_last_ts[e.stage_id] = max(s.pending_last_ts.get(e.stage_id, e.ts), e.ts)
-        self._stamp(s, first)
+        self._stamp(s, first, st.position)
 
     def _transfer(self, s: SessionTurns, st: StoredEvent, e: TransferTx) -> None:
         edge = (e.from_stage, e.to_stage)
@@ -635,11 +702,16 @@ class TurnsFold:
         if turn.request_id is not None and not rid.is_duplex(turn.request_id):
             return
         finalize_ts = st.event.ts
+        if finalize_ts < turn.arrival_ts:
+            self._stepped_back(
+                s, None, turn.response_id, (turn.arrival_position, turn.arrival_ts), st, "e2e_total_ms (arrival -> end)"
+            )
         segments = {k: list(v) for k, v in turn.segments.items()}
         first_ts, last_ts = dict(turn.first_ts), dict(turn.last_ts)
         for stage_id, d in turn.derived.items():
             if stage_id in segments:
                 continue  # the engine reported this stage: its metrics win
+            self._stepped_back_segment(s, stage_id, turn.response_id, d, st)
             segments[stage_id] = [d.to_segment()]
             first_ts[stage_id] = d.submit_ts if d.submit_ts is not None else finalize_ts
             last_ts[stage_id] = finalize_ts  # a ledger-derived row is "received" at the finalize

@@ -239,6 +239,7 @@ def not_about_the_log() -> tuple[type[BaseException], ...]:
     """Errors a ledger's rows cannot have caused (the input file, the URL, a conflict with a
     row being written, a file that is not a readable ledger): no chain walk after them."""
     from events.jsonl import JsonlError
+    from events.store.errors import ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError
     from reports.traces import TraceError
 
     return (JsonlError, TraceError, ConcurrencyError, EventIdConflict, InvalidRow, SchemaRevisionError)

@@ -2,8 +2,9 @@
 
 Per turn, in order: ``[Overall Summary]``, ``RequestE2EStats``, one ``[OmniTiming]`` line,
 ``StageRequestStats`` (left out when no stage reported), ``TransferEdgeStats`` (left out when
-the turn has no edge). Each table is a ``[<title>]`` line and a PrettyTable-default-style grid
-(reproduced here, no dependency): ``Field`` left aligned, value columns and their headers right
+the turn has no edge, or no edge row to show: DOMAIN §5.7 D16 — the ``[OmniTiming]`` line still
+names such an edge, ``0->1=0.00ms``). Each table is a ``[<title>]`` line and a
+PrettyTable-default-style grid (reproduced here, no dependency): ``Field`` left aligned, value columns and their headers right
 aligned, one space of padding, ``+---+`` rules above and below the header and at the bottom.
 
 Rows: summary keys in summary order; E2E, stage and transfer rows sorted by name. A row is
@@ -239,8 +240,8 @@ def turn_sections(t: TurnTables, esc: Escape = str) -> list[Table | str]:
     sections: list[Table | str] = [summary_table(t, esc), e2e_table(t, esc), omni_timing_line(t)]
     if t.stages:
         sections.append(stage_table(t, esc))
-    if t.transfers:
-        sections.append(transfer_table(t, esc))
+    if t.transfers and (edges := transfer_table(t, esc)).rows:
+        sections.append(edges)  # D16: an edge with no row to show prints no table (0.30.0)
     return sections
 
 

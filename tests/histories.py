@@ -9,7 +9,10 @@ and, at random points, injects the races of the field cases: late outputs, snaps
 finishes after an abort or release, duplicate and out-of-order acks, stale finalizes, resident
 tails before the next update, stale-fence submits, forwards of a dead id, a stale-fence forward
 of a live id and that stage's output, appends to a released id, facts of an older incarnation,
-facts of an id the session never held (any grammar).
+facts of an id the session never held (any grammar); and the races of DOMAIN §5.7 D17–D19: the
+host clock stepped back before a turn's end (its e2e shows 0, D17), writes after a
+``SessionClosed`` and writes of the old owner after a ``SessionTakenOver`` (D18), responses begun
+and ended on an id the session no longer holds (D19).
 
 Alongside the log it records the truth:
 
@@ -18,9 +21,15 @@ Alongside the log it records the truth:
   buffered before a speak on the same resident id count when the engine reports snapshots,
   M11);
 * ``injected``: the position of every injected fact, each of which must yield exactly one
-  audit warning and change nothing; the normal flow yields none, and no leak.
+  audit warning and change nothing; the normal flow yields none, and no leak;
+* ``kept``: the injected positions that are part of the normal flow and stay when the
+  injected facts are taken out (a clock stepped back at a turn's end: the end itself; a
+  takeover, which closes the session): every other injected fact can be removed from the log
+  without changing any table or metric.
 
-All timestamps are whole milliseconds (exact in microseconds) and increase with position.
+All timestamps are whole milliseconds (exact in microseconds) and increase with position, except
+where a clock step is injected: the turn's end is then stamped before its arrival, and the clock
+goes on from there (never before any earlier stamp still waiting for its end).
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ class History:
     log: LogBuilder
     responses: dict[str, Expected] = field(default_factory=dict)
     injected: dict[int, str] = field(default_factory=dict)  # position -> what was injected
+    kept: set[int] = field(default_factory=set)  # injected positions that stay in a log without them
 
     def expected_response(self, response_id: str) -> Expected:
         return self.responses[response_id]
@@ -104,6 +114,16 @@ class _Gen:
     def inject(self, s: _Session, what: str, type_name: str, **fields: Any) -> None:
         position, _ = self.add(s, type_name, **fields)
         self.h.injected[position] = what
+
+    def add_stepped_back(self, s: _Session, floor_ms: int, before_ms: int, type_name: str, **fields: Any) -> float:
+        """D17: the host clock steps back to a ms in [floor_ms, before_ms) and this event is
+        stamped there; one warning (kept in the log: it is the normal flow's own event)."""
+        self.ms = self.r.randint(floor_ms, before_ms - 1)
+        ts = self.ms / 1000
+        self.h.log.add(type_name, s.sid, ts, **fields)
+        self.h.injected[self.h.log.position] = "clock stepped back before the turn's arrival"
+        self.h.kept.add(self.h.log.position)
+        return ts
 
     def fence(self, s: _Session, turn: int | None = None) -> dict[str, int]:
         return {"incarnation": s.incarnation, "epoch": s.epoch, "turn_id": s.turn if turn is None else turn}
@@ -271,6 +291,7 @@ class _Gen:
             self.inject(s, what, "ResponseListened", turn_id=s.turn, request_id=never_held)
 
     def speak(self, s: _Session) -> None:
+        speak_start_ms = self.ms  # every stamp still waiting for its end is at or before this
         self.append(s)
         s.n_resp += 1
         response_id = f"resp-{s.sid}-{s.incarnation}-{s.n_resp}"
@@ -368,7 +389,18 @@ class _Gen:
                 end_of_turn=True,
             )
             s.held[(1, request_id)] = True
-        _, end_ts = self.add(s, "ResponseEnded", response_id=response_id, status="completed", cause="model")
+        if ts_to_us(arrival) // 1000 > speak_start_ms and self.chance(0.08):
+            end_ts = self.add_stepped_back(
+                s,
+                speak_start_ms,
+                ts_to_us(arrival) // 1000,
+                "ResponseEnded",
+                response_id=response_id,
+                status="completed",
+                cause="model",
+            )
+        else:
+            _, end_ts = self.add(s, "ResponseEnded", response_id=response_id, status="completed", cause="model")
         expected.end_ts = end_ts
         old = s.turn
         s.turn += 1
@@ -473,6 +505,26 @@ class _Gen:
                 status="completed",
                 cause="model",
             )
+        if self.chance(0.2):  # D19: the front end begins (and ends) a response on the aborted id
+            s.n_resp += 1
+            phantom = f"phantom-{s.sid}-{s.incarnation}-{s.n_resp}"
+            self.inject(
+                s,
+                "begin of a response on an id no longer held",
+                "ResponseBegun",
+                response_id=phantom,
+                turn_id=s.turn,
+                request_id=request_id,
+            )
+            if self.chance(0.7):
+                self.inject(
+                    s,
+                    "end of a response the session never held",
+                    "ResponseEnded",
+                    response_id=phantom,
+                    status="completed",
+                    cause="model",
+                )
         if s.resident:
             s.resident_submitted = False
             s.listen_tokens = 0
@@ -489,13 +541,31 @@ class _Gen:
     def close(self, s: _Session, mid_response: tuple[str, str, Expected] | None = None) -> None:
         """The engine's order: SessionClosed, then the cancel of the running response (its
         CancelRequested + TurnFinalized repeat the close: one terminal, no warning), then the
-        cleanup of every held id."""
-        _, ts = self.add(s, "SessionClosed", reason="session_close")
+        cleanup of every held id. Sometimes instead another replica takes the session over
+        (``SessionTakenOver`` — one warning — then ``SessionClosed(recovered_after_crash)`` and
+        the same cleanup), and the old owner, a zombie, writes once more in between (D18)."""
+        takeover = self.chance(0.15)
+        if takeover:
+            position, _ = self.add(
+                s,
+                "SessionTakenOver",
+                replica_id="replica-B",
+                replica_incarnation=1,
+                previous_replica_id="replica-A",
+                previous_incarnation=0,
+                detected="lease_expired",
+            )
+            self.h.injected[position] = "takeover"
+            self.h.kept.add(position)
+            if self.chance(0.5):
+                self.write_after_end(s, "zombie write after the takeover", closed=False)
+        _, ts = self.add(s, "SessionClosed", reason="recovered_after_crash" if takeover else "session_close")
         if mid_response is not None:
             response_id, request_id, expected = mid_response
             expected.reason, expected.end_ts = "close", ts
-            self.add(s, "CancelRequested", source="session_close", response_id=response_id)
-            self.add(s, "TurnFinalized", response_id=response_id, finished_reason="close")
+            if not takeover:
+                self.add(s, "CancelRequested", source="session_close", response_id=response_id)
+                self.add(s, "TurnFinalized", response_id=response_id, finished_reason="close")
             self.add(s, "EpochAdvanced", old_epoch=s.epoch, new_epoch=s.epoch + 1)
             s.epoch += 1
         for request_id in sorted({k[1] for k in s.held}):
@@ -506,6 +576,60 @@ class _Gen:
             else:
                 self.release(s, request_id, "session_close")
         s.open = False
+        for _ in range(self.r.choice([0, 0, 0, 1, 2])):
+            self.write_after_end(s, "write after the close")
+
+    def write_after_end(self, s: _Session, what: str, closed: bool = True) -> None:
+        """D18: a fact after the session's close (or the old owner's, after a takeover) binds,
+        opens and counts nothing: one warning each. Between a takeover and its close
+        (``closed`` False) the zombie does not close: the first close after a takeover is the
+        new owner's (they are written together)."""
+        next_id = eph(s.sid, s.turn + 1, s.epoch, s.incarnation) if not s.resident else self.stage0_id(s)
+        some_id = self.r.choice([next_id, *s.dead[-2:]])
+        s.n_resp += 1
+        kind = self.r.choice(
+            ["reserve", "submit", "append", "commit", "begin", "output", "snapshot", "finish", "listen"]
+            + (["close"] if closed else [])
+        )
+        fence = self.fence(s)
+        if kind == "reserve":
+            self.inject(s, what, "StageRequestReserved", stage_id=0, request_id=next_id, fence=fence)
+        elif kind == "submit":
+            self.inject(s, what, "StageRequestSubmitted", stage_id=0, request_id=next_id, fence=fence, num_tokens_in=9)
+        elif kind == "append":
+            self.inject(s, what, "InputAppended", input_kind="text", text="z", request_id=next_id, fence=fence)
+        elif kind == "commit":
+            response_id = f"late-{s.sid}-{s.incarnation}-{s.n_resp}"
+            self.inject(
+                s,
+                what,
+                "TurnCommitted",
+                turn_id=s.turn,
+                create_response=True,
+                action="COMMIT_ONLY",
+                response_id=response_id,
+            )
+        elif kind == "begin":
+            response_id = f"late-{s.sid}-{s.incarnation}-{s.n_resp}"
+            self.inject(s, what, "ResponseBegun", response_id=response_id, turn_id=s.turn, request_id=some_id)
+        elif kind == "output":
+            self.inject(s, what, "StageOutput", stage_id=0, request_id=some_id, num_new_tokens=4)
+        elif kind == "snapshot":
+            self.inject(
+                s,
+                what,
+                "StageMetricsReported",
+                stage_id=0,
+                request_id=some_id,
+                stage_submit_ts=self.ms / 1000,
+                stats={"num_tokens_out": 4, "num_tokens_in": 7},
+            )
+        elif kind == "finish":
+            self.inject(s, what, "StageRequestFinished", stage_id=0, request_id=some_id, finish_reason="stop")
+        elif kind == "listen":
+            self.inject(s, what, "ResponseListened", turn_id=s.turn, request_id=some_id)
+        else:
+            self.inject(s, what, "SessionClosed", reason="session_close")
 
     def reopen(self, s: _Session) -> None:
         old_ids = list(s.dead)

@@ -171,6 +171,9 @@ def test_session_rollup_at_close():
     opened(b, ts=0.0)
     turn(b, 0, "stop", t0=10.0, audio_at=0.3)
     turn(b, 1, "barge_in", t0=20.0, audio_at=0.5)
+    # a listen-only unit of turn 2 (submitted first: a listen unit of an id the session does not
+    # hold is refused by the audit and counts nowhere, DOMAIN §5.7 D9)
+    b.add("StageRequestSubmitted", S, 24.9, stage_id=0, request_id=eph(S, 2), num_tokens_in=3)
     b.add("ResponseListened", S, 25.0, turn_id=2, request_id=eph(S, 2))
     b.add("SessionClosed", S, 30.0, reason="session_close")
     f, sink = fold(b)

@@ -368,9 +368,11 @@ def test_a_response_begun_after_close_is_a_warning_not_a_table():
 
 @pytest.mark.parametrize("named", ["never-submitted", "aborted"])
 def test_a_begin_naming_an_unheld_id_opens_the_response_without_an_engine_request(named: str):
-    """D1/D9 with D8: in a log that records submits, a begin naming an id with no live segment
-    is one warning; the response still opens and ends (a JSON/CSV row, request_id null), and
-    the id's facts join nothing (each one warning)."""
+    """D1/D9/D19 with D8: in a log that records submits, a begin naming an id with no live
+    segment is one warning and changes nothing; the response, pre-created at commit, ends before
+    any engine request was submitted for it (a D8 JSON/CSV row, request_id null), and the id's
+    facts join nothing (each one warning). Without the commit it opens nothing at all
+    (tests/projections/test_rules_d15_d19.py)."""
     ghost = X1 if named == "never-submitted" else X0
     b = LogBuilder()
     b.add("SessionOpened", "s1", 1.0)
