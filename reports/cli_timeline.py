@@ -17,7 +17,7 @@ import typer
 from events.chain_walk import ChainFault, chain_fault
 from events.records import StoredEvent
 from events.store.store import EventStore
-from reports.cli_errors import UnknownSession, checked_url, exit_if_tampered, run
+from reports.cli_errors import check_session, checked_url, exit_if_tampered, run
 from reports.cli_projections import DB_HELP
 
 
@@ -26,9 +26,9 @@ async def session_events(db: str | None, session: str) -> tuple[list[StoredEvent
     the session's last event (None: intact); raises UnknownSession when the log has none."""
     async with await EventStore.open(db, read_only=True) as store:
         events = await store.read_stream(session)
-        fault = await chain_fault(store, events[-1].position) if events else None
-    if not events:
-        raise UnknownSession(f"no session {session!r} in the log")
+        if not events:
+            await check_session(store, session)  # raises UnknownSession naming the nearest ids
+        fault = await chain_fault(store, events[-1].position)
     return events, fault
 
 

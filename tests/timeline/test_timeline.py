@@ -69,3 +69,5 @@ def test_timeline_command_writes_a_self_contained_page(tmp_path):
     assert "Plotly.newPlot" in html and "TurnCommitted" in html
     missing = runner.invoke(app, ["timeline", "--db", url, "--session", "nope", "--output", str(out)])
     assert missing.exit_code == 2
+    typo = runner.invoke(app, ["timeline", "--db", url, "--session", S[:-1] + "x", "--output", str(out)])
+    assert typo.exit_code == 2 and f"did you mean {S!r}" in typo.output  # the nearest id (issue 22)
