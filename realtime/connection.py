@@ -43,6 +43,7 @@ from realtime.protocol import (
     error_event,
     parse_client_event,
     server_event,
+    storable_text,
 )
 from realtime.session_config import SessionConfig, apply_update, session_object
 
@@ -366,7 +367,7 @@ class RealtimeConnection:
             event_id = client_event_id(event)
             await self._handle(event["type"], event, event_id)
         except ProtocolError as exc:
-            self.send(error_event(exc.code, exc.message, event_id=event_id, param=exc.param))
+            self.send(error_event(exc.code, exc.message, event_id=event_id or exc.event_id, param=exc.param))
         except SessionError:
             pass  # the engine's one error event for it is on the session's stream (see _command)
         except Exception as exc:  # noqa: BLE001 - one bad event never ends the connection
@@ -490,9 +491,11 @@ class RealtimeConnection:
             where = f"item.content[{i}]"
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "input_text" and isinstance(part.get("text"), str):
-                parts.append(("text", part["text"], None))
+                parts.append(("text", storable_text(part["text"], param=f"{where}.text"), None))
             elif kind == "input_audio":
                 pcm = decode_pcm16(part.get("audio"), param=f"{where}.audio")
+                if isinstance(part.get("transcript"), str):
+                    storable_text(part["transcript"], param=f"{where}.transcript")
                 transcript = await self._transcript(pcm, part.get("transcript"))
                 parts.append(("audio", pcm, transcript))
             else:

@@ -11,7 +11,7 @@ middleware): they wrap the app without touching a request's body or a socket's f
 * :class:`ConnectionMetrics` — the WebSocket connection families, in a registry of their own:
   ``duplex_ledger:realtime_connections_active`` (gauge), ``…_total`` (counter by ``outcome``:
   ``accepted`` or ``refused`` — closed or denied before the upgrade) and
-  ``duplex_ledger:realtime_connection_duration_seconds`` (histogram, accept to end, monotonic
+  ``duplex_ledger:realtime_connection_duration_s`` (histogram, accept to end, monotonic
   clock).
 """
 
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 PROTECTED_PREFIX = "/v1"
 ACTIVE = "duplex_ledger:realtime_connections_active"
 TOTAL = "duplex_ledger:realtime_connections_total"
-DURATION = "duplex_ledger:realtime_connection_duration_seconds"
+DURATION = "duplex_ledger:realtime_connection_duration_s"
 CONNECTION_FAMILIES = (ACTIVE, TOTAL, DURATION)
 DURATION_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 

@@ -60,11 +60,25 @@ class ProtocolError(Exception):
     """A client event the front refuses before it reaches the engine: ``code`` (wire error
     code), ``message``, ``param`` (the offending field's path, GA ``error.param``)."""
 
-    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
+    def __init__(self, code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
+        self.event_id = event_id  # the client's, when the frame was an object that named one
+
+
+def storable_text(value: str, *, param: str) -> str:
+    """``value`` when the ledger can store it (UTF-8 without lone surrogates, DOMAIN D12);
+    raises ProtocolError ``invalid_input`` naming ``param`` otherwise, so a multi-part item is
+    refused before any part of it is appended."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(
+            "invalid_input", f"{param} cannot be stored as UTF-8 (a lone surrogate at index {exc.start})", param=param
+        ) from None
+    return value
 
 
 def new_event_id() -> str:
@@ -103,7 +117,7 @@ def parse_client_event(frame: str | bytes, *, max_bytes: int = MAX_EVENT_BYTES) 
     if not isinstance(event, dict):
         raise ProtocolError("bad_event", f"an event must be a JSON object, not {type(event).__name__}")
     if not isinstance(event.get("type"), str):
-        raise ProtocolError("bad_event", "the event has no string 'type'", param="type")
+        raise ProtocolError("bad_event", "the event has no string 'type'", param="type", event_id=client_event_id(event))
     return event
 
 

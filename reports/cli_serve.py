@@ -104,8 +104,12 @@ def serve(
         help=f"Require 'Authorization: Bearer KEY' on /v1 (HTTP 401 before the upgrade otherwise); ${API_KEY_ENV}.",
     ),
     max_sessions: int = typer.Option(256, "--max-sessions", min=1, help="Open sessions admitted (then close 1013)."),
-    idle_timeout_s: float | None = typer.Option(
-        None, "--idle-timeout-s", min=0.001, help="Close a connection silent this long (s) as a disconnect."
+    idle_timeout_s: float = typer.Option(
+        300.0,
+        "--idle-timeout-s",
+        min=0.001,
+        help="Close a connection silent this long (s), no answer running, as a disconnect (an idle "
+        "socket must not hold a --max-sessions slot for ever; vLLM-Omni's default).",
     ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     served_model_name: str = typer.Option(

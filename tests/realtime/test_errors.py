@@ -108,8 +108,11 @@ async def test_every_bad_event_is_an_error_and_the_session_goes_on(engine, state
             (json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 70_000}), "event_too_large", None),
         ]:
             await conn.send_raw(raw)
+            wire.sent_ids.add("e-no-type")
             error = (await wire.until("error"))["error"]
             assert (error["code"], error["param"], error["type"]) == (code, param, "invalid_request_error")
+            # an object that names an event_id has it echoed even when its type is missing
+            assert error["event_id"] == ("e-no-type" if raw.startswith('{"event_id"') else None)
         for n, (event, code, param) in enumerate(FRONT_REFUSALS):
             await wire.send({**event, "event_id": f"bad-{n}"}, refused=code)
             error = (await wire.error_for(f"bad-{n}"))["error"]
@@ -125,14 +128,21 @@ async def test_every_bad_event_is_an_error_and_the_session_goes_on(engine, state
         await wire.error_for("nothing-committed")
         await wire.send({"type": "response.cancel", "event_id": "idle-cancel"}, refused="response_cancel_not_active")
         await wire.error_for("idle-cancel")
-        # a text the ledger could not store (a lone surrogate, D12): refused, nothing recorded
+        # a text the ledger could not store (a lone surrogate, D12) in the item's SECOND part:
+        # the whole item is refused, naming the part, and its first part is not appended either
         await conn.send_raw(
             '{"type": "conversation.item.create", "event_id": "surrogate", "item": {"type": '
-            '"message", "role": "user", "content": [{"type": "input_text", "text": "a\\ud800b"}]}}'
+            '"message", "role": "user", "content": [{"type": "input_text", "text": "LEFTOVER words"}, '
+            '{"type": "input_text", "text": "a\\ud800b"}]}}'
         )
         wire.sent_ids.add("surrogate")
         wire.refused_ids["surrogate"] = "invalid_input"
-        await wire.error_for("surrogate")
+        error = (await wire.error_for("surrogate"))["error"]
+        assert (error["code"], error["param"]) == ("invalid_input", "item.content[1].text")
+        await wire.send(
+            {"type": "input_audio_buffer.commit", "event_id": "after-refused-item"}, refused="input_audio_buffer_empty"
+        )
+        await wire.error_for("after-refused-item")
         await wire.send(user_text("Hello there"))
         await wire.send({"type": "response.create", "event_id": "first"})
         await wire.send(
@@ -146,6 +156,7 @@ async def test_every_bad_event_is_an_error_and_the_session_goes_on(engine, state
     assert await settled_ledger(state, "rt-err") == ["stop", "stop"]
     history = [s.event for s in await engine.store.read_stream("rt-err")]
     assert [e.error_code for e in history if e.type == "CommandRejected"] == [
+        "input_audio_buffer_empty",
         "input_audio_buffer_empty",
         "input_audio_buffer_empty",
         "conversation_already_has_active_response",

@@ -105,8 +105,8 @@ async def test_health_models_and_metrics(tmp_path):
             assert any(name.startswith("vllm_omni:") for name in after)
             total = after["duplex_ledger:realtime_connections"]  # counter family name without _total
             assert total[("duplex_ledger:realtime_connections_total", ("outcome", "accepted"))] == 1
-            duration = after["duplex_ledger:realtime_connection_duration_seconds"]
-            assert duration[("duplex_ledger:realtime_connection_duration_seconds_count",)] == 1
+            duration = after["duplex_ledger:realtime_connection_duration_s"]
+            assert duration[("duplex_ledger:realtime_connection_duration_s_count",)] == 1
             await engine.aclose()  # shutting down: a load balancer is told to stop sending
             health = await http.get("/health")
             assert (health.status_code, health.json()) == (503, {"status": "shutting_down"})
