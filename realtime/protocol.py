@@ -117,7 +117,9 @@ def parse_client_event(frame: str | bytes, *, max_bytes: int = MAX_EVENT_BYTES) 
     if not isinstance(event, dict):
         raise ProtocolError("bad_event", f"an event must be a JSON object, not {type(event).__name__}")
     if not isinstance(event.get("type"), str):
-        raise ProtocolError("bad_event", "the event has no string 'type'", param="type", event_id=client_event_id(event))
+        raise ProtocolError(
+            "bad_event", "the event has no string 'type'", param="type", event_id=client_event_id(event)
+        )
     return event
 
 
