@@ -373,7 +373,8 @@ class Session:
         (``runtime_append_failed``, R3). Input that cannot be stored (a lone surrogate in a
         text, DOMAIN §5.7 D12) raises SessionError ``invalid_input`` naming the field (param:
         the first field); nothing is recorded (the events are built before any is applied).
-        Every refusal: exactly one ``error`` client event, then SessionError."""
+        Every refusal: exactly one ``error`` client event, then SessionError; once the stream
+        ended (``session.closed``) only the SessionError (the client was told, CASE-35)."""
         if self.taken_over:
             self._refuse("session_taken_over", f"{name}: the session was taken over by another replica", event_id)
         async with self._lock:

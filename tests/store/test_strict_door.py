@@ -21,6 +21,8 @@ from events.types import ResponseBegun, SessionOpened, StageRequestSubmitted, Tu
 from tests.cases.logbook import LOG_DIR
 from tests.cli.conftest import Cli
 
+ROOT = Path(__file__).resolve().parents[2]
+
 LINE = {
     "stream": "S1",
     "type": "TurnCommitted",
@@ -101,7 +103,7 @@ def test_event_id_text_ts_spellings_and_int_for_float_still_pass() -> None:
 
 
 COMMITTED = sorted(
-    [*LOG_DIR.glob("*.jsonl"), *(LOG_DIR.parent / "field").glob("*.jsonl"), Path("tests/cli/data/overflow.jsonl")]
+    [*LOG_DIR.glob("*.jsonl"), *(LOG_DIR.parent / "field").glob("*.jsonl"), ROOT / "tests/cli/data/overflow.jsonl"]
 )
 
 
@@ -114,7 +116,7 @@ def test_committed_logs_still_import(tmp_path: Path, path: Path) -> None:
 def test_the_examples_still_parse() -> None:
     from reports.traces import parse_trace
 
-    examples = sorted(Path("examples").glob("*.jsonl"))
+    examples = sorted((ROOT / "examples").glob("*.jsonl"))
     assert len(examples) == 3
     for path in examples:
         assert parse_trace(path).lines, path
