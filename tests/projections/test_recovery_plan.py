@@ -156,7 +156,9 @@ def unsettled(resources: SessionResources) -> set[str]:
     """Ids the session still holds: a key, or an abort/release unanswered or failed."""
     held = {key[1] for key in resources.bindings}
     return held | {
-        rid for rid, life in resources.lives.items() if not life.cleanup_ok and (life.abort_pending or life.abort_failed)
+        rid
+        for rid, life in resources.lives.items()
+        if not life.cleanup_ok and (life.abort_pending or life.abort_failed)
     }
 
 
