@@ -4,8 +4,9 @@ I/O shell around :func:`projections.session_rules.recovery.plan_recovery`.
 :func:`take_over_session` re-reads the session's stream, checks it still belongs to the dead
 owner it was judged by, and then:
 
-1. writes ``SessionTakenOver`` (new owner, previous owner) and
-   ``SessionClosed(recovered_after_crash)`` durably, at the stream version just read: from
+1. an open session: writes ``SessionTakenOver`` (new owner, previous owner) and
+   ``SessionClosed(recovered_after_crash)`` durably, as
+   :func:`~projections.session_rules.recovery.plan_takeover` says, at the stream version just read: from
    then on the old owner's appends (at an older version) are refused (fencing by
    ``expected_version``). A stream that moved meanwhile (the old owner wrote once more, or
    another replica took it first: :class:`StreamTakenOver`) raises nothing: it is re-read and
@@ -31,9 +32,8 @@ from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
 from events.store.owners import Owner, lifecycle_of
 from events.store.store import EventStore
-from events.types import SessionClosed, SessionTakenOver
 from projections.projector import Projector
-from projections.session_rules.recovery import RECOVERED, plan_recovery
+from projections.session_rules.recovery import plan_recovery, plan_takeover
 
 
 @dataclass
@@ -79,25 +79,23 @@ async def take_over_session(
             report.skipped.append((session_id, str(life.owner)))
             return False
         projector = Projector(live=True).apply_all(history)
-        state = projector.session_resources(session_id)
-        if not life.open and not (state and state.holds_anything()):  # keys, or an abort unanswered
+        closing = plan_takeover(
+            projector.session_resources(session_id),
+            session_id,
+            session_open=life.open,
+            replica_id=me.replica_id or "?",
+            replica_incarnation=me.incarnation or 0,
+            previous_replica_id=life.owner.replica_id,
+            previous_incarnation=life.owner.incarnation,
+            detected=detected,
+            ts=time.time(),
+        )
+        if closing is None:  # closed, holding nothing (no key, no abort unanswered)
             return False
         log = SessionLog(store, session_id, len(history), projector=projector, ticker=ticker, on_applied=on_applied)
         try:
-            if life.open:
-                now = time.time()
-                await log.emit(
-                    SessionTakenOver(
-                        session_id=session_id,
-                        ts=now,
-                        replica_id=me.replica_id or "?",
-                        replica_incarnation=me.incarnation or 0,
-                        previous_replica_id=life.owner.replica_id,
-                        previous_incarnation=life.owner.incarnation,
-                        detected=detected,
-                    ),
-                    SessionClosed(session_id=session_id, ts=now, reason=RECOVERED),
-                )
+            if closing:
+                await execute_recovery(log, ports, closing)
                 report.closed_sessions.append(session_id)
                 report.taken_over.append((session_id, str(life.owner)))
             await _clean(log, ports, shared(life.owner), report)

@@ -19,7 +19,7 @@ engine (``engine_bridge``) executes the steps and records the results; it decide
 
 from projections.session_rules.commands import *  # noqa: F401,F403 - the package's vocabulary
 from projections.session_rules.decide import decide
-from projections.session_rules.recovery import RecoveryStep, plan_recovery, settle_aborts
+from projections.session_rules.recovery import RecoveryStep, plan_recovery, plan_takeover, settle_aborts
 from projections.session_rules.state import SessionRules, SessionState, TurnRef, evolve
 
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
     "decide",
     "evolve",
     "plan_recovery",
+    "plan_takeover",
     "settle_aborts",
 ]

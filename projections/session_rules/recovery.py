@@ -1,9 +1,14 @@
 """Recovery of a session whose owner is dead, pure (DOMAIN §4.2 R7, §5.7 D10, D18; issue 14):
-what becomes of every id the session still holds and of every abort the dead owner logged and
-never saw answered. The takeover shell (``engine_bridge.takeover``) gathers the inputs — the
+whether the session is taken over and closed, what becomes of every id it still holds and of
+every abort the dead owner logged and never saw answered. The takeover shell (``engine_bridge.takeover``) gathers the inputs — the
 folded session, the ids live on the engines this replica reaches, whether the dead owner's
 engines are shared with it — and the cleanup executor (``engine_bridge.cleanup``) plays the
 steps; neither decides anything.
+
+:func:`plan_takeover` — an open session is closed first, durably and before anything else
+(``SessionTakenOver`` naming both owners, ``SessionClosed(recovered_after_crash)``): from then
+on the dead owner's appends are refused (fencing). A closed one is only cleaned, and only when
+it still holds something (keys, or an abort unanswered or failed); else there is nothing to do.
 
 :func:`plan_recovery` — the ids still held, each in id order:
 
@@ -36,6 +41,8 @@ from events.types import (
     EventBase,
     ReleaseRequested,
     ReleaseResult,
+    SessionClosed,
+    SessionTakenOver,
     StageRequestLost,
     StageRequestReleased,
 )
@@ -46,6 +53,45 @@ RECOVERED = "recovered_after_crash"  # the cause and abort reason of everything 
 
 RecoveryStep = Record | Cleanup | Reabort | Then
 """A step of a recovery plan (``Then`` carries a :class:`SettleAborts`)."""
+
+
+def plan_takeover(
+    state: SessionResources | None,
+    session_id: str,
+    *,
+    session_open: bool,
+    replica_id: str,
+    replica_incarnation: int,
+    previous_replica_id: str | None,
+    previous_incarnation: int | None,
+    detected: str,
+    ts: float,
+) -> list[RecoveryStep] | None:
+    """The takeover's close of one session whose owner is dead (module doc): None when there
+    is nothing to do (closed, holding nothing), ``[]`` when it is closed but still holds
+    something, else one durable :class:`Record`. ``replica_*``: the new owner; ``previous_*``:
+    the dead one (None: written before replicas existed); ``detected``: why it is judged dead
+    (``SessionTakenOver.detected``); ``ts``: wall-clock seconds."""
+    if not session_open:
+        return [] if state is not None and state.holds_anything() else None
+    sid = session_id
+    return [
+        Record(
+            (
+                SessionTakenOver(
+                    session_id=sid,
+                    ts=ts,
+                    replica_id=replica_id,
+                    replica_incarnation=replica_incarnation,
+                    previous_replica_id=previous_replica_id,
+                    previous_incarnation=previous_incarnation,
+                    detected=detected,
+                ),
+                SessionClosed(session_id=sid, ts=ts, reason=RECOVERED),
+            ),
+            durable=True,
+        )
+    ]
 
 
 def plan_recovery(
@@ -124,4 +170,4 @@ def settle_aborts(state: SessionResources | None, command: SettleAborts) -> list
     return steps
 
 
-__all__ = ["RECOVERED", "RecoveryStep", "plan_recovery", "settle_aborts"]
+__all__ = ["RECOVERED", "RecoveryStep", "plan_recovery", "plan_takeover", "settle_aborts"]

@@ -33,7 +33,7 @@ from engine_bridge.ports import AbortFailed
 from events.records import StoredEvent
 from events.types import EventBase, StageRequestLost, StageRequestReleased
 from projections.resources import ResourcesFold, SessionResources
-from projections.session_rules import SessionState, evolve, plan_recovery, settle_aborts
+from projections.session_rules import SessionState, evolve, plan_recovery, plan_takeover, settle_aborts
 from projections.session_rules.commands import Cleanup, Reabort, Record, SettleAborts, Then
 from tests.logbuilder import LogBuilder, eph
 
@@ -256,3 +256,34 @@ def test_an_unanswered_abort_is_sent_again_on_shared_engines_and_answered_per_po
         ("AbortResult", None, 1),  # the pending pool is answered under the dead owner's intent
     ]
     assert [p.calls for p in ports] == [[IDS[0]], [IDS[0]]] and outcome.aborted == [IDS[0], IDS[0]]
+
+
+@SETTINGS
+@given(ops=st.lists(OPS, max_size=14), session_open=st.booleans())
+def test_an_open_session_is_closed_durably_first_a_closed_one_only_when_it_holds_something(ops, session_open):
+    state = folded(ops).resources
+    plan = plan_takeover(
+        state,
+        SID,
+        session_open=session_open,
+        replica_id="B",
+        replica_incarnation=2,
+        previous_replica_id="A",
+        previous_incarnation=1,
+        detected="lease_expired",
+        ts=50.0,
+    )
+    if not session_open:
+        assert plan == ([] if unsettled(state) else None)
+        return
+    assert plan is not None
+    (record,) = plan
+    assert isinstance(record, Record) and record.durable
+    taken, closed = record.events
+    assert (taken.type, taken.replica_id, taken.previous_replica_id, taken.previous_incarnation) == (
+        "SessionTakenOver",
+        "B",
+        "A",
+        1,
+    )
+    assert (closed.type, closed.reason) == ("SessionClosed", "recovered_after_crash")
