@@ -22,14 +22,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from engine_bridge.messages import EngineConfig, SessionError
+from engine_bridge.messages import EngineConfig, SessionError, StreamTakenOver
 from engine_bridge.plugin import ModelPlugin, TextPlugin
 from engine_bridge.ports import StagePort
 from engine_bridge.prometheus import LedgerMetrics
 from engine_bridge.replicas import Replica, ReplicaConfig, SessionOwnedElsewhere
 from engine_bridge.session import Session
 from engine_bridge.session_log import FlushTicker, SessionLog
-from engine_bridge.takeover import TAKEN_OVER, RecoveryReport
+from engine_bridge.takeover import RecoveryReport
 from events.store.backends import Synchronous
 from events.store.owners import lifecycle_of
 from events.store.store import EventStore
@@ -149,7 +149,7 @@ class SessionEngine:
                 try:
                     await session.close(reason)
                 except Exception as exc:  # noqa: BLE001 - raised below, once everything is shut
-                    if isinstance(exc, SessionError) and exc.code == TAKEN_OVER:
+                    if isinstance(exc, StreamTakenOver):
                         continue  # fenced out: the session is another replica's now
                     logger.warning("shutdown: closing session %r failed: %s", session.session_id, exc)
                     failures.append(exc)
@@ -242,9 +242,7 @@ class SessionEngine:
                     connection_id=connection_id,
                 )
             )
-        except SessionError as exc:  # another replica opened it between our read and our append
-            if exc.code != TAKEN_OVER:
-                raise
+        except StreamTakenOver:  # another replica opened it between our read and our append
             life = lifecycle_of(session_id, (e.event for e in await self.store.read_stream(session_id)))
             if life is None:
                 raise

@@ -80,3 +80,15 @@ class SessionError(RuntimeError):
         self.session_id = session_id
         self.request_id = request_id
         self.param = param
+
+
+class StreamTakenOver(SessionError):
+    """The session's stream is another writer's now (issue 14, DOMAIN §5.7 D18): an append at
+    the version this owner last saw was refused (fenced by ``expected_version``), or a takeover
+    found the stream still moving after its tries. Wire code ``session_taken_over``; callers
+    tell it by type, never by the code string."""
+
+    CODE = "session_taken_over"
+
+    def __init__(self, message: str, *, session_id: str) -> None:
+        super().__init__(self.CODE, message, session_id=session_id)

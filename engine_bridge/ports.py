@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from events.limits import storable_text
+from projections.session_rules.commands import PortFailure
 
 
 class StagePortError(RuntimeError):
@@ -38,6 +39,16 @@ class PromptTooLong(StagePortError):
 
 class EngineDead(StagePortError):
     """The engine is shut down or died."""
+
+
+def port_failure(exc: BaseException) -> PortFailure:
+    """The kind of a port's failure the rules decide on (``FailTurn.error``): a
+    :class:`PromptTooLong` or :class:`EngineDead` by name, anything else ``STAGE_ERROR``."""
+    if isinstance(exc, PromptTooLong):
+        return PortFailure.PROMPT_TOO_LONG
+    if isinstance(exc, EngineDead):
+        return PortFailure.ENGINE_DEAD
+    return PortFailure.STAGE_ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from engine_bridge.messages import SessionError
+from engine_bridge.messages import StreamTakenOver
 from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
 from events.store.store import EventStore
@@ -332,9 +332,7 @@ class SessionLog:
             self._broken = exc
             if self.on_fenced is not None:
                 self.on_fenced(exc)
-            raise SessionError(
-                "session_taken_over", f"another writer appended to the stream: {exc}", session_id=self.session_id
-            ) from exc
+            raise StreamTakenOver(f"another writer appended to the stream: {exc}", session_id=self.session_id) from exc
         except BaseException as exc:
             self._broken = exc
             raise

@@ -1,19 +1,19 @@
-"""Taking over one session whose owner is dead (crash recovery, issue 14; DOMAIN §4.2 R7).
+"""Taking over one session whose owner is dead (crash recovery, issue 14; DOMAIN §4.2 R7): the
+I/O shell around :func:`projections.session_rules.recovery.plan_recovery`.
 
 :func:`take_over_session` re-reads the session's stream, checks it still belongs to the dead
-owner it was judged by, and then, written ahead of any engine call:
+owner it was judged by, and then:
 
-1. ``SessionTakenOver`` (new owner, previous owner) and ``SessionClosed(recovered_after_crash)``
-   — durably, at the stream version just read: from then on the old owner's appends (at an
-   older version) are refused (fencing by ``expected_version``). A stream that moved meanwhile
-   (the old owner wrote once more, or another replica took it first) raises nothing: it is
-   re-read and judged again;
-2. every id it still holds: aborted on every pool when it runs on one of this replica's
-   engines or the dead owner's engines are shared with this replica (``shared``); else
-   ``StageRequestLost`` (a submitted id: its engines died with its replica) or
-   ``StageRequestReleased`` (a reserved id) with cause ``recovered_after_crash``;
-3. an abort the dead owner logged but never saw answered is answered the same way: sent again
-   and ``AbortResult`` per pending pool, or ``StageRequestLost`` per pending pool.
+1. an open session: writes ``SessionTakenOver`` (new owner, previous owner) and
+   ``SessionClosed(recovered_after_crash)`` durably, as
+   :func:`~projections.session_rules.recovery.plan_takeover` says, at the stream version just read: from
+   then on the old owner's appends (at an older version) are refused (fencing by
+   ``expected_version``). A stream that moved meanwhile (the old owner wrote once more, or
+   another replica took it first: :class:`StreamTakenOver`) raises nothing: it is re-read and
+   judged again;
+2. asks the engines which ids run on them, has the pure recovery rules plan what becomes of
+   every id still held and every abort left unanswered, and hands the plan to the cleanup
+   executor (:func:`engine_bridge.cleanup.execute_recovery`). It decides nothing itself.
 
 A session that is already closed but still holds ids (a failed close cleanup) gets step 2 only.
 """
@@ -24,28 +24,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine_bridge.cleanup import CleanupFailed, cleanup_id
-from engine_bridge.messages import SessionError
-from engine_bridge.ports import AbortFailed, StagePort
+from engine_bridge.cleanup import RecoveryOutcome, execute_recovery
+from engine_bridge.messages import StreamTakenOver
+from engine_bridge.ports import StagePort
 from engine_bridge.session_log import FlushTicker, SessionLog, SessionLogBroken
 from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
 from events.store.owners import Owner, lifecycle_of
 from events.store.store import EventStore
-from events.types import (
-    AbortRequested,
-    AbortResult,
-    Outcome,
-    ReleaseRequested,
-    ReleaseResult,
-    SessionClosed,
-    SessionTakenOver,
-    StageRequestLost,
-    StageRequestReleased,
-)
 from projections.projector import Projector
-
-TAKEN_OVER = "session_taken_over"  # SessionError code of a refused append (the stream moved on)
+from projections.session_rules.recovery import plan_recovery, plan_takeover
 
 
 @dataclass
@@ -78,8 +66,8 @@ async def take_over_session(
     """Take over ``session_id`` (see the module doc). ``judge(owner)``: why that owner is dead
     (``SessionTakenOver.detected``), or None when it is alive — then nothing is written and
     False is returned (also when the session holds nothing to do). ``shared(owner)``: whether
-    the owner's engines are this replica's too. Raises SessionError ``session_taken_over`` when
-    the stream kept moving for ``attempts`` reads. ``on_applied``: fed every event written (the
+    the owner's engines are this replica's too. Raises :class:`StreamTakenOver` when the stream
+    kept moving for ``attempts`` reads. ``on_applied``: fed every event written (the
     engine's Prometheus fold, issue 16)."""
     for _ in range(attempts):
         history = await store.read_stream(session_id)
@@ -91,146 +79,43 @@ async def take_over_session(
             report.skipped.append((session_id, str(life.owner)))
             return False
         projector = Projector(live=True).apply_all(history)
-        state = projector.session_resources(session_id)
-        if not life.open and not (state and state.holds_anything()):  # keys, or an abort unanswered
+        closing = plan_takeover(
+            projector.session_resources(session_id),
+            session_id,
+            session_open=life.open,
+            replica_id=me.replica_id or "?",
+            replica_incarnation=me.incarnation or 0,
+            previous_replica_id=life.owner.replica_id,
+            previous_incarnation=life.owner.incarnation,
+            detected=detected,
+            ts=time.time(),
+        )
+        if closing is None:  # closed, holding nothing (no key, no abort unanswered)
             return False
         log = SessionLog(store, session_id, len(history), projector=projector, ticker=ticker, on_applied=on_applied)
         try:
-            if life.open:
-                now = time.time()
-                await log.emit(
-                    SessionTakenOver(
-                        session_id=session_id,
-                        ts=now,
-                        replica_id=me.replica_id or "?",
-                        replica_incarnation=me.incarnation or 0,
-                        previous_replica_id=life.owner.replica_id,
-                        previous_incarnation=life.owner.incarnation,
-                        detected=detected,
-                    ),
-                    SessionClosed(session_id=session_id, ts=now, reason="recovered_after_crash"),
-                )
+            if closing:
+                await execute_recovery(log, ports, closing)
                 report.closed_sessions.append(session_id)
                 report.taken_over.append((session_id, str(life.owner)))
             await _clean(log, ports, shared(life.owner), report)
             await log.close()
-        except (SessionError, SessionLogBroken) as exc:
-            if not _stream_moved(exc):
-                raise
+        except StreamTakenOver:
             continue  # the stream moved between our read and our append: judge it again
+        except SessionLogBroken as exc:
+            if not isinstance(exc.__cause__, ConcurrencyError):
+                raise
+            continue  # refused at a background flush: the log refuses further events; judge again
         return True
-    raise SessionError(TAKEN_OVER, f"stream kept moving during takeover ({attempts} tries)", session_id=session_id)
-
-
-def _stream_moved(exc: BaseException) -> bool:
-    """Another writer appended to the stream under us: refused at an awaited append
-    (SessionError ``session_taken_over``), or at a background flush, after which the log
-    refuses further events (SessionLogBroken caused by a ConcurrencyError)."""
-    if isinstance(exc, SessionError):
-        return exc.code == TAKEN_OVER
-    return isinstance(exc.__cause__, ConcurrencyError)
+    raise StreamTakenOver(f"stream kept moving during takeover ({attempts} tries)", session_id=session_id)
 
 
 async def _clean(log: SessionLog, ports: Sequence[StagePort], shared: bool, report: RecoveryReport) -> None:
+    """Gather the inputs (the fold, the ids live on the engines), plan, execute, report."""
     sid = log.session_id
     live: set[str] = set().union(*(port.live_request_ids() for port in ports)) if ports else set()
-    state = log.projector.session_resources(sid)
-    held = dict(state.bindings) if state is not None else {}  # snapshot: cleanup changes the fold's
-    for request_id in sorted({k[1] for k in held}):
-        if request_id in live or (shared and any(b.submitted for k, b in held.items() if k[1] == request_id)):
-            try:
-                await cleanup_id(log, ports, request_id, cause="recovered_after_crash", force_abort=True)
-                report.aborted.append((sid, request_id))
-            except CleanupFailed as exc:
-                report.failed.append(str(exc))
-            continue
-        for stage_id, _ in sorted(k for k in held if k[1] == request_id):
-            binding = held[(stage_id, request_id)]
-            event_cls = StageRequestLost if binding.submitted else StageRequestReleased
-            log.emit_later(
-                event_cls(
-                    session_id=sid,
-                    ts=time.time(),
-                    stage_id=stage_id,
-                    request_id=request_id,
-                    cause="recovered_after_crash",
-                )
-            )
-            if binding.submitted:
-                report.lost.append((sid, stage_id, request_id))
-    await _settle_interrupted_aborts(log, ports, shared, live, report)
-
-
-async def _settle_interrupted_aborts(
-    log: SessionLog, ports: Sequence[StagePort], shared: bool, live: set[str], report: RecoveryReport
-) -> None:
-    """An id whose keys the dead owner dropped but whose cleanup it never saw through: an
-    abort it logged and never saw answered (it died between ``AbortRequested`` and
-    ``AbortResult``), or one a pool answered ``failed``. On engines this replica reaches the
-    abort is sent again, under a new ``AbortRequested`` for the failed pools (an answer only
-    answers its own intent, DOMAIN §5.7 D10), and answered per pool; on the dead owner's own
-    engines the id is recorded lost on each of those pools. A failed release (pool ``-1``,
-    no engine call) is released again."""
-    sid = log.session_id
-    state = log.projector.session_resources(sid)
-    if state is None:
-        return
-    for request_id, life in sorted(state.lives.items()):
-        if life.cleanup_ok or state.keys_of(request_id):
-            continue
-        pending = {stage_id for stage_id in life.abort_pending if stage_id >= 0}
-        failed = {stage_id for stage_id in life.abort_failed if stage_id >= 0} - pending
-        if -1 in life.abort_failed:  # the release pool: bookkeeping, no engine call
-            now = time.time()
-            log.emit_later(
-                ReleaseRequested(session_id=sid, ts=now, request_ids=[request_id], cause="recovered_after_crash"),
-                ReleaseResult(session_id=sid, ts=now, request_ids=[request_id], outcome="ok"),
-            )
-        stages = sorted(pending | failed)
-        if not stages:
-            continue
-        if request_id in live or shared:
-            if failed:
-                log.emit_later(
-                    AbortRequested(
-                        session_id=sid,
-                        ts=time.time(),
-                        request_ids=[request_id],
-                        stage_ids=sorted(failed),
-                        reason="recovered_after_crash",
-                    )
-                )
-            for port in ports:
-                if port.stage_id not in stages:
-                    continue
-                outcome: Outcome
-                error: str | None
-                try:
-                    await port.abort([request_id])
-                    outcome, error = "ok", None
-                    report.aborted.append((sid, request_id))
-                except AbortFailed as exc:
-                    outcome, error = "failed", str(exc)
-                    report.failed.append(str(exc))
-                log.emit_later(
-                    AbortResult(
-                        session_id=sid,
-                        ts=time.time(),
-                        request_ids=[request_id],
-                        stage_id=port.stage_id,
-                        outcome=outcome,
-                        error=error,
-                    )
-                )
-            continue
-        for stage_id in stages:
-            log.emit_later(
-                StageRequestLost(
-                    session_id=sid,
-                    ts=time.time(),
-                    stage_id=stage_id,
-                    request_id=request_id,
-                    cause="recovered_after_crash",
-                )
-            )
-            report.lost.append((sid, stage_id, request_id))
+    steps = plan_recovery(log.projector.session_resources(sid), live, shared, ts=time.time())
+    done: RecoveryOutcome = await execute_recovery(log, ports, steps)
+    report.aborted.extend((sid, request_id) for request_id in done.aborted)
+    report.lost.extend((sid, stage_id, request_id) for stage_id, request_id in done.lost)
+    report.failed.extend(done.failed)

@@ -20,7 +20,7 @@ from engine_bridge.conversation import Conversation
 from engine_bridge.eager import start_eagerly
 from engine_bridge.messages import EngineConfig
 from engine_bridge.outputs import OutputCoalescer
-from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment
+from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment, port_failure
 from engine_bridge.resident_stream import ResidentStream
 from engine_bridge.segments import SegmentRecorder
 from engine_bridge.session_log import SessionLog
@@ -233,7 +233,7 @@ class TurnRunner:
         if not isinstance(exc, StagePortError):
             logger.error("session %s: turn %s failed", self.log.session_id, turn.request_id, exc_info=exc)
         try:
-            await self._run(FailTurn(time.time(), turn.ref, type(exc).__name__, str(exc), turn.answer()), turn)
+            await self._run(FailTurn(time.time(), turn.ref, port_failure(exc), str(exc), turn.answer()), turn)
         except Exception as failure:  # noqa: BLE001 - nothing more can be written: tell the client
             logger.error("session %s: failing turn %s failed", self.log.session_id, turn.request_id, exc_info=failure)
             self.feed.send("error", code="internal_error", message=f"{type(exc).__name__}: {exc}", event_id=None)

@@ -55,14 +55,7 @@ class CleanupPlan:
 
     def abort_result(self, stage_id: int, ts: float, error: str | None = None) -> AbortResult:
         """One pool's answer to the abort: ``ok``, or ``failed`` with the port's ``error``."""
-        return AbortResult(
-            session_id=self.session_id,
-            ts=ts,
-            request_ids=[self.request_id],
-            stage_id=stage_id,
-            outcome="ok" if error is None else "failed",
-            error=error,
-        )
+        return abort_result(self.session_id, self.request_id, stage_id, ts, error)
 
     def restored(self, ts: float) -> list[StageRequestRestored]:
         """A failed abort puts back exactly the keys the plan dropped (R3)."""
@@ -78,6 +71,19 @@ class CleanupPlan:
             )
             for k in self.keys
         ]
+
+
+def abort_result(session_id: str, request_id: str, stage_id: int, ts: float, error: str | None = None) -> AbortResult:
+    """One pool's answer to an abort of ``request_id``: ``ok``, or ``failed`` with the port's
+    ``error`` (DOMAIN §4.2 R2, R3)."""
+    return AbortResult(
+        session_id=session_id,
+        ts=ts,
+        request_ids=[request_id],
+        stage_id=stage_id,
+        outcome="ok" if error is None else "failed",
+        error=error,
+    )
 
 
 def held_keys(state: SessionResources | None, request_id: str) -> tuple[HeldKey, ...]:

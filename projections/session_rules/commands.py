@@ -13,6 +13,7 @@ forward, refusal) against a buffered one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal
 
 from events.stats import StageRequestStats
@@ -43,11 +44,14 @@ __all__ = [
     "Listen",
     "Notify",
     "PrepareSubmit",
+    "PortFailure",
     "PromoteDeferred",
+    "Reabort",
     "Record",
     "Refuse",
     "Reply",
     "Reserve",
+    "SettleAborts",
     "Stage0Done",
     "StartTurn",
     "Step",
@@ -216,14 +220,29 @@ class EndTurn:
     finish_reason: str | None
 
 
+class PortFailure(Enum):
+    """Why a stage port refused or lost a request, as the rules tell them apart; the value
+    is the wire error code the client is told (``error.code``). The engine maps a port's
+    exception to its kind (``engine_bridge.ports.port_failure``); the rules never read an
+    exception's class name."""
+
+    PROMPT_TOO_LONG = "prompt_too_long"  # the prompt is over the model's length
+    ENGINE_DEAD = "engine_dead"  # the engine is shut down or died
+    STAGE_ERROR = "stage_error"  # any other port failure
+
+    @property
+    def code(self) -> str:
+        """The wire error code (``error.code``)."""
+        return self.value
+
+
 @dataclass(frozen=True, slots=True)
 class FailTurn:
-    """A stage port refused or lost the turn's request. ``error``: the port error's class
-    name (PromptTooLong, EngineDead, …)."""
+    """A stage port refused or lost the turn's request. ``error``: the failure's kind."""
 
     ts: float
     turn: TurnRef
-    error: str
+    error: PortFailure
     message: str
     text: str
 
@@ -256,6 +275,18 @@ class Close:
     ts: float
     reason: str
     turn: TurnRef | None
+
+
+@dataclass(frozen=True, slots=True)
+class SettleAborts:
+    """Recovery, after the held ids were cleaned (:mod:`.recovery`): answer the aborts the dead
+    owner logged and never saw answered, and the releases that failed. ``live_ids``: the ids
+    running on the engines this replica reaches; ``shared``: the dead owner's engines are this
+    replica's too."""
+
+    ts: float
+    live_ids: frozenset[str]
+    shared: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +350,16 @@ class Cleanup:
     force_abort: bool = False
     collect: bool = False
     release_turn: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reabort:
+    """Abort ``request_id`` again on the pools ``stage_ids`` (recovery: its keys are already
+    gone, its abort was never answered or failed) and record each pool's ``AbortResult``; a
+    pool that fails is reported, not raised. Any new intent is a :class:`Record` before it."""
+
+    request_id: str
+    stage_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

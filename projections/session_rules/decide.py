@@ -100,10 +100,8 @@ WIRE_REASON = {
 #: front decides what its protocol says of the last one).
 NOT_ACTIVE_IS_ERROR = frozenset({"response.cancel"})
 
+
 #: Wire error code of a failed turn per stage-port error class (DOMAIN §5.7 D14).
-PORT_ERROR_CODE = {"PromptTooLong": "prompt_too_long", "EngineDead": "engine_dead"}
-
-
 def response_id_for(state: SessionState, nonce: str) -> str:
     """0.30.0 shape ``resp-<session>-<epoch>-<8 hex>`` (DOMAIN §2.2)."""
     return f"resp-{state.session_id}-{state.epoch}-{nonce}"
@@ -624,7 +622,7 @@ def _(command: FailTurn, state: SessionState) -> list[Step]:
     ]
     if t.response_id is not None:
         events.append(TurnFinalized(session_id=sid, ts=ts, response_id=t.response_id, finished_reason="error"))
-    code = PORT_ERROR_CODE.get(command.error, "stage_error")
+    code = command.error.code
     steps: list[Step] = [
         Record(tuple(events)),
         *_reject(state, ts, "commit", code, command.message, t.request_id, refuse=False),
@@ -740,4 +738,4 @@ def _(command: CleanupHeld, state: SessionState) -> list[Step]:
     return [Cleanup(request_id, command.cause, collect=True) for request_id in command.held if request_id in still]
 
 
-__all__ = ["NOT_ACTIVE_IS_ERROR", "PORT_ERROR_CODE", "WIRE_REASON", "decide", "error_notice", "response_id_for"]
+__all__ = ["NOT_ACTIVE_IS_ERROR", "WIRE_REASON", "decide", "error_notice", "response_id_for"]

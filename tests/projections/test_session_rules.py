@@ -52,6 +52,7 @@ from projections.session_rules import (
     HaltTurn,
     Listen,
     Notify,
+    PortFailure,
     PrepareSubmit,
     PromoteDeferred,
     Record,
@@ -248,7 +249,7 @@ class Driver:
             await self._run(EngineAborted(self.now(), turn, "x"))
         elif how == "fail":  # the open stream raised: its pump forgets it (engine_bridge.resident_stream)
             self.stream_id = None
-            await self._run(FailTurn(self.now(), turn, "EngineDead", "stub", "x"))
+            await self._run(FailTurn(self.now(), turn, PortFailure.ENGINE_DEAD, "stub", "x"))
         else:
             await self._run(Stage0Done(self.now(), turn, StageRequestStats(), {}, self.now(), "stop"))
             if how == "listen" or not self.speak:
