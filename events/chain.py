@@ -107,11 +107,23 @@ def hash_of(previous: bytes, row: Any) -> bytes:
     )
 
 
-def row_pieces(stream_id: str, event_id: str, type_: str, schema_version: int, ts_us: int, data: str) -> Pieces:
+def row_pieces(
+    stream_id: str,
+    event_id: str,
+    type_: str,
+    schema_version: int,
+    ts_us: int,
+    data: str,
+    data_utf8: bytes | None = None,
+) -> Pieces:
     """The canonical bytes without ``position``, ``version`` and ``recorded_at_us``, as the three
     runs between them: ``str(stream_id)``; ``str(event_id) ‖ str(type) ‖ i64(schema_version) ‖
-    i64(ts_us)``; ``str(data)``. Raises struct.error for an integer outside signed 64 bits."""
-    s, e, t, d = stream_id.encode(), event_id.encode(), type_.encode(), data.encode()
+    i64(ts_us)``; ``str(data)``. ``data_utf8``: ``data`` already encoded (the serializer's own
+    bytes, so the payload text is not encoded a second time); must equal ``data.encode()``.
+    Raises struct.error for an integer outside signed 64 bits, UnicodeEncodeError for text
+    that is not UTF-8."""
+    s, e, t = stream_id.encode(), event_id.encode(), type_.encode()
+    d = data.encode() if data_utf8 is None else data_utf8
     return (
         _I.pack(len(s)) + s,
         b"".join((_I.pack(len(e)), e, _I.pack(len(t)), t, _QQ.pack(schema_version, ts_us))),

@@ -15,7 +15,6 @@ from engine_bridge.prometheus import LedgerMetrics
 from events.chain_walk import ChainFault, chain_fault
 from events.limits import MAX_POSITION, overflows
 from events.store.store import EventStore
-from projections.metrics import SessionRollup
 from reports.cli_errors import MAX_IDLE_S, checked_url, exit_if_tampered, run
 from reports.cli_projections import DB_HELP
 
@@ -78,16 +77,3 @@ def overflowed_samples(result: LedgerMetrics) -> int:
 def register(app: typer.Typer) -> None:
     """Add ``metrics`` to the main CLI app."""
     app.command("metrics")(metrics)
-
-
-async def session_rollups(
-    db: str | None, session: str | None = None, until_position: int | None = None, max_idle_s: float = 30.0
-) -> list[tuple[SessionRollup, list[str]]]:
-    """(rollup, leaked request ids) of every session closed in the log up to ``until_position``
-    (only ``session`` when given), in close order; leaks as the audit sees them at that point."""
-    fold = (await project_metrics(db, until_position, max_idle_s)).fold
-    return [
-        (r, fold.leaked_ids_of(r.session_id, max_idle_s))
-        for r in fold.rollups
-        if session is None or r.session_id == session
-    ]

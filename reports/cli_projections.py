@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # imported where used, so `--help` and the other commands sta
     from events.chain_walk import ChainFault
     from events.store.store import EventStore
     from projections.findings import Finding
+    from projections.metrics import SessionRollup
     from projections.projector import Projector
     from projections.turn_tables import TurnTables
 
@@ -273,14 +274,38 @@ async def _turns(
             await runner.checked_catch_up()
             turns = await runner.turn_tables(session, response)
             fault = runner.chain_fault
-        chosen = [
-            t
-            for t in turns
-            if (session is None or t.session_id == session) and (response is None or t.response_id == response)
-        ]
-        if response is not None and not chosen:
-            await check_response(store, session, response)
+        chosen = await _chosen(store, turns, session, response)
     return chosen, fault
+
+
+async def _chosen(
+    store: EventStore, turns: list[TurnTables], session: str | None, response: str | None
+) -> list[TurnTables]:
+    """The turns of ``session`` / ``response`` (each when given); UnknownResponse for a
+    ``response`` the log does not hold."""
+    chosen = [
+        t
+        for t in turns
+        if (session is None or t.session_id == session) and (response is None or t.response_id == response)
+    ]
+    if response is not None and not chosen:
+        await check_response(store, session, response)
+    return chosen
+
+
+async def _turns_with_summary(
+    db: str | None, session: str | None, response: str | None, until_position: int | None
+) -> tuple[list[TurnTables], list[tuple[SessionRollup, list[str]]], ChainFault | None]:
+    """``--summary``: the turns chosen, the session rollups and the chain's first fault, from
+    one fold of the log (:mod:`reports.summary_fold`; issue 23 step 3)."""
+    from events.store.store import EventStore
+    from reports.summary_fold import summary_of
+
+    async with await EventStore.open(db) as store:
+        await check_session(store, session)
+        folded = await summary_of(store, session, until_position)
+        chosen = await _chosen(store, folded.turns, session, response)
+    return chosen, folded.rollups, folded.fault
 
 
 async def check_response(store: EventStore, session: str | None, response: str) -> None:
@@ -340,7 +365,11 @@ def tables(
         typer.echo("error: --summary works with --format text or json", err=True)
         raise typer.Exit(2)
     url = checked_url(db)
-    turns, fault = run(lambda: _turns(url, session, response, until_position), url)
+    rollups: list[tuple[SessionRollup, list[str]]] = []
+    if summary:  # issue 16: session rollups; issue 23: from the one fold that gives the turns
+        turns, rollups, fault = run(lambda: _turns_with_summary(url, session, response, until_position), url)
+    else:
+        turns, fault = run(lambda: _turns(url, session, response, until_position), url)
     if not turns:
         wanted = ", ".join(
             f"{k} {v!r}"
@@ -354,10 +383,9 @@ def tables(
             markup=False,
         )
     text = render(fmt, turns)
-    if summary:  # issue 16: session rollups, from the metrics fold over the same log
-        from reports import cli_metrics, render_summary
+    if summary:
+        from reports import render_summary
 
-        rollups = run(lambda: cli_metrics.session_rollups(url, session, until_position), url)
         text = (
             render_summary.render_json_with_sessions(turns, rollups)
             if fmt is TablesFormat.json

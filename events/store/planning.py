@@ -112,20 +112,28 @@ def plan_call(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
         return _plan_bulk(state, call, now_us)
     assert call.stream_id is not None
     stream = call.stream_id
-    found = [state.existing.get(r.event_id) for r in call.rows]
-    present = [r.event_id for r, f in zip(call.rows, found) if f is not None]
-    if present:
-        conflict = _conflict(stream, call.rows, found)
-        if conflict is not None:
-            raise conflict
-        if len(present) != len(call.rows):
-            raise EventIdConflict(stream, present, "only part of this batch is already stored")
-        return CallResult([f.position for f in found if f is not None], 0)
+    existing = state.existing
+    for row in call.rows:  # the common case, no id stored yet, decided without building lists
+        if row.event_id in existing:
+            return _plan_resent(state, call, stream)
     current = state.versions.get(stream, 0)
     if call.expected_version is not None and call.expected_version != current:
         raise ConcurrencyError(stream, call.expected_version, current)
     positions = [_accept(state, row, current + i + 1, now_us) for i, row in enumerate(call.rows)]
     return CallResult(positions, len(positions))
+
+
+def _plan_resent(state: BatchState, call: AppendCall, stream: str) -> CallResult:
+    """A plain call naming an event id already stored (or planned): its original positions
+    when every row is the same event (module doc); EventIdConflict otherwise."""
+    found = [state.existing.get(r.event_id) for r in call.rows]
+    present = [r.event_id for r, f in zip(call.rows, found) if f is not None]
+    conflict = _conflict(stream, call.rows, found)
+    if conflict is not None:
+        raise conflict
+    if len(present) != len(call.rows):
+        raise EventIdConflict(stream, present, "only part of this batch is already stored")
+    return CallResult([f.position for f in found if f is not None], 0)
 
 
 def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
@@ -149,26 +157,21 @@ def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
 
 
 def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
-    state.head += 1
-    state.versions[row.stream_id] = version
-    state.existing[row.event_id] = Existing(
-        row.stream_id, version, state.head, row.type, row.schema_version, row.ts_us, row.data
+    position = state.head = state.head + 1
+    stream_id, event_id, type_, schema_version, ts_us, data = (
+        row.stream_id,
+        row.event_id,
+        row.type,
+        row.schema_version,
+        row.ts_us,
+        row.data,
     )
+    state.versions[stream_id] = version
+    state.existing[event_id] = Existing(stream_id, version, position, type_, schema_version, ts_us, data)
     recorded_at_us = now_us if row.recorded_at_us is None else row.recorded_at_us
-    pieces = row.pieces or row_pieces(row.stream_id, row.event_id, row.type, row.schema_version, row.ts_us, row.data)
-    state.head_hash = link(state.head_hash, state.head, version, recorded_at_us, pieces)
+    pieces = row.pieces or row_pieces(stream_id, event_id, type_, schema_version, ts_us, data)
+    head_hash = state.head_hash = link(state.head_hash, position, version, recorded_at_us, pieces)
     state.inserts.append(
-        (
-            state.head,
-            row.stream_id,
-            version,
-            row.event_id,
-            row.type,
-            row.schema_version,
-            row.ts_us,
-            recorded_at_us,
-            row.data,
-            state.head_hash,
-        )
+        (position, stream_id, version, event_id, type_, schema_version, ts_us, recorded_at_us, data, head_hash)
     )
-    return state.head
+    return position

@@ -13,14 +13,14 @@ start").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from events.records import StoredEvent
 from events.store.backends import Synchronous, check_synchronous, make_backend
 from events.store.migrate import check_revision, upgrade
-from events.store.planning import AppendCall
+from events.store.planning import AppendCall, CallResult
 from events.store.probe import read_sqlite
 from events.store.recorder import SubscribableRecorder
 from events.store.rows import ImportRow, NewRow, StoredRow, decode_rows
@@ -115,9 +115,9 @@ class EventStore:
         await self.close()
 
     # --- writing -----------------------------------------------------------------------
-    async def append(
+    def append(
         self, stream_id: str, events: Sequence[EventBase], expected_version: int | None = None
-    ) -> list[int]:
+    ) -> Awaitable[list[int]]:
         """Append ``events`` (all with ``session_id == stream_id``) to the end of the stream.
 
         ``expected_version``: None = no check; 0 = the stream must not exist yet; N = the
@@ -129,19 +129,28 @@ class EventStore:
         read back (DOMAIN §5.7 D12); ValueError for an empty batch, a foreign ``session_id`` or
         a repeated event id; AppendFailed when the database refused this call (the other calls
         of its group commit are unaffected); ReadOnlyStore on a read-only store.
+
+        Not a coroutine function (issue 23 step 6: one coroutine level less per append): the
+        rows are built and checked at the call, and the group commit's own future (SQLite; a
+        coroutine on PostgreSQL) is handed back; every error above is still raised where the
+        result is awaited. ``asyncio.ensure_future`` (not ``create_task``) makes it a task.
         """
-        if not events:
-            raise ValueError(f"append to {stream_id!r}: no events given")
-        if expected_version is not None and expected_version < 0:
-            raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
-        rows = [NewRow.checked(e) for e in events]
-        for e in events:
-            if e.session_id != stream_id:
-                raise ValueError(f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}")
-        if len(rows) > 1:
-            _check_unique_ids(rows)
-        result = await self._writer.submit(AppendCall(rows, stream_id, expected_version))
-        return result.positions
+        try:
+            if not events:
+                raise ValueError(f"append to {stream_id!r}: no events given")
+            if expected_version is not None and expected_version < 0:
+                raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
+            rows = [NewRow.checked(e) for e in events]
+            for e in events:
+                if e.session_id != stream_id:
+                    raise ValueError(
+                        f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}"
+                    )
+            if len(rows) > 1:
+                _check_unique_ids(rows)
+            return self._writer.submit(AppendCall(rows, stream_id, expected_version))  # type: ignore[return-value]
+        except Exception as exc:  # raised where the append is awaited, as from a coroutine
+            return _raising(exc)
 
     async def append_records(self, rows: Iterable[ImportRow]) -> ImportResult:
         """Bulk append across many streams, in one transaction (all rows or none).
@@ -158,6 +167,7 @@ class EventStore:
             return ImportResult([], 0)
         _check_unique_ids(new_rows)
         result = await self._writer.submit(AppendCall(new_rows, bulk=True))
+        assert isinstance(result, CallResult)  # a bulk call's Settled value
         return ImportResult(result.positions, result.appended)
 
     # --- reading -----------------------------------------------------------------------
@@ -297,3 +307,9 @@ def _check_unique_ids(rows: Sequence[NewRow]) -> None:
         if row.event_id in seen:
             raise ValueError(f"event id {row.event_id} appears twice in one append")
         seen.add(row.event_id)
+
+
+async def _raising(exc: BaseException) -> list[int]:
+    """An awaitable that raises ``exc`` (a refused :meth:`EventStore.append`: its error where
+    it is awaited, not where it is called)."""
+    raise exc

@@ -30,29 +30,38 @@ from events.store.writer_thread import WriterThread
 
 WriteBatch = Callable[[Sequence[AppendCall]], Awaitable[list[Any]]]
 BlockingWriteBatch = Callable[[Sequence[AppendCall]], list[Any]]
+Settled = list[int] | CallResult
+"""What a submitted call's future resolves to: a plain append's positions (so that
+:meth:`EventStore.append` hands the future back as it is, with no coroutine of its own around
+it: issue 23 step 6), a bulk call's :class:`CallResult` (positions and the count appended)."""
+
+
+def settled(call: AppendCall, result: CallResult) -> Settled:
+    """The value ``call``'s future resolves to (:data:`Settled`)."""
+    return result if call.bulk else result.positions
 
 
 class GroupCommitWriter:
     def __init__(self, write_batch: WriteBatch, *, max_batch_rows: int = 4000) -> None:
         self._write_batch = write_batch
         self._max_batch_rows = max_batch_rows
-        self._queue: asyncio.Queue[tuple[AppendCall, asyncio.Future[CallResult]] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[AppendCall, asyncio.Future[Settled]] | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def submit(self, call: AppendCall) -> CallResult:
-        """Queue ``call`` and wait until it is committed. Raises the call's StoreError, the
-        database error that failed its whole batch, or StoreClosed."""
+    async def submit(self, call: AppendCall) -> Settled:
+        """Queue ``call`` and wait until it is committed; its :data:`Settled` value. Raises the
+        call's StoreError, the database error that failed its whole batch, or StoreClosed."""
         if self._closed:
             raise StoreClosed("the event store is closed")
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="duplex-ledger-writer")
-        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Settled] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((call, future))
         return await future
 
     async def _run(self) -> None:
-        pending: tuple[AppendCall, asyncio.Future[CallResult]] | None = None
+        pending: tuple[AppendCall, asyncio.Future[Settled]] | None = None
         while True:
             item = pending or await self._queue.get()
             pending = None
@@ -73,7 +82,7 @@ class GroupCommitWriter:
             if live:
                 await self._commit(live)
 
-    async def _commit(self, batch: list[tuple[AppendCall, asyncio.Future[CallResult]]]) -> None:
+    async def _commit(self, batch: list[tuple[AppendCall, asyncio.Future[Settled]]]) -> None:
         try:
             outcomes = await self._write_batch([c for c, _ in batch])
         except asyncio.CancelledError:
@@ -90,13 +99,13 @@ class GroupCommitWriter:
             if not future.done():
                 future.set_exception(exc if isinstance(exc, StoreError) else append_failed(exc))
             return
-        for (_, f), outcome in zip(batch, outcomes):
+        for (call, f), outcome in zip(batch, outcomes):
             if f.done():
                 continue
             if isinstance(outcome, BaseException):
                 f.set_exception(outcome)
             else:
-                f.set_result(outcome)
+                f.set_result(settled(call, outcome))
 
     async def close(self) -> None:
         """Stop accepting calls, let queued ones commit, stop the task."""
@@ -139,11 +148,15 @@ class ThreadGroupCommit:
         self._closed = False
 
     def _handle(self, calls: list[AppendCall]) -> list[tuple[bool, Any]]:
-        return commit_isolated(self._write_batch, calls)
+        return [
+            (True, settled(call, value)) if ok else (False, value)
+            for call, (ok, value) in zip(calls, commit_isolated(self._write_batch, calls))
+        ]
 
-    def submit(self, call: AppendCall) -> Awaitable[CallResult]:
-        """Queue ``call``; awaiting the result waits until it is committed (as
-        :meth:`GroupCommitWriter.submit`). Raises StoreClosed at once when closed."""
+    def submit(self, call: AppendCall) -> Awaitable[Settled]:
+        """Queue ``call``; awaiting the result waits until it is committed and gives its
+        :data:`Settled` value (as :meth:`GroupCommitWriter.submit`). Raises StoreClosed at once
+        when closed."""
         if self._closed:
             raise StoreClosed("the event store is closed")
         return self._thread.group(self._handle, call, len(call.rows), self._after)

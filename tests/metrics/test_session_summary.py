@@ -1,6 +1,8 @@
 """issue 16: the [DuplexSessionSummary] rollup through ``tables --summary`` (text and JSON)."""
 
 import json
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
@@ -63,3 +65,22 @@ def test_json_summary_row(tmp_path):
 def test_summary_refuses_csv(tmp_path):
     url = ledger(tmp_path, closed_session_log())
     assert runner.invoke(app, ["tables", "--db", url, "--summary", "--format", "csv"]).exit_code == 2
+
+
+def test_summary_does_not_import_engine_bridge(tmp_path):
+    """issue 23 step 3: ``tables --summary`` folds the log once in reports/projections; a fresh
+    interpreter running it holds no ``engine_bridge`` module afterwards (and did print the
+    summary, so the check saw the path that builds it)."""
+    url = ledger(tmp_path, closed_session_log())
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from reports.cli import app\n"
+        f"r = CliRunner().invoke(app, ['tables', '--db', {url!r}, '--summary'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "assert 'DuplexSessionSummary [session=' in r.output, r.output\n"
+        "print(sorted(m for m in sys.modules if m == 'engine_bridge' or m.startswith('engine_bridge.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
