@@ -315,7 +315,9 @@ class TurnRunner:
                     self._record(turn, recorder, [chunk])
                     finish_reason = chunk.finish_reason
                     if chunk.new_token_ids:
-                        response_id = await self._run(FirstOutput(chunk.received_ts, turn.ref, secrets.token_hex(4)), turn)
+                        response_id = await self._run(
+                            FirstOutput(chunk.received_ts, turn.ref, secrets.token_hex(4)), turn
+                        )
                         turn.ref = dataclasses.replace(turn.ref, response_id=response_id)
                         self._send_text(turn, [chunk])
                         batch = batch[k + 1 :]
