@@ -103,7 +103,7 @@ def _stepping(port: FakeStagePort, k: int) -> None:
 
         return steps()
 
-    port.open_stream = stepped  # type: ignore[method-assign]
+    port.open_stream = stepped  # type: ignore[method-assign,assignment]
 
 
 async def _run(tmp_path: Any, k: int) -> tuple[list[tuple[str, dict[str, Any]]], list[int], int]:
