@@ -106,14 +106,17 @@ def _stepping(port: FakeStagePort, k: int) -> None:
     port.open_stream = stepped  # type: ignore[method-assign,assignment]
 
 
-async def _run(tmp_path: Any, k: int) -> tuple[list[tuple[str, dict[str, Any]]], list[int], int]:
-    """(client events without ids/stamps, sizes of the text-delta writes, emit_held calls)."""
+async def _run(
+    tmp_path: Any, k: int, auto_response: bool
+) -> tuple[list[tuple[str, dict[str, Any]]], list[int], int, list[tuple[str, int, str | None]]]:
+    """(client events without ids/stamps, sizes of the text-delta writes, emit_held calls of
+    outputs, the log's (type, tokens, text) in order)."""
     port = FakeStagePort(0, "thinker", reply="one two three four five six seven eight nine")
     _stepping(port, k)
     config = EngineConfig(max_tokens=9, flush_interval_s=0.005)
-    url = f"sqlite+aiosqlite:///{tmp_path}/b{k}.db"
+    url = f"sqlite+aiosqlite:///{tmp_path}/b{k}{auto_response}.db"
     async with await SessionEngine.open(url, [port], config=config, plugin=TextPlugin(resumable=True)) as engine:
-        s = await engine.open_session("b")
+        s = await engine.open_session("b", auto_response=auto_response)
         writes: list[int] = []
         send_batch, emit_held = s.client.send_batch, s.log.emit_held
         held_calls = [0]
@@ -135,18 +138,29 @@ async def _run(tmp_path: Any, k: int) -> tuple[list[tuple[str, dict[str, Any]]],
         await s.wait_idle(10)
         await s.close()
         assert (await project_as_of(engine.store)).leaks() == []
+        logged = [
+            (h.event.type, getattr(h.event, "num_new_tokens", 0), getattr(h.event, "text_delta", None))
+            for h in await engine.store.read_stream("b")
+            if h.event.type not in ("SessionOpened", "SessionClosed")
+        ]
         seen = [(e.type, {key: v for key, v in e.data.items() if not key.endswith("_id")}) for e in s.drain_events()]
-    return seen, writes, held_calls[0]
+    return seen, writes, held_calls[0], logged
 
 
+@pytest.mark.parametrize("auto_response", (False, True))
 @pytest.mark.parametrize("k", (3, 9))
-async def test_outputs_of_one_engine_step_travel_as_one_batch(tmp_path, k) -> None:
-    alone, alone_writes, alone_held = await _run(tmp_path, 1)
-    batched, writes, held = await _run(tmp_path, k)
+async def test_outputs_of_one_engine_step_travel_as_one_batch(tmp_path, k, auto_response) -> None:
+    """auto_response: the response begins inside the first batch (FirstOutput after its first
+    visible output, before the rest): the log's order is that of one output a step."""
+    alone, alone_writes, alone_held, alone_log = await _run(tmp_path, 1, auto_response)
+    batched, writes, held, log = await _run(tmp_path, k, auto_response)
+    assert [t for t, _, _ in log] == [t for t, _, _ in alone_log]  # the log's shape too
+    assert sum(n for _, n, _ in log) == sum(n for _, n, _ in alone_log) == 9
     deltas = [data["delta"] for type_, data in batched if type_ == "response.text.delta"]
     assert "".join(deltas).split() == "one two three four five six seven eight nine".split()
     assert batched == alone  # what the client sees is unchanged
     assert sum(writes) == sum(alone_writes) == 9
     assert max(alone_writes) == 1  # one output a step: one write each
-    assert max(writes) > 1 and len(writes) <= len(alone_writes) - (k - 1)  # a step's outputs: one write
+    split = 1 if auto_response else 0  # the response begins after the first visible output: its own write
+    assert max(writes) > 1 and len(writes) <= len(alone_writes) - (k - 1) + split  # a step's outputs: one write
     assert held <= alone_held
