@@ -37,7 +37,10 @@ class OutputCoalescer:
 
     def add(self, chunk: StageChunk) -> None:
         """Record one output (possibly merged into the open window)."""
-        self.add_batch((chunk,))
+        events: list[StageOutput] = []
+        self._add(chunk, events)
+        if events:
+            self.log.emit_held(*events)
 
     def add_batch(self, chunks: Sequence[StageChunk]) -> None:
         """Record what one engine step delivered, in order: the events it closes go to the log

@@ -297,10 +297,12 @@ class TurnRunner:
 
     def _send_text(self, turn: TurnRun, batch: list[StageChunk]) -> None:
         """The visible text of one delivery: one client write (its deltas, in order)."""
-        deltas = [chunk.text_delta for chunk in batch if chunk.new_token_ids]
-        turn.text.extend(deltas)
-        response_id = turn.ref.response_id
-        self.feed.send_batch("response.text.delta", [{"response_id": response_id, "delta": d} for d in deltas])
+        response_id, out = turn.ref.response_id, []
+        for chunk in batch:
+            if chunk.new_token_ids:
+                turn.text.append(chunk.text_delta)
+                out.append({"response_id": response_id, "delta": chunk.text_delta})
+        self.feed.send_batch("response.text.delta", out)
 
     async def _consume_stage0(self, turn: TurnRun, recorder: SegmentRecorder) -> str | None:
         finish_reason = None
@@ -379,21 +381,24 @@ class TurnRunner:
             window_s=config.flush_interval_s,
             frames_per_token=config.frames_per_talker_token,
         )
-        async for chunk in stream:  # one engine step's output per item (a batch of one)
+        async for chunk in stream:  # one engine step's output per item: a batch of one
             if turn.cancelled:
                 continue
-            batch = [chunk]
-            self._record(turn, recorder, batch)
-            frames_of = (len(c.new_token_ids) * config.frames_per_talker_token for c in batch)
-            self.feed.send_batch(
-                "response.audio.delta",
-                [
-                    {"response_id": turn.ref.response_id, "frames": f, "sample_rate_hz": config.audio_sample_rate_hz}
-                    for f in frames_of
-                    if f
-                ],
-            )
-            last = batch[-1]
+            recorder.add(chunk)
+            turn.outputs.add(chunk)
+            frames = len(chunk.new_token_ids) * config.frames_per_talker_token
+            if frames:
+                self.feed.send_batch(
+                    "response.audio.delta",
+                    (
+                        {
+                            "response_id": turn.ref.response_id,
+                            "frames": frames,
+                            "sample_rate_hz": config.audio_sample_rate_hz,
+                        },
+                    ),
+                )
+            last = chunk
         turn.outputs.flush()
         if turn.cancelled or (last is not None and last.finish_reason == "abort"):
             raise asyncio.CancelledError
