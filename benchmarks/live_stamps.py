@@ -52,12 +52,13 @@ def stamp_client_queue(session: Any, out_to_client: list[float]) -> None:
     queue = session.client.queue
     put = queue.put_nowait
 
-    def put_nowait(event: Any) -> None:
-        if event is not None and event.type == "response.text.delta":
-            turn = TURN.get()
-            if turn is not None and "out" in turn:
-                out_to_client.append(time.perf_counter() - turn["out"])
-        put(event)
+    def put_nowait(item: Any) -> None:
+        for event in item if isinstance(item, list) else (item,):  # a batch: one engine step's events
+            if event is not None and event.type == "response.text.delta":
+                turn = TURN.get()
+                if turn is not None and "out" in turn:
+                    out_to_client.append(time.perf_counter() - turn["out"])
+        put(item)
 
     queue.put_nowait = put_nowait
 

@@ -246,44 +246,92 @@ class TurnRunner:
                     text=turn.answer(),
                 )
 
-    async def _stage0_chunks(self, turn: TurnRun) -> AsyncIterator[StageChunk]:
-        """The outputs of the Stage0 call :meth:`_call_stage0` made."""
+    async def _stage0_batches(self, turn: TurnRun) -> AsyncIterator[list[StageChunk]]:
+        """The outputs of the Stage0 call :meth:`_call_stage0` made, one list per delivery
+        (issue 23 step 4): an ephemeral request's item is one engine step's output (vLLM merges
+        what queued for a lagging reader into one); the resident pump's chunks waiting in the
+        turn's queue travel together, up to the segment's end or the stream's failure."""
         if turn.stage0 is not None and turn.first is not None:
             try:
                 first = await turn.first
             except StopAsyncIteration:
                 return
-            yield first
+            yield [first]
             async for chunk in turn.stage0:
-                yield chunk
+                yield [chunk]
             return
         if turn.first is not None:
             await turn.first  # the resident update (raises what update_stream raised)
         while True:
             routed = await turn.chunks.get()
-            if routed is None:
+            batch: list[StageChunk] = []
+            failure: Exception | None = None
+            ended = False
+            while True:
+                if routed is None:
+                    ended = True
+                    break
+                if isinstance(routed, Exception):
+                    failure = routed  # the resident stream failed (prompt too long, engine dead)
+                    break
+                batch.append(routed)
+                if routed.segment_done or routed.finished:
+                    ended = True
+                    break
+                if turn.chunks.empty():
+                    break
+                routed = turn.chunks.get_nowait()
+            if batch:
+                yield batch
+            if failure is not None:
+                raise failure
+            if ended:
                 return
-            if isinstance(routed, Exception):
-                raise routed  # the resident stream failed (prompt too long, engine dead)
-            yield routed
-            if routed.segment_done or routed.finished:
-                return
+
+    def _record(self, turn: TurnRun, recorder: SegmentRecorder, batch: list[StageChunk]) -> None:
+        """Record one delivery: the segment's receipts and one coalescer call."""
+        for chunk in batch:
+            recorder.add(chunk)
+        assert turn.outputs is not None
+        turn.outputs.add_batch(batch)
+
+    def _send_text(self, turn: TurnRun, batch: list[StageChunk]) -> None:
+        """The visible text of one delivery: one client write (its deltas, in order)."""
+        response_id, out = turn.ref.response_id, []
+        for chunk in batch:
+            if chunk.new_token_ids:
+                turn.text.append(chunk.text_delta)
+                out.append({"response_id": response_id, "delta": chunk.text_delta})
+        self.feed.send_batch("response.text.delta", out)
 
     async def _consume_stage0(self, turn: TurnRun, recorder: SegmentRecorder) -> str | None:
         finish_reason = None
         turn.outputs = OutputCoalescer(self.log, 0, turn.request_id, window_s=self.config.flush_interval_s)
-        async for chunk in self._stage0_chunks(turn):
+        async for batch in self._stage0_batches(turn):
             if turn.cancelled:
                 continue
-            recorder.add(chunk)
-            turn.outputs.add(chunk)
-            if turn.speak and chunk.new_token_ids:
-                if turn.ref.response_id is None:  # auto_response: the response begins at first visible output
-                    response_id = await self._run(FirstOutput(chunk.received_ts, turn.ref, secrets.token_hex(4)), turn)
-                    turn.ref = dataclasses.replace(turn.ref, response_id=response_id)
-                turn.text.append(chunk.text_delta)
-                self.feed.send("response.text.delta", response_id=turn.ref.response_id, delta=chunk.text_delta)
-            finish_reason = chunk.finish_reason
+            if turn.speak and turn.ref.response_id is None:
+                # auto_response: the response begins at the first visible output, recorded
+                # after that output and before its delta (the rest of the delivery follows).
+                for k, chunk in enumerate(batch):
+                    self._record(turn, recorder, [chunk])
+                    finish_reason = chunk.finish_reason
+                    if chunk.new_token_ids:
+                        response_id = await self._run(
+                            FirstOutput(chunk.received_ts, turn.ref, secrets.token_hex(4)), turn
+                        )
+                        turn.ref = dataclasses.replace(turn.ref, response_id=response_id)
+                        self._send_text(turn, [chunk])
+                        batch = batch[k + 1 :]
+                        break
+                else:
+                    batch = []
+                if not batch or turn.cancelled:
+                    continue
+            self._record(turn, recorder, batch)
+            if turn.speak:
+                self._send_text(turn, batch)
+            finish_reason = batch[-1].finish_reason
         turn.outputs.flush()
         return finish_reason
 
@@ -333,18 +381,22 @@ class TurnRunner:
             window_s=config.flush_interval_s,
             frames_per_token=config.frames_per_talker_token,
         )
-        async for chunk in stream:
+        async for chunk in stream:  # one engine step's output per item: a batch of one
             if turn.cancelled:
                 continue
             recorder.add(chunk)
             turn.outputs.add(chunk)
             frames = len(chunk.new_token_ids) * config.frames_per_talker_token
             if frames:
-                self.feed.send(
+                self.feed.send_batch(
                     "response.audio.delta",
-                    response_id=turn.ref.response_id,
-                    frames=frames,
-                    sample_rate_hz=config.audio_sample_rate_hz,
+                    (
+                        {
+                            "response_id": turn.ref.response_id,
+                            "frames": frames,
+                            "sample_rate_hz": config.audio_sample_rate_hz,
+                        },
+                    ),
                 )
             last = chunk
         turn.outputs.flush()

@@ -84,13 +84,13 @@ async def _scenario(
 
         engine.store.append = slow  # type: ignore[method-assign]
         s = await engine.open_session("g")
-        apply, send = s.log._apply, s.client.send
+        apply, send, send_batch = s.log._apply, s.client.send, s.client.send_batch
 
         def applied(events: Any) -> None:
             apply(events)
             ledger.started += sum(e.type in INTENTS for e in events)
 
-        def sent(type_: str, **data: Any) -> None:
+        def check(type_: str) -> None:
             stage = OUTPUT_EVENTS.get(type_)
             if stage is not None:
                 ledger.outputs += 1
@@ -98,10 +98,19 @@ async def _scenario(
                     ledger.violations.append(
                         f"{type_}: {ledger.durable} intents durable, {ledger.required[stage]} started before it"
                     )
+
+        def sent(type_: str, **data: Any) -> None:
+            check(type_)
             send(type_, **data)
+
+        def sent_batch(type_: str, batch: Any) -> None:  # one engine step's events: each is checked
+            for _ in batch:
+                check(type_)
+            send_batch(type_, batch)
 
         s.log._apply = applied  # type: ignore[method-assign]
         s.client.send = sent  # type: ignore[method-assign]
+        s.client.send_batch = sent_batch  # type: ignore[method-assign]
         for k in range(n_turns):
             await s.append_text(f"tell me story {k}")
             await s.commit()
