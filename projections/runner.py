@@ -42,7 +42,7 @@ from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
-FOLD_VERSION = 7  # bump when the fold state's meaning changes: old checkpoints then rebuild
+FOLD_VERSION = 8  # bump when the fold state's meaning changes: old checkpoints then rebuild
 
 
 def note_to_stderr(message: str) -> None:
