@@ -238,6 +238,8 @@ class ResourcesFold:
     """Pure fold: ``apply(stored) -> Verdict``; queries: :meth:`request_resources`,
     :meth:`running`, :meth:`evaluate`."""
 
+    closed_sessions: dict[str, tuple[int, float]]  # annotated: a checkpoint's copy is checked entry by entry
+
     def __init__(self) -> None:
         self.sessions: dict[str, SessionResources] = {}
         self.closed_sessions: dict[str, tuple[int, float]] = {}
