@@ -26,7 +26,8 @@ list / tuple / set / frozenset         ``["l"|"t"|"s"|"f", enc(item)…]``
 dict (any encodable keys)              ``["d", enc(k1), enc(v1), enc(k2), enc(v2)…]``
 dataclass (mutable, frozen, slots)     ``["D", name, {field: enc(value)}]`` (every field)
 plain state class (``Projector``,      ``["O", name, {attr: enc(value)}]`` (its instance
-``ResourcesFold``, ``TurnsFold``)      attributes, less handler tables of bound methods)
+``ResourcesFold``, ``TurnsFold``)      attributes, less handler tables of bound methods;
+                                       an attribute the class annotates is checked)
 pydantic model (events.types/stats)    ``["P", name, enc(model_dump(exclude_unset=True))]``
 msgspec Struct twin (events.structs)   ``["S", name, enc(msgspec.to_builtins(v))]``
 ===================================  =============================================
@@ -285,6 +286,9 @@ class _Decoder:
             expected = type(fresh[name])
             if not (isinstance(value, expected) or (expected is float and type(value) is int) or (fresh[name] is None)):
                 raise CheckpointRefused(f"{_name(cls)}.{name}: {type(value).__name__} instead of {expected.__name__}")
+            hint = _hints(cls).get(name)  # an attribute the class annotates is checked element-wise too
+            if hint is not None and not _conforms(value, hint):
+                raise CheckpointRefused(f"{_name(cls)}.{name}: {type(value).__name__} does not fit {hint}")
             setattr(obj, name, value)
         return obj
 

@@ -82,6 +82,7 @@ class Projector:
             if end // SWEEP_EVERY > part.position // SWEEP_EVERY:
                 part.forget_closed()  # the whole log crossed a sweep point after this part's last event
             out.resources.sessions.update(part.resources.sessions)
+            out.resources.closed_sessions.update(part.resources.closed_sessions)
             out.turns.sessions.update(part.turns.sessions)
             out.resources.point_findings.extend(part.resources.point_findings)
             out.turns.findings.extend(part.turns.findings)

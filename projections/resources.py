@@ -238,8 +238,14 @@ class ResourcesFold:
     """Pure fold: ``apply(stored) -> Verdict``; queries: :meth:`request_resources`,
     :meth:`running`, :meth:`evaluate`."""
 
+    closed_sessions: dict[str, tuple[int, float]]  # annotated: a checkpoint's copy is checked entry by entry
+
     def __init__(self) -> None:
         self.sessions: dict[str, SessionResources] = {}
+        self.closed_sessions: dict[str, tuple[int, float]] = {}
+        """Sessions forgotten closed (:meth:`forget_closed`) -> their ``SessionClosed`` (position,
+        ts): a fact arriving on one however late is still refused (DOMAIN §5.7 D18) until a new
+        ``SessionOpened``. One small entry per closed session; the working state is gone."""
         self.point_findings: list[Finding] = []
         self.position = 0
         self.ts = 0.0
@@ -278,6 +284,9 @@ class ResourcesFold:
         session = self.sessions.get(event.session_id)
         if session is None:
             session = self.sessions[event.session_id] = SessionResources(event.session_id)
+            closed_at = self.closed_sessions.pop(event.session_id, None)
+            if closed_at is not None:  # forgotten closed: back as it was, holding nothing (D18)
+                session.closed_at = closed_at
         etype = event.type  # type: ignore[attr-defined]
         if session.pending_retarget is not None and etype != "ActiveRequestBound":
             self._check_retarget(session, stored)
@@ -983,8 +992,11 @@ class ResourcesFold:
         return "; ".join(parts)
 
     def forget_closed(self) -> list[str]:
-        """Drop closed sessions that hold nothing (bounded memory); returns their ids."""
+        """Drop closed sessions that hold nothing (bounded memory); returns their ids. Each leaves
+        only its close point in :attr:`closed_sessions` (DOMAIN §5.7 D18 outlives the state)."""
         gone = [sid for sid, s in self.sessions.items() if s.forgettable()]
         for sid in gone:
-            del self.sessions[sid]
+            closed_at = self.sessions.pop(sid).closed_at
+            assert closed_at is not None  # forgettable() says so
+            self.closed_sessions[sid] = closed_at
         return gone

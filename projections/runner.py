@@ -19,7 +19,8 @@ dropped and rebuilt from the log, with a note (``note``, default: stderr).
 
 Memory: the fold forgets closed sessions that hold nothing at fixed log positions
 (:data:`projections.projector.SWEEP_EVERY`), so a long log's working set is its open and
-leaking sessions and those closed since the last sweep.
+leaking sessions and those closed since the last sweep; each forgotten session leaves only
+its close point (``ResourcesFold.closed_sessions``, DOMAIN §5.7 D18).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from projections.projector import Projector
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
-FOLD_VERSION = 7  # bump when the fold state's meaning changes: old checkpoints then rebuild
+FOLD_VERSION = 8  # bump when the fold state's meaning changes: old checkpoints then rebuild
 
 
 def note_to_stderr(message: str) -> None:

@@ -30,7 +30,7 @@ from projections import projector as projector_module
 from projections.collapse import StageCollapse
 from projections.findings import Finding
 from projections.projector import Projector
-from projections.resources import Binding, IdLife
+from projections.resources import Binding, IdLife, ResourcesFold
 from projections.runner import FOLD_VERSION, ProjectionRunner
 from reports.cli import app
 from tests.histories import as_twins
@@ -194,6 +194,13 @@ def _body(tree) -> bytes:
     return msgspec.msgpack.encode(tree)
 
 
+def _forged_closed_sessions(record: list) -> bytes:
+    """A fresh fold's body with ``ResourcesFold.closed_sessions`` replaced by ``record``."""
+    body = msgspec.msgpack.decode(checkpoint.encode_state(ResourcesFold()))
+    body[2]["closed_sessions"] = record
+    return msgspec.msgpack.encode(body)
+
+
 @pytest.mark.parametrize(
     "body, why",
     [
@@ -231,6 +238,16 @@ def test_forged_bodies_are_refused(body: bytes, why: str) -> None:
         return
     with pytest.raises(checkpoint.CheckpointRefused, match=why):
         checkpoint.decode_state(body)
+
+
+@pytest.mark.parametrize("record", [["t", 7, "late"], ["t", 7], "closed", ["l", 7, 1.5]])
+def test_a_forged_close_record_is_refused(record) -> None:
+    """DOMAIN §5.7 D18's record of forgotten closed sessions is checked entry by entry: a
+    (position, ts) pair or the checkpoint is refused (and the runner rebuilds)."""
+    good = checkpoint.decode_state(_forged_closed_sessions(["d", "s1", ["t", 7, 1.5]]))
+    assert good.closed_sessions == {"s1": (7, 1.5)}
+    with pytest.raises(checkpoint.CheckpointRefused, match="closed_sessions: dict does not fit"):
+        checkpoint.decode_state(_forged_closed_sessions(["d", "s1", record]))
 
 
 def test_headers_are_checked() -> None:

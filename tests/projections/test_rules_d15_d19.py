@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from projections import checkpoint
 from projections.metrics import MetricsFold, TallySink
-from projections.projector import Projector
+from projections.projector import SWEEP_EVERY, Projector
+from projections.runner import FOLD_VERSION
 from reports.render_text import omni_timing_line, render_turn_text
 from tests.logbuilder import LogBuilder, eph, resident
 
@@ -161,10 +163,19 @@ AFTER_END = [
 ]
 
 
-def closed_then(end: str, writes: list[tuple[str, dict]]) -> tuple[LogBuilder, int]:
+def other_sessions(b: LogBuilder, events: int, t0: float = 3.5) -> None:
+    """At least ``events`` positions of other sessions, each opened and closed (they are
+    forgotten at the sweeps too)."""
+    for i in range((events + 1) // 2):
+        b.add("SessionOpened", f"o{i}", t0, model="m")
+        b.add("SessionClosed", f"o{i}", t0, reason="session_close")
+
+
+def closed_then(end: str, writes: list[tuple[str, dict]], gap: int = 0) -> tuple[LogBuilder, int]:
     """A session with one turn, ended by its close, by a takeover (``SessionTakenOver`` then the
     new owner's ``SessionClosed``) or by a takeover whose close comes after the ``writes``
-    ("zombie": the old owner writes between them), then ``writes``."""
+    ("zombie": the old owner writes between them), then ``gap`` positions of other sessions,
+    then ``writes``."""
     b = LogBuilder()
     b.add("SessionOpened", "s1", 1.0, model="m")
     one_turn(b)
@@ -172,6 +183,7 @@ def closed_then(end: str, writes: list[tuple[str, dict]]) -> tuple[LogBuilder, i
         b.add("SessionTakenOver", "s1", 3.0, replica_id="B", replica_incarnation=1, previous_replica_id="A")
     if end != "zombie":
         b.add("SessionClosed", "s1", 3.0, reason="recovered_after_crash" if end == "takeover" else "session_close")
+    other_sessions(b, gap)
     base = b.position
     for i, (type_name, fields) in enumerate(writes):
         b.add(type_name, "s1", 4.0 + i / 100, **fields)
@@ -180,13 +192,16 @@ def closed_then(end: str, writes: list[tuple[str, dict]]) -> tuple[LogBuilder, i
     return b, base
 
 
+@pytest.mark.parametrize("gap", [0, SWEEP_EVERY + 1], ids=["soon", "after_a_sweep"])
 @pytest.mark.parametrize("end", ["closed", "takeover", "zombie"])
 @pytest.mark.parametrize(("type_name", "fields"), AFTER_END, ids=[t for t, _ in AFTER_END])
-def test_d18_a_write_after_the_end_binds_opens_and_counts_nothing(end, type_name, fields):
+def test_d18_a_write_after_the_end_binds_opens_and_counts_nothing(end, type_name, fields, gap):
+    """However late: a write more than :data:`SWEEP_EVERY` positions after the close comes after
+    the fold forgot the session's working state, and is refused all the same."""
     if end == "zombie" and type_name == "SessionClosed":
         pytest.skip("the first close after a takeover is the new owner's (written with the takeover)")
-    clean, _ = closed_then(end, [])
-    b, base = closed_then(end, [(type_name, fields)])
+    clean, _ = closed_then(end, [], gap)
+    b, base = closed_then(end, [(type_name, fields)], gap)
     p, p_clean = project(b), project(clean)
     late = [f for f in p.findings() if f.first_position > base]
     assert [(f.kind, f.severity) for f in late] == [("after_close", "warning")]
@@ -194,7 +209,7 @@ def test_d18_a_write_after_the_end_binds_opens_and_counts_nothing(end, type_name
     assert [t.to_dict() for t in p.turn_tables] == [t.to_dict() for t in p_clean.turn_tables]
     s, s_clean = p.session_resources("s1"), p_clean.session_resources("s1")
     assert (s.bindings, p.resources.running("s1"), p.resources.held("s1")) == ({}, 0, 0)
-    assert s.bindings == s_clean.bindings
+    assert s.bindings == (s_clean.bindings if s_clean is not None else {})  # None: forgotten at the sweep
     assert [f for f in p.findings() if f.severity == "leak"] == []
     assert metrics(b).values == metrics(clean).values
     assert metrics(b).observations == metrics(clean).observations
@@ -213,13 +228,77 @@ def test_d18_the_closes_own_cleanup_still_applies_after_the_close():
     assert p.findings() == [] and p.resources.held("s1") == 0
 
 
-def test_d18_a_reopened_session_accepts_writes_again():
-    b, _ = closed_then("closed", [])
+@pytest.mark.parametrize("gap", [0, SWEEP_EVERY + 1], ids=["soon", "after_a_sweep"])
+def test_d18_a_reopened_session_accepts_writes_again(gap):
+    b, _ = closed_then("closed", [], gap)
     b.add("SessionOpened", "s1", 5.0, incarnation=1)
     x = eph("s1", 0, incarnation=1)
     b.add("StageRequestSubmitted", "s1", 5.1, stage_id=0, request_id=x, num_tokens_in=5)
     p = project(b)
     assert warnings(p) == [] and p.resources.running("s1") == 1
+    assert "s1" not in p.resources.closed_sessions
+
+
+def late_write_log() -> tuple[LogBuilder, int, int]:
+    """s1 closed; a sweep later (other sessions) a submit on it; then a reopen and a submit of
+    the new incarnation. Returns the log, the late submit's position and the close's."""
+    b, _ = closed_then("closed", [])
+    closed_at = b.position
+    other_sessions(b, SWEEP_EVERY + 1)
+    late = b.add("StageRequestSubmitted", "s1", 4.0, stage_id=0, request_id=X1, num_tokens_in=5, fence={"turn_id": 1})
+    b.add("StageOutput", "s1", 4.1, stage_id=0, request_id=X1, num_new_tokens=3)
+    return b, late.position, closed_at
+
+
+def after_close(p: Projector) -> list[tuple[str | None, int, tuple[int, ...]]]:
+    return [(f.request_id, f.first_position, f.evidence) for f in p.findings() if f.kind == "after_close"]
+
+
+def test_d18_a_forgotten_closed_session_leaves_only_its_close_point():
+    b, late, closed_at = late_write_log()
+    before = Projector().apply_all(b.stored[: late - 1])
+    assert "s1" not in before.resources.sessions  # the sweep did forget its working state
+    assert before.resources.closed_sessions["s1"][0] == closed_at
+    p = project(b)
+    assert after_close(p) == [(X1, late, (closed_at, late)), (X1, late + 1, (closed_at, late + 1))]
+    assert (p.resources.running("s1"), p.resources.held("s1"), p.session_resources("s1").bindings) == (0, 0, {})
+    assert [f for f in p.findings() if f.severity == "leak"] == []
+    clean, _ = closed_then("closed", [])
+    other_sessions(clean, SWEEP_EVERY + 1)
+    assert metrics(b).values == metrics(clean).values
+    assert [t.to_dict() for t in p.turn_tables] == [t.to_dict() for t in project(clean).turn_tables]
+
+
+@pytest.mark.parametrize("at", ["before_the_sweep", "after_the_sweep", "just_before_the_write"])
+def test_d18_the_close_record_survives_a_checkpoint_round_trip(at):
+    b, late, closed_at = late_write_log()
+    b.add("SessionOpened", "s1", 5.0, incarnation=1)
+    x = eph("s1", 0, incarnation=1)
+    b.add("StageRequestSubmitted", "s1", 5.1, stage_id=0, request_id=x, num_tokens_in=5)
+    cut = {"before_the_sweep": SWEEP_EVERY - 1, "after_the_sweep": SWEEP_EVERY + 1, "just_before_the_write": late - 1}[
+        at
+    ]
+    first = Projector()
+    for s in b.stored[:cut]:
+        first.apply(s)
+    done = first.turns.take_finalized()
+    blob = checkpoint.seal(checkpoint.encode_state(first), fold_version=FOLD_VERSION, position=cut, log_hash=b"h" * 32)
+    resumed = checkpoint.open_blob(blob, fold_version=FOLD_VERSION, expect=Projector).state
+    assert checkpoint.same_state(resumed, first)
+    assert resumed.resources.closed_sessions == first.resources.closed_sessions
+    resumed.apply_all(b.stored[cut:])
+    straight = project(b)
+    assert (
+        after_close(resumed)
+        == after_close(straight)
+        == [
+            (X1, late, (closed_at, late)),
+            (X1, late + 1, (closed_at, late + 1)),
+        ]
+    )
+    assert resumed.findings() == straight.findings()
+    assert done + resumed.turn_tables == straight.turn_tables
+    assert resumed.resources.running("s1") == straight.resources.running("s1") == 1  # the reopen's submit
 
 
 # ------------------------------------------------------------------------------------ D19
