@@ -94,8 +94,8 @@ def test_a_response_the_log_does_not_hold_is_exit_2_like_a_session(ledger):
 
 @pytest.mark.parametrize("bad", ["sqlite+aiosqlite://x/y/z.db", "sqlite+aiosqlite://user@host/l.db"])
 @pytest.mark.parametrize("command", [["db", "upgrade"], ["audit"], ["sessions"]])
-def test_a_sqlite_url_with_a_host_is_exit_2_with_the_right_form(tmp_path, bad, command):
-    os.chdir(tmp_path)
+def test_a_sqlite_url_with_a_host_is_exit_2_with_the_right_form(tmp_path, monkeypatch, bad, command):
+    monkeypatch.chdir(tmp_path)  # restored after the test: later tests run from the repository
     result = run(*command, "--db", bad)
     assert result.exit_code == 2, result.output
     assert "sqlite+aiosqlite:////ABSOLUTE/PATH.db" in result.output
