@@ -48,21 +48,30 @@ async def test_live_pair_takes_over_only_the_dead_replicas_session(tmp_path, liv
         assert ("pair-a", "live-A#0") not in [t for r in b.replica.reports for t in r.taken_over]
         with pytest.raises(SessionOwnedElsewhere, match="live-A#0"):
             await b.open_session("pair-a")
-        mine = await b.open_session("pair-b")  # B serves its own session meanwhile
-        await mine.append_text("Hello?")
-        await mine.commit()
-        await mine.wait_idle(60)
         assert (await session_lifecycles(b.store, stream_ids=["pair-a"]))["pair-a"].open  # A alive: untouched
         await s.log.flush()
         for task in a.replica._tasks:  # A dies: no renewal, nothing released
             task.cancel()
         await asyncio.gather(*a.replica._tasks, return_exceptions=True)
         a.replica._tasks = []
+        mine = await b.open_session("pair-b")  # B serves its own session meanwhile
+        await mine.append_text("Hello?")
+        await mine.commit()
+        await mine.wait_idle(60)
         await until_taken_over(b.store, "pair-a", timeout=20.0)  # closed, and its cleanup written
-        history = [e.event for e in await b.store.read_stream("pair-a")]
+        stored = await b.store.read_stream("pair-a")
+        history = [e.event for e in stored]
         kinds = [e.type for e in history]
         assert kinds.count("SessionTakenOver") == 1 and "SessionClosed" in kinds
-        assert "AbortRequested" in kinds and "StageRequestLost" not in kinds  # shared engines: aborted
+        # Shared engines: the ids the session held at the takeover are aborted, none is recorded
+        # lost. (A lease-dead A keeps running its turn: on a quiet machine its answer may end,
+        # here as the talker's prompt_too_long after 900 Stage0 tokens, before its lease runs
+        # out, and then there is nothing left to abort.)
+        cut = kinds.index("SessionTakenOver")
+        taken_at = next(st.position for st in stored if st.event.type == "SessionTakenOver")
+        held = (await project_as_of(b.store, until_position=taken_at - 1)).resources.held("pair-a")
+        assert ("AbortRequested" in kinds[cut:]) == (held > 0), (held, kinds[cut:])
+        assert "StageRequestLost" not in kinds
         for _ in range(100):
             if running not in live_ports.thinker.live_request_ids():
                 break
