@@ -29,6 +29,20 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+ROW_COLUMNS: tuple[str, ...] = (
+    "position",
+    "stream_id",
+    "version",
+    "event_id",
+    "type",
+    "schema_version",
+    "ts_us",
+    "recorded_at_us",
+    "data",
+    "hash",
+)
+"""The ``events`` row's columns in stored order (re-exported as ``events.store.schema.ROW_COLUMNS``)."""
+
 ALGORITHM = "sha256-chain-v1"
 """Name of this chain definition (digest files carry it)."""
 GENESIS = bytes(32)

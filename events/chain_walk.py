@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from events.chain import ALGORITHM, GENESIS, row_hash
+from events.chain import ALGORITHM, GENESIS, ROW_COLUMNS, row_hash
 
 FaultKind = Literal["missing", "inserted", "reordered", "edited", "rewritten", "index"]
 
@@ -299,18 +299,7 @@ class Segment:
     watched: dict[int, bytes]
 
 
-_SEGMENT_COLUMNS = (
-    "position",
-    "stream_id",
-    "version",
-    "event_id",
-    "type",
-    "schema_version",
-    "ts_us",
-    "recorded_at_us",
-    "data",
-    "hash",
-)
+_SEGMENT_COLUMNS = ROW_COLUMNS
 _SEGMENT_SQL = (
     f"SELECT {', '.join(_SEGMENT_COLUMNS)} FROM events WHERE position >= ? AND position <= ? ORDER BY position"
 )

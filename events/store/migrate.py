@@ -14,7 +14,9 @@ refused untouched (:class:`NotALedger`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +210,14 @@ def sqlite_schema_at(revision: str | None) -> dict[tuple[str, str], str]:
         return SQLITE_SCHEMA
     if not revision_known(revision):
         raise SchemaRevisionError(f"unknown schema revision {revision!r}")
+    with _scratch_at(revision) as conn:
+        rows = conn.execute(text("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")).all()
+    return {(kind, name): sql for kind, name, sql in rows}
+
+
+@contextlib.contextmanager
+def _scratch_at(revision: str) -> Iterator[Connection]:
+    """A connection to an in-memory SQLite database migrated to ``revision`` (dropped after)."""
     engine = sa.create_engine("sqlite+pysqlite://", poolclass=sa.pool.StaticPool)
     try:
         with engine.begin() as conn:
@@ -215,10 +225,9 @@ def sqlite_schema_at(revision: str | None) -> dict[tuple[str, str], str]:
             cfg.set_main_option("script_location", SCRIPT_LOCATION)
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
-            rows = conn.execute(text("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL")).all()
+            yield conn
     finally:
         engine.dispose()
-    return {(kind, name): sql for kind, name, sql in rows}
 
 
 @functools.cache
@@ -228,22 +237,14 @@ def shape_at(revision: str | None) -> dict[str, tuple[str, ...]]:
     either backend (read from :func:`sqlite_schema_at`'s scratch database)."""
     if revision is None:
         return {"alembic_version": ("version_num",)}
-    engine = sa.create_engine("sqlite+pysqlite://", poolclass=sa.pool.StaticPool)
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", SCRIPT_LOCATION)
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
-            inspector = sa.inspect(conn)
-            shape: dict[str, tuple[str, ...]] = {}
-            for table in inspector.get_table_names():
-                shape[table] = tuple(sorted(c["name"] for c in inspector.get_columns(table)))
-                for index in inspector.get_indexes(table):
-                    if index["name"]:
-                        shape[f"index {index['name']}"] = ()
-    finally:
-        engine.dispose()
+    shape: dict[str, tuple[str, ...]] = {}
+    with _scratch_at(revision) as conn:
+        inspector = sa.inspect(conn)
+        for table in inspector.get_table_names():
+            shape[table] = tuple(sorted(c["name"] for c in inspector.get_columns(table)))
+            for index in inspector.get_indexes(table):
+                if index["name"]:
+                    shape[f"index {index['name']}"] = ()
     return shape
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from events.chain import ROW_COLUMNS  # noqa: F401 - the events row's column order, declared once
+
 metadata = sa.MetaData()
 
 events = sa.Table(
@@ -37,17 +39,4 @@ events = sa.Table(
     sa.Column("hash", sa.LargeBinary, nullable=True),
     sa.UniqueConstraint("stream_id", "version", name="uq_events_stream_version"),
     sa.UniqueConstraint("event_id", name="uq_events_event_id"),
-)
-
-ROW_COLUMNS: tuple[str, ...] = (
-    "position",
-    "stream_id",
-    "version",
-    "event_id",
-    "type",
-    "schema_version",
-    "ts_us",
-    "recorded_at_us",
-    "data",
-    "hash",
 )
