@@ -179,12 +179,14 @@ class RealtimeConnection:
             return await self._refuse_open(exc.code, exc.message, 1008, exc.param)
         if params.duplex and not self.options.extensions:
             return await self._refuse_open("duplex_not_enabled", "this server does not offer ?duplex=1", 1008, "duplex")
-        engine = self.state.engine
-        kwargs: dict[str, Any] = {"auto_response": params.mode == "auto_response"}
-        kwargs["plugin"] = TextPlugin(resumable=params.resumable)
-        kwargs["protocol"] = "realtime+duplex" if params.duplex else "realtime"
         try:
-            self.session = await engine.open_session(params.session_id, connection_id=self.connection_id, **kwargs)
+            self.session = await self.state.engine.open_session(
+                params.session_id,
+                auto_response=params.mode == "auto_response",
+                plugin=TextPlugin(resumable=params.resumable),
+                protocol="realtime+duplex" if params.duplex else "realtime",
+                connection_id=self.connection_id,
+            )
         except SessionError as exc:
             return await self._refuse_open(exc.code, str(exc), OPEN_REFUSAL_CLOSE_CODE.get(exc.code, 1008))
         except RequestIdError as exc:
@@ -199,7 +201,7 @@ class RealtimeConnection:
             model=params.model,
             mode=params.mode,  # type: ignore[arg-type]
             resumable=params.resumable,
-            instructions=engine.config.system_prompt,
+            instructions=self.state.engine.config.system_prompt,
             dialect="ga+duplex" if params.duplex else "ga",
         )
         self.projection = Projection(config, duplex_dialect=params.duplex)
