@@ -246,6 +246,8 @@ class SessionEngine:
             life = lifecycle_of(session_id, (e.event for e in await self.store.read_stream(session_id)))
             if life is None:
                 raise
+            if life.owner == me:  # a concurrent open on this very replica won the append
+                raise SessionError("session_exists", "session is already open", session_id=session_id) from None
             raise SessionOwnedElsewhere(session_id, life.owner) from None
         self.sessions[session_id] = session
         await session.start()

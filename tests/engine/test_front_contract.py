@@ -265,3 +265,22 @@ def test_schema_of_the_new_fields():
 
     text = json.dumps(json_schema())
     assert "InputCleared" in text and "connection_id" in text
+
+
+# ------------------------------------------------------------------ concurrent open, one replica
+async def test_two_concurrent_opens_of_one_id_on_one_replica_refuse_the_loser_as_session_exists(tmp_path):
+    """Two sockets open the same session id at once on this replica: one wins, the other gets
+    ``session_exists`` — never ``session_owned_elsewhere`` naming this replica itself."""
+    import asyncio
+
+    engine = await open_engine(tmp_path, CONFIG)
+    try:
+        for n in range(8):  # the race is won by either side; a few rounds cover the append conflict
+            results = await asyncio.gather(
+                engine.open_session(f"dup-{n}"), engine.open_session(f"dup-{n}"), return_exceptions=True
+            )
+            refused = [r for r in results if isinstance(r, BaseException)]
+            assert len(refused) == 1, results
+            assert isinstance(refused[0], SessionError) and refused[0].code == "session_exists", refused[0]
+    finally:
+        await engine.aclose()
