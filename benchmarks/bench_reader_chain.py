@@ -25,7 +25,7 @@ async def run(path: Path, rounds: int) -> tuple[int, list[float], list[float], l
     """``rounds`` alternating repeats of (reader with the check, reader without, check alone)."""
     from events.chain_walk import chain_fault
     from events.store.store import EventStore
-    from projections import runner as runner_module
+    from projections.shell import runner as runner_module
 
     async def no_check(_store: object, _until: int) -> None:
         return None

@@ -99,7 +99,7 @@ def ceiling(path: Path) -> tuple[int, float]:
 
 async def rebuild(path: Path, workers: int | None) -> tuple[int, float, int, int]:
     from events.store.store import EventStore
-    from projections.runner import ProjectionRunner
+    from projections.shell.runner import ProjectionRunner
 
     async with await EventStore.open(f"sqlite+aiosqlite:///{path}", synchronous="NORMAL") as store:
         runner = ProjectionRunner(store, batch_size=20_000)
@@ -143,7 +143,7 @@ def main() -> None:
         print(f"generated {n:,} events into {args.db}")
         return
     ensure_log(args.db, args.sessions, args.turns)
-    from projections.parallel import default_workers
+    from projections.shell.parallel import default_workers
 
     workers = args.workers or default_workers()
     # The ceiling runs before and after the rebuild (the faster counts): on a shared machine

@@ -133,7 +133,7 @@ async def _settled(engine: Any, timeout_s: float = 30.0) -> None:
 
 async def _audit(engine: Any, ports: list[Any], timeout_s: float = 30.0) -> dict[str, Any]:
     """Once every session the engine opened is closed (bounded wait): the ledger's audit."""
-    from projections.runner import project_as_of
+    from projections.shell.runner import project_as_of
 
     await _settled(engine, timeout_s)
     still_open = sorted(sid for sid, s in engine.sessions.items() if not s.closed)

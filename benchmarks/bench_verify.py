@@ -25,7 +25,7 @@ async def run(path: Path, rounds: int) -> tuple[int, list[float], list[float], l
     """``rounds`` alternating repeats of the ceiling, ``verify`` and the chain walk alone
     (``digest``); their times, and what verify said."""
     from events.store.store import EventStore
-    from projections.runner import ProjectionRunner
+    from projections.shell.runner import ProjectionRunner
     from reports.cli_verify import head_digest, verify_store
 
     t_ceiling, t_verify, t_chain = [], [], []

@@ -1,6 +1,6 @@
 """Write-ahead cleanup of request ids on the stage ports (DOMAIN §4.2 R1–R3, R7): the hand that
-executes :func:`projections.session_rules.cleanup.plan_cleanup`, and the steps of a recovery
-plan (:func:`projections.session_rules.recovery.plan_recovery`) with :func:`execute_recovery`.
+executes :func:`decider.cleanup.plan_cleanup`, and the steps of a recovery
+plan (:func:`decider.recovery.plan_recovery`) with :func:`execute_recovery`.
 
 A release is recorded without an engine call; an abort's intent is durable before any engine
 call, so a crash in between leaves evidence the audit sees (an abort with no result); each
@@ -15,12 +15,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from decider.cleanup import abort_result, plan_cleanup
+from decider.commands import Cleanup, Reabort, Record, SettleAborts, Then
+from decider.recovery import RecoveryStep, settle_aborts
 from engine_bridge.ports import AbortFailed, StagePort
 from engine_bridge.session_log import SessionLog
 from events.types import EventBase, StageRequestLost
-from projections.session_rules.cleanup import abort_result, plan_cleanup
-from projections.session_rules.commands import Cleanup, Reabort, Record, SettleAborts, Then
-from projections.session_rules.recovery import RecoveryStep, settle_aborts
 
 
 class CleanupFailed(RuntimeError):

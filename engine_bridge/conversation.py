@@ -1,7 +1,7 @@
 """The text a session's model hears: the input buffer since the last commit, committed text
 awaiting a response, text deferred while a response ran, and the chat history a prompt uses;
 and the prompt built from them. What happens to the text is decided by the session's rules
-(:class:`projections.session_rules.BufferInput`); this module only keeps it."""
+(:class:`decider.BufferInput`); this module only keeps it."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Conversation:
     def buffer(
         self, action: Literal["append", "drop", "pend", "defer"], text: str = "", is_speech: bool = False
     ) -> None:
-        """Apply a :class:`projections.session_rules.BufferInput` step."""
+        """Apply a :class:`decider.BufferInput` step."""
         if action == "append":
             self.append(text, is_speech)
             return

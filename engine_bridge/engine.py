@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from decider.state import next_incarnation
 from engine_bridge.messages import EngineConfig, SessionError, StreamTakenOver
 from engine_bridge.plugin import ModelPlugin, TextPlugin
 from engine_bridge.ports import StagePort
@@ -34,8 +35,7 @@ from events.store.backends import Synchronous
 from events.store.owners import lifecycle_of
 from events.store.store import EventStore
 from events.types import SessionOpened
-from projections.runner import project_as_of
-from projections.session_rules.state import next_incarnation
+from projections.shell.runner import project_as_of
 from projections.turn_tables import TurnTables
 
 __all__ = ["RecoveryReport", "SessionEngine"]

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from decider.commands import PortFailure
 from events.limits import storable_text
-from projections.session_rules.commands import PortFailure
 
 
 class StagePortError(RuntimeError):

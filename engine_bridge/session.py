@@ -2,7 +2,7 @@
 executes the session's rules.
 
 Each command (append, commit, response.create, the cancels, close) is handed to
-:func:`projections.session_rules.decide` together with the session's folded state and what
+:func:`decider.decide` together with the session's folded state and what
 the process observes (time, whether response work runs, the input buffer); the steps it
 returns are executed in order: events recorded (write-ahead: an abort's or release's intent is
 durable before the engine call; a submit's or forward's intent is pipelined, durable before any
@@ -27,16 +27,7 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from engine_bridge.cleanup import CleanupFailed, cleanup_id
-from engine_bridge.client_feed import ClientFeed
-from engine_bridge.conversation import Conversation
-from engine_bridge.messages import ClientEvent, EngineConfig, SessionError
-from engine_bridge.plugin import ModelPlugin
-from engine_bridge.ports import StagePort
-from engine_bridge.session_log import SessionLog
-from engine_bridge.turn_runner import TurnRun, TurnRunner
-from events.types import Fence
-from projections.session_rules import (
+from decider import (
     Append,
     BufferInput,
     CancelResponse,
@@ -67,7 +58,16 @@ from projections.session_rules import (
     Then,
     decide,
 )
-from projections.session_rules.decide import error_notice
+from decider.decide import error_notice
+from engine_bridge.cleanup import CleanupFailed, cleanup_id
+from engine_bridge.client_feed import ClientFeed
+from engine_bridge.conversation import Conversation
+from engine_bridge.messages import ClientEvent, EngineConfig, SessionError
+from engine_bridge.plugin import ModelPlugin
+from engine_bridge.ports import StagePort
+from engine_bridge.session_log import SessionLog
+from engine_bridge.turn_runner import TurnRun, TurnRunner
+from events.types import Fence
 
 
 @dataclass

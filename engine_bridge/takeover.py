@@ -1,12 +1,12 @@
 """Taking over one session whose owner is dead (crash recovery, issue 14; DOMAIN §4.2 R7): the
-I/O shell around :func:`projections.session_rules.recovery.plan_recovery`.
+I/O shell around :func:`decider.recovery.plan_recovery`.
 
 :func:`take_over_session` re-reads the session's stream, checks it still belongs to the dead
 owner it was judged by, and then:
 
 1. an open session: writes ``SessionTakenOver`` (new owner, previous owner) and
    ``SessionClosed(recovered_after_crash)`` durably, as
-   :func:`~projections.session_rules.recovery.plan_takeover` says, at the stream version just read: from
+   :func:`~decider.recovery.plan_takeover` says, at the stream version just read: from
    then on the old owner's appends (at an older version) are refused (fencing by
    ``expected_version``). A stream that moved meanwhile (the old owner wrote once more, or
    another replica took it first: :class:`StreamTakenOver`) raises nothing: it is re-read and
@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from decider.recovery import plan_recovery, plan_takeover
 from engine_bridge.cleanup import RecoveryOutcome, execute_recovery
 from engine_bridge.messages import StreamTakenOver
 from engine_bridge.ports import StagePort
@@ -33,7 +34,6 @@ from events.store.errors import ConcurrencyError
 from events.store.owners import Owner, lifecycle_of
 from events.store.store import EventStore
 from projections.projector import Projector
-from projections.session_rules.recovery import plan_recovery, plan_takeover
 
 
 @dataclass

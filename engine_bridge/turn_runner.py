@@ -2,7 +2,7 @@
 itself (the session does, write-ahead) but pumps Stage0's stream, forwards its text to Stage1
 (the talker) and asks the session's rules what each outcome means (end of turn, listen unit,
 engine abort, port failure). What streams arrive is recorded as results (outputs, snapshots,
-transfers); what they mean is decided by :mod:`projections.session_rules`."""
+transfers); what they mean is decided by :mod:`decider`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from decider import (
+    EndTurn,
+    EngineAborted,
+    FailTurn,
+    FirstOutput,
+    Forward,
+    Listen,
+    Stage0Done,
+    TurnRef,
+)
 from engine_bridge.client_feed import ClientFeed
 from engine_bridge.conversation import Conversation
 from engine_bridge.eager import start_eagerly
@@ -25,16 +35,6 @@ from engine_bridge.resident_stream import ResidentStream
 from engine_bridge.segments import SegmentRecorder
 from engine_bridge.session_log import SessionLog
 from events.types import StageMetricsReported, StageRequestFinished, TransferTx
-from projections.session_rules import (
-    EndTurn,
-    EngineAborted,
-    FailTurn,
-    FirstOutput,
-    Forward,
-    Listen,
-    Stage0Done,
-    TurnRef,
-)
 
 logger = logging.getLogger(__name__)
 

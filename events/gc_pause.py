@@ -10,7 +10,7 @@ Reference counting still frees everything acyclic at once; cyclic garbage made d
 batch waits for the young collection run when the pause ends. Pausing is a no-op when the
 collector is already off (nesting, or a caller that turned it off), and it is turned back on
 (and the young generation collected) only by the pause that turned it off. The projection
-runner pauses it around whole folds too (``projections.runner``).
+runner pauses it around whole folds too (``projections.shell.runner``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import asyncio
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
 from engine_bridge.vllm_port import VllmStagePort
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from reports.model_prep import quiet_engine_logs, resolve_model
 from reports.render_text import render_turn_text, turn_log_messages
 

@@ -8,7 +8,7 @@ Bounded memory, deterministically: closed sessions that hold nothing are forgott
 itself, at fixed log positions (before the first event at or past each multiple of
 ``SWEEP_EVERY``), never at a reader's batch boundary. The state after a prefix of the log is
 therefore a function of the prefix alone: a fold resumed from a checkpoint taken at any cut,
-a fold of disjoint session partitions merged (:mod:`projections.parallel`) and one straight
+a fold of disjoint session partitions merged (:mod:`projections.shell.parallel`) and one straight
 fold agree, even for a session that gets a late event after it was forgotten (issue 12).
 """
 
@@ -72,7 +72,7 @@ class Projector:
     @classmethod
     def merged(cls, parts: Iterable[Projector]) -> Projector:
         """One projector from projectors that folded DISJOINT sets of sessions of the same log
-        (projections.parallel): per-session state is united, findings and turn tables are put
+        (projections.shell.parallel): per-session state is united, findings and turn tables are put
         back in log order, and the log-wide position and "now" (ts) come from the part that
         applied the log's last event. Equal to folding the whole log in one projector."""
         parts = list(parts)

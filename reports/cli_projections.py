@@ -4,7 +4,7 @@ They work on any ledger (a live deployment's database, a copied SQLite file, or 
 imported with ``duplex-ledger events import``) and need neither vllm nor torch. A ledger is
 untrusted input: ``audit`` and ``tables`` never serve read models or a checkpoint found in it
 without checking them against a fresh fold of its log
-(:meth:`~projections.runner.ProjectionRunner.checked_catch_up`); derived state that differs
+(:meth:`~projections.shell.runner.ProjectionRunner.checked_catch_up`); derived state that differs
 is named on stderr and ignored, and the file is left as found (the evidence stays for
 ``verify``; ``rebuild`` rewrites it) — the output is the log's, whatever the file holds.
 
@@ -83,7 +83,7 @@ async def _projected(
     log does not hold."""
     from events.chain_walk import chain_fault
     from events.store.store import EventStore
-    from projections.runner import ProjectionRunner, project_as_of
+    from projections.shell.runner import ProjectionRunner, project_as_of
 
     async with await EventStore.open(db) as store:
         await check_session(store, session)
@@ -261,7 +261,7 @@ async def _turns(
     """The turns chosen, with the first fault of the hash chain of the rows folded."""
     from events.chain_walk import chain_fault
     from events.store.store import EventStore
-    from projections.runner import ProjectionRunner, project_as_of
+    from projections.shell.runner import ProjectionRunner, project_as_of
 
     async with await EventStore.open(db) as store:
         await check_session(store, session)
@@ -419,7 +419,7 @@ async def _rebuild(db: str | None, quiet: bool, workers: int | None) -> int:
 
     from events.chain_walk import walk_log
     from events.store.store import EventStore
-    from projections.runner import ProjectionRunner
+    from projections.shell.runner import ProjectionRunner
 
     async with await EventStore.open(db) as store:
         _, fault = await walk_log(store)

@@ -3,7 +3,7 @@ before ``audit --session`` / ``tables --session`` / ``timeline --session`` are a
 
 Built from the log alone, in memory (nothing is written, no vllm): the lifecycle fold of
 :func:`events.store.owners.session_lifecycles` (open/closed, the replica that served it), the
-request_resources fold of :func:`projections.runner.project_as_of` (engine ids still held,
+request_resources fold of :func:`projections.shell.runner.project_as_of` (engine ids still held,
 DOMAIN §3.3), and one pass over the events for positions, ts and turn counts. The rows folded
 are hash-chain checked first, as every command that folds the log does (exit 1, ``TAMPERED``).
 """
@@ -48,7 +48,7 @@ async def session_rows(url: str) -> tuple[list[SessionRow], object]:
     from events.chain_walk import chain_fault
     from events.store.owners import session_lifecycles
     from events.store.store import EventStore
-    from projections.runner import project_as_of
+    from projections.shell.runner import project_as_of
 
     async with await EventStore.open(url, read_only=True) as store:
         head = await store.head_position()

@@ -3,7 +3,7 @@ it is unaltered?
 
 ``verify`` recomputes the hash chain (:mod:`events.chain_walk`) and folds the events up to
 the checkpoint position, then compares the read models and the checkpoint with that fresh
-fold (:mod:`projections.consistency`). A small or PostgreSQL log, or any log on fewer than
+fold (:mod:`projections.shell.consistency`). A small or PostgreSQL log, or any log on fewer than
 ``PARALLEL_MIN_CPUS`` CPUs, is read once, in position order; a large SQLite log on a machine
 with CPUs to spare is folded by the runner's partition workers while this process checks the
 chain with plain ``sqlite3``, and walked in order only to name a fault.
@@ -47,8 +47,8 @@ from events.store.integrity import IndexFault
 from events.store.migrate import missing_guards
 from events.store.store import EventStore
 from events.store.url import sqlite_path
-from projections import consistency, parallel
-from projections.runner import FOLD_VERSION, ProjectionRunner
+from projections.shell import consistency, parallel
+from projections.shell.runner import FOLD_VERSION, ProjectionRunner
 from reports.cli_errors import describe, say
 from reports.cli_projections import DB_HELP
 

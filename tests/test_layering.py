@@ -1,4 +1,5 @@
-"""The package layers (issue 13): ``events`` < ``projections`` < ``engine_bridge`` < ``realtime`` <
+"""The package layers (issue 13): ``events`` < ``projections`` < ``decider`` (the write side's
+rules, issue 23) < ``engine_bridge`` < ``realtime`` <
 ``reports`` (``realtime``, issue 21: the Realtime WebSocket front; ``reports`` imports it only
 inside functions, so the offline tools never load the web stack).
 A module imports only its own layer and those below; vllm, torch and transformers are imported
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("events", "projections", "engine_bridge", "realtime", "reports")
+LAYERS = ("events", "projections", "decider", "engine_bridge", "realtime", "reports")
 HEAVY = ("vllm", "torch", "transformers")
 HEAVY_ALLOWED = {"engine_bridge/vllm_port.py", "reports/model_prep.py"}
 
@@ -85,3 +86,20 @@ def test_a_foreign_events_package_is_named_not_mistaken(tmp_path):
         cwd=ROOT,
     )
     assert ok.returncode == 0, ok.stderr
+
+
+IO_MODULES = ("sqlalchemy", "asyncio", "sqlite3", "multiprocessing", "concurrent", "pickle", "os", "tempfile", "socket")
+
+
+@pytest.mark.parametrize("package", ["projections", "decider"])
+def test_pure_folds_and_rules_do_no_io(package):
+    """Issue 23 step 2: the pure folds and the decider import no I/O module; the folds' I/O shell
+    lives in ``projections/shell/`` (visibly apart)."""
+    found = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in sorted((ROOT / package).rglob("*.py"))
+        if "shell" not in p.relative_to(ROOT).parts
+        for line, mod in imported_modules(p)
+        if mod in IO_MODULES
+    ]
+    assert found == []

@@ -5,7 +5,7 @@ Revision ID: 0002_read_models
 Revises: 0001_events
 Create Date: 2026-11-30
 
-Frozen history; matches ``projections.readmodels``.
+Frozen history; matches ``projections.shell.readmodels``.
 """
 
 from __future__ import annotations

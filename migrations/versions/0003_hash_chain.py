@@ -13,9 +13,9 @@ Create Date: 2026-12-01
   resolve such a conflict by deleting the old row, without firing the DELETE trigger; the
   BEFORE INSERT trigger runs before that resolution and aborts it.
 * ``projection_checkpoints``: pickled states are dropped (the runner rebuilds; the state is
-  now versioned plain data, :mod:`projections.checkpoint`).
+  now versioned plain data, :mod:`projections.shell.checkpoint`).
 
-Frozen history; matches ``events.store.schema`` and ``projections.readmodels``.
+Frozen history; matches ``events.store.schema`` and ``projections.shell.readmodels``.
 """
 
 from __future__ import annotations

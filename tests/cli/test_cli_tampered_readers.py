@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from events.store.sqlite_schema import SQLITE_TRIGGERS
-from projections.runner import FOLD_VERSION
+from projections.shell.runner import FOLD_VERSION
 from tests.cases.logbook import LOG_DIR
 from tests.cli.conftest import Cli
 

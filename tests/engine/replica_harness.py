@@ -32,7 +32,7 @@ from pathlib import Path
 
 from events.store.owners import session_lifecycles
 from events.store.store import EventStore
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

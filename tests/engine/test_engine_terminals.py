@@ -14,7 +14,7 @@ import pytest
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
 from engine_bridge.plugin import TextPlugin
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.engine.test_session_rules import turn
 from tests.fakes.fake_port import FakeStagePort
 

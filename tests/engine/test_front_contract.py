@@ -15,7 +15,7 @@ from engine_bridge.messages import SessionError
 from events.jsonl import export_to, import_rows, parse_lines
 from events.store import EventStore
 from events.types import InputCleared, SessionOpened
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from reports.timeline import timeline_html
 from tests.engine.test_engine_terminals import CONFIG, LONG, one_terminal_each, open_engine, until_delta
 from tests.engine.test_session_rules import turn

@@ -16,7 +16,7 @@ import pytest
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
 from engine_bridge.plugin import TextPlugin
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.fakes.fake_port import FakeStagePort
 
 INTENTS = ("StageRequestSubmitted", "StageRequestForwarded")

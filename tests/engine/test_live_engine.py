@@ -16,7 +16,7 @@ from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import TextPlugin
 from events import ids
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from reports.render_text import render_turn_text
 from tests.fakes.faults import FlakyAbortPort
 

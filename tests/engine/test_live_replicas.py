@@ -12,7 +12,7 @@ from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.replicas import ReplicaConfig, SessionOwnedElsewhere
 from events.store.owners import session_lifecycles
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.engine.test_live_engine import first_delta
 from tests.engine.test_replicas import until_taken_over
 

@@ -18,7 +18,7 @@ from engine_bridge.outputs import OutputCoalescer
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.ports import StageChunk
 from events.types import EventBase
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.fakes.fake_port import FakeStagePort
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
 from events import ids
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.fakes.fake_port import FakeStagePort
 
 CONFIG = EngineConfig(max_tokens=6, talker_max_tokens=4, ignore_eos=True, flush_interval_s=0.01)

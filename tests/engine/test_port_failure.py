@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from decider import FailTurn, Notify, PortFailure, Record, SessionState, TurnRef, decide, evolve
 from engine_bridge.ports import AbortFailed, EngineDead, PromptTooLong, StagePortError, port_failure
 from events.types import CommandRejected
 from projections.resources import ResourcesFold
-from projections.session_rules import FailTurn, Notify, PortFailure, Record, SessionState, TurnRef, decide, evolve
 from tests.logbuilder import LogBuilder, eph
 
 SID = "s-fail"

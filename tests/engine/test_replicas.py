@@ -29,7 +29,7 @@ from events.types import (
     StageRequestReserved,
     StageRequestSubmitted,
 )
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from reports.cli import app
 from tests.engine.replica_harness import not_taken_over
 from tests.fakes.fake_port import FakeStagePort

@@ -19,7 +19,7 @@ from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig, SessionError
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.session import Session
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.fakes.fake_port import FakeStagePort
 
 CONFIG = EngineConfig(max_tokens=5, talker_max_tokens=3, flush_interval_s=0.005)

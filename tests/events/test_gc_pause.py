@@ -39,7 +39,7 @@ def test_pause_leaves_a_collector_the_caller_turned_off_off() -> None:
 def test_decode_rows_and_fold_batch_run_paused_and_restore_it() -> None:
     from events.store.rows import StoredRow, decode_rows
     from projections.projector import Projector
-    from projections.readmodels import fold_batch
+    from projections.shell.readmodels import fold_batch
     from tests.events.test_structs import ROWS
 
     seen: list[bool] = []

@@ -1,4 +1,4 @@
-"""Checkpoints are plain data (projections.checkpoint): a fold resumed from a decoded
+"""Checkpoints are plain data (projections.shell.checkpoint): a fold resumed from a decoded
 checkpoint equals a straight fold; anything forged, unreadable, from another version or bound
 to another log is refused and rebuilt from the events; a pickle is never executed."""
 
@@ -25,13 +25,13 @@ from events.stats import StageRequestStats
 from events.store.rows import ImportRow
 from events.store.store import EventStore
 from events.types import Capabilities, parse_event
-from projections import checkpoint, readmodels
 from projections import projector as projector_module
 from projections.collapse import StageCollapse
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.resources import Binding, IdLife, ResourcesFold
-from projections.runner import FOLD_VERSION, ProjectionRunner
+from projections.shell import checkpoint, readmodels
+from projections.shell.runner import FOLD_VERSION, ProjectionRunner
 from reports.cli import app
 from tests.histories import as_twins
 from tests.histories import generate as generate_history
@@ -106,7 +106,7 @@ def test_every_cut_of_a_generated_history_resumes_to_the_straight_fold(rnd, sess
     sweep of closed sessions every ``sweep`` positions, so that closed sessions are forgotten
     and then receive late events (the generator's close-then-cancel, reopen, closed
     incarnation's output) — the false checkpoint difference of issue 12. Partitions of the
-    sessions folded apart and merged (projections.parallel) give the same state."""
+    sessions folded apart and merged (projections.shell.parallel) give the same state."""
     stored = as_twins(generate_history(rnd, sessions).log.stored)
     with _sweep_every(sweep):
         straight = Projector().apply_all(stored)
@@ -186,7 +186,7 @@ def test_encoder_refuses_what_it_cannot_write_faithfully() -> None:
     shared = [1]
     with pytest.raises(ValueError, match="shares a mutable list"):
         checkpoint.encode_state([shared, shared])
-    with pytest.raises(ValueError, match="not in projections.checkpoint.registry"):
+    with pytest.raises(ValueError, match="not in projections.shell.checkpoint.registry"):
         checkpoint.encode_state([Path("/")])
 
 

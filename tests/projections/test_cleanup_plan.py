@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from decider.cleanup import plan_cleanup
 from projections.projector import Projector
-from projections.session_rules.cleanup import plan_cleanup
 from tests.logbuilder import LogBuilder, eph
 
 X0 = eph("s1", 0)

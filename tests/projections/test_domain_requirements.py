@@ -12,7 +12,7 @@ from events.stats import StageRequestStats
 from events.store.store import EventStore
 from events.types import Capabilities, parse_event
 from projections.collapse import collapse_segments
-from projections.runner import ProjectionRunner
+from projections.shell.runner import ProjectionRunner
 from tests.cases.support import project
 from tests.fakes.fake_port import FakeStagePort
 from tests.logbuilder import LogBuilder, eph, resident

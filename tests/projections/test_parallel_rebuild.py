@@ -11,9 +11,9 @@ from benchmarks.synthetic import generate
 from events.store.rows import ImportRow
 from events.store.store import EventStore
 from events.types import parse_event
-from projections import readmodels
-from projections.parallel import plan_partitions
-from projections.runner import ProjectionRunner
+from projections.shell import readmodels
+from projections.shell.parallel import plan_partitions
+from projections.shell.runner import ProjectionRunner
 from tests.projections.test_runner import mixed_log
 
 
@@ -105,7 +105,7 @@ async def test_catch_up_continues_from_a_parallel_checkpoint(tmp_path) -> None:
 async def test_first_catch_up_of_a_large_log_without_checkpoint_runs_in_parallel(tmp_path, monkeypatch) -> None:
     """An audit of a copied file (no checkpoint yet) projects it in parallel once the log is
     large enough; the result equals the sequential one, and later catch-ups are incremental."""
-    from projections import parallel as parallel_mod
+    from projections.shell import parallel as parallel_mod
 
     monkeypatch.setattr(parallel_mod, "PARALLEL_MIN_EVENTS", 100)
     monkeypatch.setattr(parallel_mod, "default_workers", lambda: 2)

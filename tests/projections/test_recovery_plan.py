@@ -28,13 +28,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from decider import SessionState, evolve, plan_recovery, plan_takeover, settle_aborts
+from decider.commands import Cleanup, Reabort, Record, SettleAborts, Then
 from engine_bridge.cleanup import RecoveryOutcome, execute_recovery
 from engine_bridge.ports import AbortFailed
 from events.records import StoredEvent
 from events.types import EventBase, StageRequestLost, StageRequestReleased
 from projections.resources import ResourcesFold, SessionResources
-from projections.session_rules import SessionState, evolve, plan_recovery, plan_takeover, settle_aborts
-from projections.session_rules.commands import Cleanup, Reabort, Record, SettleAborts, Then
 from tests.logbuilder import LogBuilder, eph
 
 SID = "s-rec"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from projections import checkpoint
 from projections.metrics import MetricsFold, TallySink
 from projections.projector import SWEEP_EVERY, Projector
-from projections.runner import FOLD_VERSION
+from projections.shell import checkpoint
+from projections.shell.runner import FOLD_VERSION
 from reports.render_text import omni_timing_line, render_turn_text
 from tests.logbuilder import LogBuilder, eph, resident
 

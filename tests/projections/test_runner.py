@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events.store.store import EventStore
-from projections import readmodels
-from projections.runner import ProjectionRunner, project_as_of
+from projections.shell import readmodels
+from projections.shell.runner import ProjectionRunner, project_as_of
 from reports.render_formats import render_json
 from tests.cases.test_case_12_13_arrival_and_reasons import case_12, case_13
 from tests.cases.test_domain_histories import X0

@@ -25,15 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_bridge.cleanup import CleanupFailed, cleanup_id
-from engine_bridge.conversation import Conversation
-from engine_bridge.ports import AbortFailed
-from events.records import StoredEvent
-from events.stats import StageRequestStats
-from events.types import Capabilities, EventBase, Fence, SessionOpened, StageRequestFinished, StageRequestSubmitted
-from projections.projector import Projector
-from projections.resources import ResourcesFold, SessionResources
-from projections.session_rules import (
+from decider import (
     Append,
     BufferInput,
     CancelResponse,
@@ -71,6 +63,14 @@ from projections.session_rules import (
     decide,
     evolve,
 )
+from engine_bridge.cleanup import CleanupFailed, cleanup_id
+from engine_bridge.conversation import Conversation
+from engine_bridge.ports import AbortFailed
+from events.records import StoredEvent
+from events.stats import StageRequestStats
+from events.types import Capabilities, EventBase, Fence, SessionOpened, StageRequestFinished, StageRequestSubmitted
+from projections.projector import Projector
+from projections.resources import ResourcesFold, SessionResources
 from tests.histories import as_twins
 
 SID = "s-rules"
@@ -466,8 +466,8 @@ def test_a_failed_turn_s_id_is_never_submitted_again():
 
 def test_a_reopened_session_gets_the_next_incarnation():
     """DOMAIN §2.1: +1 over the highest predecessor, 0 for a first open (model or twin)."""
+    from decider.state import next_incarnation
     from events.structs import twin_of
-    from projections.session_rules.state import next_incarnation
 
     opened = [SessionOpened(session_id=SID, ts=1.0, incarnation=n) for n in (0, 2, 1)]
     twin = twin_of(SessionOpened)(incarnation=4)

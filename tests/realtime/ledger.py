@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from realtime.connection import RealtimeState
 from tests.waiting import eventually
 

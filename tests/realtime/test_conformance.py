@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from events import ids
 from events.store.store import EventStore
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.realtime.conftest import LONG, REPLY, SHORT, fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
 from tests.realtime.server_fixture import make_app, serve_app

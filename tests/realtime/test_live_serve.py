@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
 from events.store import EventStore
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from realtime.app import build_app
 from tests.realtime.ledger import settled_ledger
 from tests.realtime.test_duplex_and_admission import closed_with

@@ -65,7 +65,7 @@ from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
 from engine_bridge.engine import SessionEngine  # noqa: E402
 from engine_bridge.messages import EngineConfig  # noqa: E402
-from projections.runner import project_as_of  # noqa: E402
+from projections.shell.runner import project_as_of  # noqa: E402
 from realtime.connection import ConnectionOptions  # noqa: E402
 from tests.fakes.fake_port import FakeStagePort  # noqa: E402
 from tests.realtime.server_fixture import serve_app  # noqa: E402

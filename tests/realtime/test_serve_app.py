@@ -174,7 +174,7 @@ async def test_shutdown_ends_the_running_answer_close_then_1001(tmp_path):
             wire.check()
     assert engine.closing and app.state.realtime.connections == {}
     from events.store import EventStore
-    from projections.runner import project_as_of
+    from projections.shell.runner import project_as_of
 
     store = await EventStore.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db")
     try:

@@ -15,7 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from events.store import EventStore
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from tests.realtime.test_cancel_and_disconnect import start_long_reply
 from tests.realtime.test_duplex_and_admission import closed_with
 from tests.realtime.wire import Wire

@@ -19,9 +19,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from events.store.rows import StoredRow, decode_rows
-from projections import checkpoint, readmodels
 from projections.projector import Projector
-from projections.runner import FOLD_VERSION
+from projections.shell import checkpoint, readmodels
+from projections.shell.runner import FOLD_VERSION
 from tests.cli.conftest import Cli
 
 LOG = Path(__file__).parents[1] / "cases" / "logs" / "case-12-arrival.jsonl"  # 26 events, 2 leaks

@@ -11,7 +11,7 @@ import pytest
 
 def test_a_worker_import_skips_the_store_and_its_migrations() -> None:
     code = (
-        "import sys, projections.parallel\n"
+        "import sys, projections.shell.parallel\n"
         "print(sorted(m for m in ('alembic', 'events.store.store', 'events.store.migrate') if m in sys.modules))\n"
         "from events.store import EventStore, ImportResult\n"
         "print(EventStore.__module__, ImportResult.__name__, 'events.store.store' in sys.modules)\n"

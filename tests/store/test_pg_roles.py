@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 
 from events.store import EventStore
 from events.store.roles import grant_app_role
-from projections.runner import ProjectionRunner
+from projections.shell.runner import ProjectionRunner
 from reports.cli_verify import verify_store
 from tests.store.helpers import turns
 

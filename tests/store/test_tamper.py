@@ -16,9 +16,9 @@ from events.chain import GENESIS, hash_of
 from events.chain_walk import Digest
 from events.store import EventStore
 from events.store.rows import StoredRow
-from projections import parallel, readmodels
 from projections import projector as projector_module
-from projections.runner import ProjectionRunner
+from projections.shell import parallel, readmodels
+from projections.shell.runner import ProjectionRunner
 from reports import cli_verify
 from reports.cli_verify import Verdict, head_digest, verify_store
 from tests.histories import generate as generate_history

@@ -8,7 +8,7 @@ import pytest
 
 from engine_bridge.engine import SessionEngine
 from engine_bridge.messages import EngineConfig
-from projections.runner import project_as_of
+from projections.shell.runner import project_as_of
 from reports import cli_engine
 from reports.trace_player import run_trace
 from reports.traces import parse_trace, parse_traces

@@ -3,7 +3,7 @@
 ``rm_audit_findings`` row could hide a leak, so it is recomputed, never believed.
 
 :class:`FreshFold` folds the log's rows up to the checkpoint position exactly as the runner
-does (:func:`projections.readmodels.fold_batch`); :func:`compare` then checks, in this order,
+does (:func:`projections.shell.readmodels.fold_batch`); :func:`compare` then checks, in this order,
 ``rm_turn_tables``, ``rm_request_resources``, ``rm_audit_findings`` (findings at
 ``max_idle_s``, the runner's default 30 s) and the checkpoint's fold state, and returns the
 first difference as a :class:`Mismatch` (None when everything is equal).
@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from events.store.rows import StoredRow, decode_rows
-from projections import checkpoint, readmodels
 from projections.projector import Projector
+from projections.shell import checkpoint, readmodels
 
 
 @dataclass(frozen=True, slots=True)

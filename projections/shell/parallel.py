@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from events.store.rows import StoredRow, decode_rows
-from projections import readmodels
 from projections.projector import Projector
+from projections.shell import readmodels
 
 PARALLEL_MIN_EVENTS = 200_000
 """Logs shorter than this are rebuilt sequentially by default."""

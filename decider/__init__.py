@@ -17,10 +17,10 @@ No I/O, no clock, no randomness (a response id's nonce comes in the command). Th
 engine (``engine_bridge``) executes the steps and records the results; it decides nothing.
 """
 
-from projections.session_rules.commands import *  # noqa: F401,F403 - the package's vocabulary
-from projections.session_rules.decide import decide
-from projections.session_rules.recovery import RecoveryStep, plan_recovery, plan_takeover, settle_aborts
-from projections.session_rules.state import SessionRules, SessionState, TurnRef, evolve
+from decider.commands import *  # noqa: F401,F403 - the package's vocabulary
+from decider.decide import decide
+from decider.recovery import RecoveryStep, plan_recovery, plan_takeover, settle_aborts
+from decider.state import SessionRules, SessionState, TurnRef, evolve
 
 __all__ = [
     "RecoveryStep",

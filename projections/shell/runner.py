@@ -3,7 +3,7 @@ a synchronous core).
 
 * :meth:`ProjectionRunner.catch_up` — incremental from the stored checkpoint: read a batch of
   events, fold it, then write the batch's read-model rows AND the checkpoint (position + the
-  fold state as plain data, :mod:`projections.checkpoint`) in one transaction. A crash or an injected failure anywhere in between
+  fold state as plain data, :mod:`projections.shell.checkpoint`) in one transaction. A crash or an injected failure anywhere in between
   leaves the previous checkpoint and rows untouched; the next run resumes from it, so no event
   is applied twice or skipped (CASE-16). Events at or below the checkpoint are skipped
   (at-least-once readers are harmless).
@@ -38,8 +38,8 @@ from events.records import StoredEvent
 from events.store.store import EventStore
 from events.store.url import sqlite_path
 from events.types import ts_to_us
-from projections import checkpoint, consistency, parallel, readmodels
 from projections.projector import Projector
+from projections.shell import checkpoint, consistency, parallel, readmodels
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
@@ -113,8 +113,8 @@ class ProjectionRunner:
     async def rebuild(self, progress: Callable[[int, int], None] | None = None, *, workers: int | None = None) -> int:
         """Drop every read-model row and project the whole log again. Returns the position.
 
-        ``workers``: worker processes for a SQLite log (:mod:`projections.parallel`); None
-        picks :func:`~projections.parallel.default_workers` for logs of at least
+        ``workers``: worker processes for a SQLite log (:mod:`projections.shell.parallel`); None
+        picks :func:`~projections.shell.parallel.default_workers` for logs of at least
         ``PARALLEL_MIN_EVENTS`` events and 1 (sequential, in this process) below; PostgreSQL
         logs always rebuild sequentially."""
         self.projector, self.position = Projector(), 0
@@ -135,7 +135,7 @@ class ProjectionRunner:
 
     async def _rebuild_parallel(self, head: int, workers: int, progress: Callable[[int, int], None] | None) -> int:
         """Drop the read-model rows and write them again from worker processes (see
-        projections.parallel). The old rows are deleted on the write thread while the
+        projections.shell.parallel). The old rows are deleted on the write thread while the
         workers fold (the delete, and the WAL checkpoint a previous rebuild's rows leave
         due, can take seconds on a large log); the new rows and the checkpoint are written
         after it, in one transaction."""
@@ -211,7 +211,7 @@ class ProjectionRunner:
     async def checked_catch_up(self, progress: Callable[[int, int], None] | None = None) -> int:
         """:meth:`catch_up` for a reader of a ledger file, which trusts no derived state found in
         it: the read models and the checkpoint found are compared with a fresh fold of the log
-        up to the checkpoint position (:func:`projections.consistency.compare`); the fresh fold,
+        up to the checkpoint position (:func:`projections.shell.consistency.compare`); the fresh fold,
         never the stored state, is what the runner continues from. When they differ (an edited
         or deleted read-model row, a forged checkpoint…) ``note`` says what differs and nothing
         is written: the whole log is folded in memory and the file keeps its evidence for
@@ -264,7 +264,7 @@ class ProjectionRunner:
     async def fresh_fold(self, until: int) -> consistency.FreshFold:
         """The log folded from position 1 to ``until`` in memory, ignoring any checkpoint, with
         the turn rows the runner would have written: in worker processes for a SQLite log of
-        at least ``PARALLEL_MIN_EVENTS`` events (:mod:`projections.parallel`), else here."""
+        at least ``PARALLEL_MIN_EVENTS`` events (:mod:`projections.shell.parallel`), else here."""
         workers = self._workers_for(until, None)
         if workers <= 1:
             fresh = consistency.FreshFold(until)

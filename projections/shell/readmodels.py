@@ -7,7 +7,7 @@
   table set as lossless JSON (``tables_json``) so ``duplex-ledger tables`` re-renders it
   byte for byte;
 * ``projection_checkpoints`` — position + fold state as versioned plain data
-  (:mod:`projections.checkpoint`, bound to the log's chain hash at that position), written in
+  (:mod:`projections.shell.checkpoint`, bound to the log's chain hash at that position), written in
   the same transaction as the rows (exactly once, CASE-16).
 
 Pure row builders (and :func:`fold_batch`, which applies a batch and collects its turn rows) +
@@ -29,10 +29,10 @@ from events.gc_pause import gc_paused
 from events.records import StoredEvent
 from events.store.schema import events as events_table
 from events.types import ts_to_us
-from projections import checkpoint
 from projections.findings import Finding
 from projections.projector import Projector
 from projections.resources import ResourcesFold
+from projections.shell import checkpoint
 from projections.turn_tables import TransferEdge, TurnTables
 
 metadata = sa.MetaData()
@@ -217,7 +217,7 @@ def write_batch(
     before_checkpoint: Any = None,
 ) -> None:
     """One transaction: rows of the batch, then the checkpoint: ``state`` (the body from
-    :func:`projections.checkpoint.encode_state`) sealed with ``position``, ``fold_version`` and
+    :func:`projections.shell.checkpoint.encode_state`) sealed with ``position``, ``fold_version`` and
     the log's chain hash at ``position``, read in this transaction.
 
     ``turns`` may be a lazy iterable (a parallel rebuild streams them from its workers' files);

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from decider.commands import Cleanup, Reabort, Record, SettleAborts, Then
 from events.types import (
     AbortRequested,
     EventBase,
@@ -47,7 +48,6 @@ from events.types import (
     StageRequestReleased,
 )
 from projections.resources import SessionResources
-from projections.session_rules.commands import Cleanup, Reabort, Record, SettleAborts, Then
 
 RECOVERED = "recovered_after_crash"  # the cause and abort reason of everything recovery records
 

@@ -21,32 +21,7 @@ from __future__ import annotations
 from functools import singledispatch
 from typing import Any, Literal
 
-from events import ids
-from events.types import (
-    ActiveRequestBound,
-    CancelRequested,
-    CommandRejected,
-    CommitAction,
-    EpochAdvanced,
-    Fence,
-    InputAppended,
-    InputCleared,
-    ResponseBegun,
-    ResponseEnded,
-    ResponseListened,
-    SessionClosed,
-    StageMetricsReported,
-    StageRequestFinished,
-    StageRequestForwarded,
-    StageRequestReleased,
-    StageRequestReserved,
-    StageRequestSubmitted,
-    TurnCommitted,
-    TurnCompleted,
-    TurnFinalized,
-)
-from projections.reasons import reason_for_cancel_source
-from projections.session_rules.commands import (
+from decider.commands import (
     AdvanceEpoch,
     Append,
     BufferInput,
@@ -83,7 +58,32 @@ from projections.session_rules.commands import (
     SubmitAbandoned,
     Then,
 )
-from projections.session_rules.state import SessionState
+from decider.state import SessionState
+from events import ids
+from events.types import (
+    ActiveRequestBound,
+    CancelRequested,
+    CommandRejected,
+    CommitAction,
+    EpochAdvanced,
+    Fence,
+    InputAppended,
+    InputCleared,
+    ResponseBegun,
+    ResponseEnded,
+    ResponseListened,
+    SessionClosed,
+    StageMetricsReported,
+    StageRequestFinished,
+    StageRequestForwarded,
+    StageRequestReleased,
+    StageRequestReserved,
+    StageRequestSubmitted,
+    TurnCommitted,
+    TurnCompleted,
+    TurnFinalized,
+)
+from projections.reasons import reason_for_cancel_source
 
 #: Wire reason of ``response.cancelled`` / ``audio.cancelled`` per cancel source (legacy
 #: values: input.cancel still reports ``barge_in`` on the wire, M17).

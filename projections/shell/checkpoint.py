@@ -194,7 +194,7 @@ class _Encoder:
         if found is None:
             raise ValueError(
                 f"checkpoint cannot hold a {type(v).__module__}.{type(v).__qualname__} "
-                "(not in projections.checkpoint.registry)"
+                "(not in projections.shell.checkpoint.registry)"
             )
         kind, name = found
         if kind == "D":

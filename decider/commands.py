@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
+from decider.state import TurnRef
 from events.stats import StageRequestStats
 from events.types import EventBase, Fence
-from projections.session_rules.state import TurnRef
 
 __all__ = [
     "AdvanceEpoch",
