@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -114,6 +115,9 @@ ASYNCPG_QUERY = frozenset(
 )
 """The URL query parameters a PostgreSQL ledger URL may carry (SQLAlchemy hands them to
 ``asyncpg.connect``)."""
+# A host name (RFC 1123 labels; '_' tolerated as resolvers do), or several, comma-separated,
+# as libpq's multi-host form. Anything else must parse as an IP address.
+_HOST_NAMES = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
@@ -128,6 +132,16 @@ def _check_postgresql(u: URL) -> None:
             "'/' must be percent-encoded (%40, %3A, %2F)"
         )
     where = repr(redact(u.render_as_string(hide_password=False)))
+    if u.host and not _HOST_NAMES.fullmatch(u.host):
+        try:
+            ipaddress.ip_address(u.host)
+        except ValueError:
+            # "[bad" (an IPv6 bracket left open), "ho st": no lookup can succeed, so it is the
+            # URL that is wrong (a usage error), not the network.
+            raise ValueError(
+                f"{where}: host {u.host!r} is neither a host name nor an IP address (an IPv6 address is "
+                "written in brackets, as in @[::1]:5432/db)"
+            ) from None
     if u.port is not None and not 1 <= u.port <= 65535:
         raise ValueError(f"{where}: port {u.port} is outside 1-65535")
     for key, value in u.query.items():

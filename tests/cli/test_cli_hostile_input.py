@@ -82,6 +82,8 @@ def test_max_idle_must_be_a_finite_duration(sqlite_cli: Cli, value: str) -> None
         ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?sslmode=require", "ssl=<mode>"),
         ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?ssl=bogus", "ssl='bogus'"),
         ("postgresql+asyncpg://u:secret@127.0.0.1:5432/x?colour=red", "'colour'"),
+        ("postgresql+asyncpg://u:secret@[bad/x", "host '[bad' is neither a host name nor an IP address"),
+        ("postgresql+asyncpg://u:secret@ho st/x", "host 'ho st'"),
     ],
 )
 def test_url_parameters_a_driver_would_refuse_are_usage_errors(tmp_path: Path, url: str, names: str) -> None:
