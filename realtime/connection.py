@@ -73,7 +73,11 @@ class ConnectionOptions:
       ``transcript`` of an ``input_audio`` item part or an append's extension key);
     * ``model_name``: the one ``?model=`` served (any other is refused);
     * ``max_frame_bytes``: a client frame over this is ``event_too_large`` (GA's 15 MiB plus
-      the JSON envelope).
+      the JSON envelope);
+    * ``reopen_wait_s``: an open of a session id whose previous connection is still closing
+      (a client reconnecting right after a drop) waits this long for that close to settle,
+      then opens the next incarnation; past it the open is refused ``session_exists`` with
+      close 1013 (retry later). An id held by a live connection is refused at once (1008).
     """
 
     extensions: bool = False
@@ -82,6 +86,7 @@ class ConnectionOptions:
     transcriber: Transcriber | None = None
     model_name: str = "duplex-ledger"
     max_frame_bytes: int = MAX_EVENT_BYTES + 64 * 1024
+    reopen_wait_s: float = 5.0
 
 
 @dataclass
@@ -130,6 +135,10 @@ def parse_query(query: dict[str, str], options: ConnectionOptions) -> OpenParams
     return OpenParams(session_id, model, mode, _flag(query, "resumable"), _flag(query, "duplex"))
 
 
+class _StillClosing(Exception):
+    """The open waited ``reopen_wait_s`` for the previous connection of its id to close."""
+
+
 class RealtimeConnection:
     """One socket (see the module docstring). ``connection_id`` is ``ws-<uuid4>``."""
 
@@ -152,6 +161,9 @@ class RealtimeConnection:
         self._abort_task: asyncio.Task[None] | None = None
         self._buffer_transcripts: list[str] = []
         self._buffer_samples = 0
+        self.session_id: str | None = None  # the id this connection opened (or asked for)
+        self.closing = False  # the socket or the session ended: the connection is shutting down
+        self.ended = asyncio.Event()  # the shutdown is over: the session is closed (or was never opened)
 
     # ------------------------------------------------------------------ lifecycle
     async def handle(self) -> None:
@@ -162,8 +174,12 @@ class RealtimeConnection:
             if await self._open():
                 await self._receive_loop()
         finally:
-            await self._shutdown()
-            self.state.connections.pop(self.connection_id, None)
+            self.closing = True
+            try:
+                await self._shutdown()
+            finally:
+                self.state.connections.pop(self.connection_id, None)
+                self.ended.set()
 
     async def _refuse_open(self, code: str, message: str, close_code: int, param: str | None = None) -> bool:
         with contextlib.suppress(Exception):
@@ -179,14 +195,11 @@ class RealtimeConnection:
             return await self._refuse_open(exc.code, exc.message, 1008, exc.param)
         if params.duplex and not self.options.extensions:
             return await self._refuse_open("duplex_not_enabled", "this server does not offer ?duplex=1", 1008, "duplex")
+        self.session_id = params.session_id
         try:
-            self.session = await self.state.engine.open_session(
-                params.session_id,
-                auto_response=params.mode == "auto_response",
-                plugin=TextPlugin(resumable=params.resumable),
-                protocol="realtime+duplex" if params.duplex else "realtime",
-                connection_id=self.connection_id,
-            )
+            self.session = await self._open_session(params)
+        except _StillClosing as exc:
+            return await self._refuse_open("session_exists", str(exc), 1013)
         except SessionError as exc:
             return await self._refuse_open(exc.code, str(exc), OPEN_REFUSAL_CLOSE_CODE.get(exc.code, 1008))
         except RequestIdError as exc:
@@ -210,6 +223,46 @@ class RealtimeConnection:
         with contextlib.suppress(TimeoutError):  # session.created goes out before any answer
             await asyncio.wait_for(self._created.wait(), 10.0)
         return True
+
+    async def _open_session(self, params: OpenParams) -> Session:
+        """``engine.open_session`` for ``params``, once no previous connection of the same id is
+        still closing. A client reconnecting a few ms after a drop finds the old connection's
+        close unsettled (its aborts in flight, its last results not yet in the log): the open
+        waits for that close, at most ``reopen_wait_s``, so it is neither refused
+        ``session_exists`` nor started beside a close that still writes the stream; then it
+        opens the next incarnation. Raises _StillClosing past the bound, SessionError as
+        ``open_session`` does otherwise."""
+        waited = False
+        while True:
+            previous = None if waited else self._closing_holder(params.session_id)
+            if previous is not None:
+                waited = True
+                try:
+                    await asyncio.wait_for(previous.ended.wait(), self.options.reopen_wait_s)
+                except TimeoutError:
+                    raise _StillClosing(
+                        f"session {params.session_id!r}: its previous connection is still closing "
+                        f"after {self.options.reopen_wait_s:g} s; retry"
+                    ) from None
+            try:
+                return await self.state.engine.open_session(
+                    params.session_id,
+                    auto_response=params.mode == "auto_response",
+                    plugin=TextPlugin(resumable=params.resumable),
+                    protocol="realtime+duplex" if params.duplex else "realtime",
+                    connection_id=self.connection_id,
+                )
+            except SessionError as exc:
+                # the old connection saw its socket drop while this open ran: wait for it once
+                if exc.code != "session_exists" or waited or self._closing_holder(params.session_id) is None:
+                    raise
+
+    def _closing_holder(self, session_id: str) -> RealtimeConnection | None:
+        """Another connection of ``session_id`` that is shutting down (its close not settled)."""
+        for other in list(self.state.connections.values()):
+            if other is not self and other.session_id == session_id and other.closing and not other.ended.is_set():
+                return other
+        return None
 
     async def _next_frame(self) -> str | bytes | None:
         """The next client frame; None when the socket closed, the connection is stopping or
