@@ -3,11 +3,14 @@ connection object per socket; errors are events and never close the socket, rese
 
 Lifecycle: accept; open the session (``engine.open_session``; a refused admission is an
 ``error`` then close 1013 for ``max_sessions_reached``/``engine_closed``, 1008 otherwise);
-``session.created``; then client events are dispatched one at a time while the connection's
-pump (the ONLY reader of ``Session.events()``) projects the engine's events to GA server
-events. Every server event passes a bounded outbound queue drained by one sender task: a
-client too slow to drain it (``ConnectionOptions.outbound_queue_max``) is closed (1008) and
-its session closed as a ``disconnect``, so it never slows another connection. A dropped socket,
+``session.created``; then client events are dispatched one at a time while the connection,
+the subscriber of the session's client feed (``ClientFeed.subscribe``: each engine write is
+handed over in the writer's own step, no task hop), projects the engine's events to GA server
+events. Every server event passes a bounded outbound queue drained by one sender task — what
+one engine write (or one front answer) produced is ONE queue item, one wake-up of the sender:
+a client too slow to drain it (``ConnectionOptions.outbound_queue_max`` events queued) is
+closed (1008) and its session closed as a ``disconnect``, so it never slows another
+connection. A dropped socket,
 a failed send or the idle timeout (``idle_timeout_s``) close the session with reason
 ``disconnect`` (DOMAIN §2.4 -> ``close``). When the session ends (``session.closed``) the socket
 is closed with 1000 (1001 on server shutdown).
@@ -20,13 +23,13 @@ import contextlib
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from engine_bridge.messages import SessionError
+from engine_bridge.messages import ClientEvent, SessionError
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.session import Session
 from events.ids import RequestIdError
@@ -149,8 +152,11 @@ class RealtimeConnection:
         self.connection_id = f"ws-{uuid.uuid4()}"
         self.session: Session | None = None
         self.projection: Projection | None = None
-        self.outbound: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.options.outbound_queue_max)
-        self.pump_task: asyncio.Task[None] | None = None
+        # An item: the server events of one write (a list), or _CLOSE. Unbounded as a queue:
+        # ``queued`` (events in it) is held to ``outbound_queue_max`` by :meth:`send_all`.
+        self.outbound: asyncio.Queue[Any] = asyncio.Queue()
+        self.queued = 0
+        self.feed_ended = asyncio.Event()  # the session's client feed ended (after session.closed)
         self.sender_task: asyncio.Task[None] | None = None
         self.close_code = 1000
         self.end_reason: str | None = None  # why the connection ended (disconnect, idle_timeout, ...)
@@ -219,7 +225,7 @@ class RealtimeConnection:
         )
         self.projection = Projection(config, duplex_dialect=params.duplex)
         self.sender_task = asyncio.create_task(self._sender(), name=f"{self.connection_id}-sender")
-        self.pump_task = asyncio.create_task(self._pump(self.session), name=f"{self.connection_id}-pump")
+        self.session.subscribe(self._deliver)  # session.created, queued at the open, comes first
         with contextlib.suppress(TimeoutError):  # session.created goes out before any answer
             await asyncio.wait_for(self._created.wait(), 10.0)
         return True
@@ -312,7 +318,7 @@ class RealtimeConnection:
             await self._dispatch(frame)
 
     async def _shutdown(self) -> None:
-        """The session is closed (``disconnect`` unless it already closed), the pump drains
+        """The session is closed (``disconnect`` unless it already closed), its feed delivers
         the session's last events, then the socket is closed (if it is still open)."""
         session = self.session
         if session is not None and not session.closed:
@@ -324,15 +330,14 @@ class RealtimeConnection:
                 logger.info("%s: close on disconnect refused: %s", self.connection_id, exc)
             except Exception:  # noqa: BLE001 - the session is closed all the same (logged)
                 logger.exception("%s: close on disconnect failed", self.connection_id)
-        if self.pump_task is not None:
+        if session is not None:
             try:
-                await asyncio.wait_for(self.pump_task, 10.0)
-            except Exception:  # noqa: BLE001 - a stuck pump is cancelled
-                logger.warning("%s: pump did not end; cancelled", self.connection_id)
+                await asyncio.wait_for(self.feed_ended.wait(), 10.0)
+            except Exception:  # noqa: BLE001 - a feed that never ends: the connection ends all the same
+                logger.warning("%s: the session's events did not end", self.connection_id)
         if self.sender_task is not None:
             if not (self._socket_gone or self._overflowed):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.outbound.put(_CLOSE), 5.0)
+                self.outbound.put_nowait(_CLOSE)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(self.sender_task), 5.0)
             self.sender_task.cancel()
@@ -347,22 +352,26 @@ class RealtimeConnection:
 
     # ------------------------------------------------------------------ outbound
     def send(self, event: dict[str, Any]) -> None:
-        """Queue one server event; an overflowing queue closes the connection (slow client)."""
-        if self._overflowed or self._socket_gone:
+        """Queue one server event (:meth:`send_all`)."""
+        self.send_all([event])
+
+    def send_all(self, events: list[dict[str, Any]]) -> None:
+        """Queue server events as one item (one wake-up of the sender); a queue that would
+        hold more than ``outbound_queue_max`` events closes the connection (slow client)."""
+        if self._overflowed or self._socket_gone or not events:
             return
-        try:
-            self.outbound.put_nowait(event)
-        except asyncio.QueueFull:
+        if self.queued + len(events) > self.options.outbound_queue_max:
             self._overflowed = True
             self.close_code = 1008
             self.end_reason = "outbound_queue_full"
             logger.warning(
-                "%s: client too slow (%d events queued): closing as a disconnect",
-                self.connection_id,
-                self.outbound.qsize(),
+                "%s: client too slow (%d events queued): closing as a disconnect", self.connection_id, self.queued
             )
             self._stop.set()
             self._abort_task = asyncio.get_running_loop().create_task(self._abort_socket())
+            return
+        self.queued += len(events)
+        self.outbound.put_nowait(events)
 
     async def _abort_socket(self) -> None:
         if self.sender_task is not None:
@@ -372,6 +381,7 @@ class RealtimeConnection:
         self._socket_gone = True
 
     async def _sender(self) -> None:
+        send_text = self.ws.send_text
         while True:
             item = await self.outbound.get()
             if item is _CLOSE:
@@ -380,37 +390,49 @@ class RealtimeConnection:
                         await self.ws.close(self.close_code)
                     self._socket_gone = True
                 return
-            if self._socket_gone:
-                continue
-            try:
-                await self.ws.send_text(dumps(item))
-            except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect (research §2.1)
-                logger.info("%s: send failed: %s", self.connection_id, exc)
-                self._socket_gone = True
-                self.end_reason = self.end_reason or "send_failed"
-                self._stop.set()
+            self.queued -= len(item)
+            for event in item:
+                if self._socket_gone:
+                    break
+                try:
+                    await send_text(dumps(event))
+                except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect (research §2.1)
+                    logger.info("%s: send failed: %s", self.connection_id, exc)
+                    self._socket_gone = True
+                    self.end_reason = self.end_reason or "send_failed"
+                    self._stop.set()
 
-    async def _pump(self, session: Session) -> None:
-        """The only reader of ``session.events()``: project each engine event and queue it."""
+    def _deliver(self, events: Sequence[ClientEvent] | None) -> None:
+        """The session's client feed hands each write here, in the writer's step
+        (``ClientFeed.subscribe``; None: the feed ended): its events are projected and queued
+        as one outbound item. A projection failure is logged and ends the connection."""
+        if self.feed_ended.is_set():
+            return
+        if events is None:
+            self.feed_ended.set()
+            self._created.set()
+            return
         assert self.projection is not None
         try:
-            async for event in session.events():
-                for out in self.projection.project(event):
-                    self.send(out)
+            project, out = self.projection.project, []
+            for event in events:
+                out += project(event)
                 if event.type == "session.created":
                     self._created.set()
                 elif event.type == "session.closed":
+                    self.send_all(out)
+                    out = []
                     self.close_code = 1001 if event.data.get("reason") == "server_shutdown" else 1000
                     self.end_reason = self.end_reason or f"session_closed_{event.data.get('reason')}"
                     if not self._socket_gone and not self._overflowed:
-                        with contextlib.suppress(Exception):
-                            await asyncio.wait_for(self.outbound.put(_CLOSE), 5.0)
+                        self.outbound.put_nowait(_CLOSE)
                     self._stop.set()
+            self.send_all(out)
         except Exception:  # noqa: BLE001 - logged; the connection then ends
-            logger.exception("%s: pump failed", self.connection_id)
-            self._stop.set()
-        finally:
+            logger.exception("%s: projecting the session's events failed", self.connection_id)
+            self.feed_ended.set()
             self._created.set()
+            self._stop.set()
 
     # ------------------------------------------------------------------ inbound
     async def _dispatch(self, frame: str | bytes) -> None:
