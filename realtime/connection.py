@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketState
 
 from engine_bridge.messages import ClientEvent, SessionError
+from engine_bridge.eager import start_eagerly
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.session import Session
 from events.ids import RequestIdError
@@ -56,6 +57,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbound-queue marker: close the socket after what is queued before it
+
+
+@dataclass
+class _Sending:
+    """Outbound item: a send the producer started that is waiting for the socket (the
+    transport paused writing), and the events of its write still to send after it."""
+
+    send: asyncio.Future[None]
+    rest: list[dict[str, Any]]
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """A session id from the wire: no markup, no path separator, no space ever reaches the ledger
 or the tools that render it."""
@@ -157,6 +167,7 @@ class RealtimeConnection:
         self.outbound: asyncio.Queue[Any] = asyncio.Queue()
         self.queued = 0
         self.feed_ended = asyncio.Event()  # the session's client feed ended (after session.closed)
+        self._sender_idle = False  # the sender waits on an empty queue: a write may go out at once
         self.sender_task: asyncio.Task[None] | None = None
         self.close_code = 1000
         self.end_reason: str | None = None  # why the connection ended (disconnect, idle_timeout, ...)
@@ -370,8 +381,35 @@ class RealtimeConnection:
             self._stop.set()
             self._abort_task = asyncio.get_running_loop().create_task(self._abort_socket())
             return
+        if self._sender_idle and self.outbound.empty():
+            self._send_now(events)
+            return
         self.queued += len(events)
         self.outbound.put_nowait(events)
+
+    def _send_now(self, events: list[dict[str, Any]]) -> None:
+        """Send a write in the producer's step while nothing waits before it (the socket's send
+        completes without waiting unless the transport paused writing): no wake-up of the
+        sender. A send that has to wait is handed to the sender with the rest of the write, so
+        the order on the wire stays the order of the writes."""
+        for i, event in enumerate(events):
+            sent = start_eagerly(self.ws.send_text(dumps(event)))
+            if not sent.done():
+                rest = events[i + 1 :]
+                self.queued += 1 + len(rest)
+                self.outbound.put_nowait(_Sending(sent, rest))
+                return
+            failure = sent.exception() if not sent.cancelled() else asyncio.CancelledError()
+            if failure is not None:
+                self._send_failed(failure)
+                return
+
+    def _send_failed(self, exc: BaseException) -> None:
+        """A failed send is a disconnect (research §2.1)."""
+        logger.info("%s: send failed: %s", self.connection_id, exc)
+        self._socket_gone = True
+        self.end_reason = self.end_reason or "send_failed"
+        self._stop.set()
 
     async def _abort_socket(self) -> None:
         if self.sender_task is not None:
@@ -383,24 +421,31 @@ class RealtimeConnection:
     async def _sender(self) -> None:
         send_text = self.ws.send_text
         while True:
+            self._sender_idle = self.outbound.empty()
             item = await self.outbound.get()
+            self._sender_idle = False
             if item is _CLOSE:
                 if not self._socket_gone:
                     with contextlib.suppress(Exception):
                         await self.ws.close(self.close_code)
                     self._socket_gone = True
                 return
-            self.queued -= len(item)
-            for event in item:
+            events = item
+            if isinstance(item, _Sending):
+                self.queued -= 1
+                events = item.rest
+                try:
+                    await item.send
+                except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect
+                    self._send_failed(exc)
+            self.queued -= len(events)
+            for event in events:
                 if self._socket_gone:
                     break
                 try:
                     await send_text(dumps(event))
-                except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect (research §2.1)
-                    logger.info("%s: send failed: %s", self.connection_id, exc)
-                    self._socket_gone = True
-                    self.end_reason = self.end_reason or "send_failed"
-                    self._stop.set()
+                except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect
+                    self._send_failed(exc)
 
     def _deliver(self, events: Sequence[ClientEvent] | None) -> None:
         """The session's client feed hands each write here, in the writer's step
