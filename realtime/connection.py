@@ -172,6 +172,8 @@ class RealtimeConnection:
         self.close_code = 1000
         self.end_reason: str | None = None  # why the connection ended (disconnect, idle_timeout, ...)
         self._stop = asyncio.Event()
+        self._reading: asyncio.Task[Any] | None = None  # the task parked in a socket read
+        self._read_stopped = False  # _request_stop cancelled that read
         self._created = asyncio.Event()
         self._socket_gone = False
         self._overflowed = False
@@ -285,35 +287,43 @@ class RealtimeConnection:
         """The next client frame; None when the socket closed, the connection is stopping or
         the idle timeout passed (``end_reason`` says which). Idle means no client frame for
         ``idle_timeout_s`` while no response runs: a client listening to a long answer is not
-        idle."""
-        receive = asyncio.ensure_future(self.ws.receive())
-        try:
-            while True:
-                stop = asyncio.ensure_future(self._stop.wait())
-                try:
-                    done, _ = await asyncio.wait(
-                        {receive, stop}, timeout=self.options.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    stop.cancel()
-                if receive in done:
-                    break
-                if self._stop.is_set():
-                    self.end_reason = self.end_reason or "stopped"
-                    return None
+        idle. The socket is read in this task (no task and no ``asyncio.wait`` per frame): a
+        stop requested meanwhile (:meth:`_request_stop`) cancels the read."""
+        task = asyncio.current_task()
+        while True:
+            if self._stop.is_set():
+                self.end_reason = self.end_reason or "stopped"
+                return None
+            self._reading = task
+            try:
+                async with asyncio.timeout(self.options.idle_timeout_s):
+                    message = await self.ws.receive()
+                break
+            except TimeoutError:
                 if self.session is None or self.session.active is None:
                     self.end_reason = self.end_reason or "idle_timeout"
                     return None
-        finally:
-            if not receive.done():
-                receive.cancel()
-        message = receive.result()
+            except asyncio.CancelledError:
+                if not self._read_stopped or task is None:
+                    raise
+                self._read_stopped = False
+                task.uncancel()  # the stop's own cancel, not the server's
+            finally:
+                self._reading = None
         if message["type"] == "websocket.disconnect":
             self._socket_gone = True
             self.end_reason = self.end_reason or f"client_closed_{message.get('code', 1005)}"
             return None
         text = message.get("text")
         return text if text is not None else (message.get("bytes") or b"")
+
+    def _request_stop(self) -> None:
+        """End the connection: the receive loop stops (a read in progress is cancelled)."""
+        self._stop.set()
+        reading = self._reading
+        if reading is not None and not self._read_stopped and reading is not asyncio.current_task():
+            self._read_stopped = True
+            reading.cancel()
 
     async def _receive_loop(self) -> None:
         while not self._stop.is_set():
@@ -378,7 +388,7 @@ class RealtimeConnection:
             logger.warning(
                 "%s: client too slow (%d events queued): closing as a disconnect", self.connection_id, self.queued
             )
-            self._stop.set()
+            self._request_stop()
             self._abort_task = asyncio.get_running_loop().create_task(self._abort_socket())
             return
         if self._sender_idle and self.outbound.empty():
@@ -409,7 +419,7 @@ class RealtimeConnection:
         logger.info("%s: send failed: %s", self.connection_id, exc)
         self._socket_gone = True
         self.end_reason = self.end_reason or "send_failed"
-        self._stop.set()
+        self._request_stop()
 
     async def _abort_socket(self) -> None:
         if self.sender_task is not None:
@@ -471,13 +481,13 @@ class RealtimeConnection:
                     self.end_reason = self.end_reason or f"session_closed_{event.data.get('reason')}"
                     if not self._socket_gone and not self._overflowed:
                         self.outbound.put_nowait(_CLOSE)
-                    self._stop.set()
+                    self._request_stop()
             self.send_all(out)
         except Exception:  # noqa: BLE001 - logged; the connection then ends
             logger.exception("%s: projecting the session's events failed", self.connection_id)
             self.feed_ended.set()
             self._created.set()
-            self._stop.set()
+            self._request_stop()
 
     # ------------------------------------------------------------------ inbound
     async def _dispatch(self, frame: str | bytes) -> None:
