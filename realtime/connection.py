@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketState
 
 from engine_bridge.messages import ClientEvent, SessionError
-from engine_bridge.eager import start_eagerly
+from engine_bridge.eager import run_eagerly
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.session import Session
 from events.ids import RequestIdError
@@ -402,16 +402,17 @@ class RealtimeConnection:
         completes without waiting unless the transport paused writing): no wake-up of the
         sender. A send that has to wait is handed to the sender with the rest of the write, so
         the order on the wire stays the order of the writes."""
+        send_text = self.ws.send_text
         for i, event in enumerate(events):
-            sent = start_eagerly(self.ws.send_text(dumps(event)))
-            if not sent.done():
+            try:
+                sending = run_eagerly(send_text(dumps(event)))
+            except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect
+                self._send_failed(exc)
+                return
+            if sending is not None:
                 rest = events[i + 1 :]
                 self.queued += 1 + len(rest)
-                self.outbound.put_nowait(_Sending(sent, rest))
-                return
-            failure = sent.exception() if not sent.cancelled() else asyncio.CancelledError()
-            if failure is not None:
-                self._send_failed(failure)
+                self.outbound.put_nowait(_Sending(sending, rest))
                 return
 
     def _send_failed(self, exc: BaseException) -> None:
