@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from engine_bridge.messages import ClientEvent, SessionError
 from engine_bridge.eager import run_eagerly
+from engine_bridge.messages import ClientEvent, SessionError
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.session import Session
 from events.ids import RequestIdError
@@ -66,6 +66,8 @@ class _Sending:
 
     send: asyncio.Future[None]
     rest: list[dict[str, Any]]
+
+
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """A session id from the wire: no markup, no path separator, no space ever reaches the ledger
 or the tools that render it."""
@@ -430,6 +432,14 @@ class RealtimeConnection:
         self._socket_gone = True
 
     async def _sender(self) -> None:
+        """Drain the outbound queue in order; idle (``_sender_idle``) only while it waits on an
+        empty queue, so a write may then go out in its producer's step (:meth:`send_all`)."""
+        try:
+            await self._drain_outbound()
+        finally:
+            self._sender_idle = False
+
+    async def _drain_outbound(self) -> None:
         send_text = self.ws.send_text
         while True:
             self._sender_idle = self.outbound.empty()

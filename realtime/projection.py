@@ -74,7 +74,7 @@ class Projection:
         self.active: ActiveResponse | None = None
         self.finished: set[str] = set()
         self.last_error: dict[str, Any] | None = None
-        self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]] | None] = {}
 
     # ------------------------------------------------------------------ engine events
     def project(self, event: ClientEvent) -> list[dict[str, Any]]:
