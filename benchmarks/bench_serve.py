@@ -33,7 +33,8 @@ live request ids on the ports (all must be empty; "audit clean").
 Goals (issue 21): ledger CPU per turn within 1.2x of plain; p99 first delta within +5 ms.
 ``--quick``: 2 sessions x 1 turn, 1 round (the smoke test's run; not a measurement).
 ``--no-deflate``: both arms without permessage-deflate, to weigh the compression both pay.
-``--profile PATH``: cProfile of the server's loop thread during the ledger arm only.
+``--profile PATH``: cProfile of the server's loop thread during the ledger arm only
+(``--profile-arm plain``: the plain arm's instead, to set the two side by side).
 """
 
 from __future__ import annotations
@@ -383,7 +384,12 @@ class Child:
 
 
 async def bench(
-    sessions_list: list[int], turns: int, rounds: int, model: str, profile_path: str | None = None
+    sessions_list: list[int],
+    turns: int,
+    rounds: int,
+    model: str,
+    profile_path: str | None = None,
+    profile_arm: str = "ledger",
 ) -> dict[str, Any]:
     """Run the benchmark; returns ``{sessions: {arm: [ArmRun per round], "audit": ...}}``."""
     fake = model == "fake"
@@ -397,10 +403,10 @@ async def bench(
                 runs: dict[str, list[ArmRun]] = {"plain": [], "ledger": []}
                 for r in range(rounds):
                     for arm in ("plain", "ledger") if r % 2 == 0 else ("ledger", "plain"):
-                        if profile_path and arm == "ledger":
+                        if profile_path and arm == profile_arm:
                             child.ask("profile on")
                         runs[arm].append(await run_arm(urls[arm], arm, n, turns, child, max_tokens, fake))
-                        if profile_path and arm == "ledger":
+                        if profile_path and arm == profile_arm:
                             child.ask("profile off")
                 out[str(n)] = {**runs, "audit": child.ask("audit")}
         finally:
@@ -472,6 +478,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "arm (figures then inflated: profile in a run of its own), dump to PATH, print the top frames",
     )
     parser.add_argument(
+        "--profile-arm", choices=["ledger", "plain"], default="ledger", help="the arm --profile profiles"
+    )
+    parser.add_argument(
         "--no-deflate",
         action="store_true",
         help="both arms without permessage-deflate (the product, like uvicorn, offers it by default)",
@@ -486,12 +495,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         os.environ[NO_DEFLATE_ENV] = "1"  # the server child inherits it
     sessions = [2] if args.quick else [int(x) for x in args.sessions.split(",")]
     turns, rounds = (1, 1) if args.quick else (args.turns, args.rounds)
-    results = asyncio.run(bench(sessions, turns, rounds, args.model, args.profile))
+    results = asyncio.run(bench(sessions, turns, rounds, args.model, args.profile, args.profile_arm))
     rows = report(results, turns, rounds, args.model)
     if args.profile:
         import pstats
 
-        print(f"server loop thread, ledger arm, top frames by own time ({args.profile}):")
+        print(f"server loop thread, {args.profile_arm} arm, top frames by own time ({args.profile}):")
         pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
     return rows
 

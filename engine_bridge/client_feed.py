@@ -4,13 +4,18 @@ queue item (:meth:`ClientFeed.send_batch`, issue 23 step 4): one client write, o
 the reader, however many events it carries; the reader sees them one by one, in order.
 ``session.closed`` is the stream's last event: nothing is queued after it (a command refused
 after a takeover or a close raises SessionError to its caller; its client was already told,
-CASE-35)."""
+CASE-35).
+
+A front that projects every event at once (the Realtime connection) :meth:`subscribes
+<ClientFeed.subscribe>` instead of reading: each write is then handed to its sink in the
+sender's own step, in order — no queue, no task hop per write (issue 23's live CPU budget).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from engine_bridge.messages import ClientEvent
@@ -23,6 +28,7 @@ class ClientFeed:
         self.queue: asyncio.Queue[ClientEvent | list[ClientEvent] | None] = asyncio.Queue()
         self.writes = 0  # queue items put (events or batches): client writes
         self.closed = False  # session.closed was queued: the stream takes nothing more
+        self._sink: Callable[[Sequence[ClientEvent] | None], None] | None = None
 
     def send(self, type_: str, **data: Any) -> None:
         """Queue one event, stamped with the wall clock (s); dropped once ``session.closed``
@@ -31,7 +37,11 @@ class ClientFeed:
             return
         self.closed = type_ == "session.closed"
         self.writes += 1
-        self.queue.put_nowait(ClientEvent(type_, self.session_id, time.time(), data))
+        event = ClientEvent(type_, self.session_id, time.time(), data)
+        if self._sink is not None:
+            self._sink((event,))
+        else:
+            self.queue.put_nowait(event)
 
     def send_batch(self, type_: str, batch: Sequence[dict[str, Any]]) -> None:
         """Queue one event of type ``type_`` per data dict of ``batch``, in order, as ONE
@@ -41,14 +51,32 @@ class ClientFeed:
             return
         self.writes += 1
         now, sid = time.time(), self.session_id
-        if len(batch) == 1:
+        if self._sink is not None:
+            self._sink([ClientEvent(type_, sid, now, data) for data in batch])
+        elif len(batch) == 1:
             self.queue.put_nowait(ClientEvent(type_, sid, now, batch[0]))
         else:
             self.queue.put_nowait([ClientEvent(type_, sid, now, data) for data in batch])
 
     def end(self) -> None:
         """End the stream (after ``session.closed``)."""
-        self.queue.put_nowait(None)
+        if self._sink is not None:
+            self._sink(None)
+        else:
+            self.queue.put_nowait(None)
+
+    def subscribe(self, sink: Callable[[Sequence[ClientEvent] | None], None]) -> None:
+        """From now on hand every write to ``sink`` at once, in the writer's step: the events
+        of one write (in order), or None for the end of the stream. What was queued before is
+        handed on first, one call per queued write. ``sink`` must not raise (a front catches
+        its own failures) nor await; :meth:`events` and :meth:`drain` then see nothing more.
+        Raises RuntimeError when a sink is already subscribed."""
+        if self._sink is not None:
+            raise RuntimeError(f"session {self.session_id!r}: the client feed already has a subscriber")
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            sink(None if item is None else item if isinstance(item, list) else (item,))
+        self._sink = sink
 
     async def events(self) -> AsyncIterator[ClientEvent]:
         """What the client receives, in order, until the stream ends."""

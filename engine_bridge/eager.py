@@ -41,6 +41,19 @@ def start_eagerly(awaitable: Awaitable[T]) -> asyncio.Future[T]:
     return loop.create_task(_finish(_Resumed(steps, yielded)), context=context)
 
 
+def run_eagerly(awaitable: Awaitable[Any]) -> asyncio.Task[Any] | None:
+    """Run ``awaitable``'s first step now, in the caller's context: None when that step
+    finished it (its result dropped; its exception raised here, as an await would), else a
+    task that continues it from where it suspended. For a call that almost never waits (a
+    socket send while the transport is writable): no future is made when it does not."""
+    steps = awaitable.__await__()
+    try:
+        yielded = steps.send(None)
+    except StopIteration:
+        return None
+    return asyncio.get_running_loop().create_task(_finish(_Resumed(steps, yielded)))
+
+
 async def _finish(resumed: _Resumed[T]) -> T:
     return await resumed
 

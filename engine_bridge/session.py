@@ -21,7 +21,7 @@ import dataclasses
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -166,6 +166,11 @@ class Session:
         """What a client would receive, in order, until ``session.closed``."""
         async for event in self.client.events():
             yield event
+
+    def subscribe(self, sink: Callable[[Sequence[ClientEvent] | None], None]) -> None:
+        """Hand what a client would receive to ``sink`` at once, write by write, instead of
+        :meth:`events` (:meth:`ClientFeed.subscribe`: no queue, no task hop; None ends it)."""
+        self.client.subscribe(sink)
 
     def drain_events(self) -> list[ClientEvent]:
         """Client events received so far (non-blocking)."""

@@ -3,11 +3,14 @@ connection object per socket; errors are events and never close the socket, rese
 
 Lifecycle: accept; open the session (``engine.open_session``; a refused admission is an
 ``error`` then close 1013 for ``max_sessions_reached``/``engine_closed``, 1008 otherwise);
-``session.created``; then client events are dispatched one at a time while the connection's
-pump (the ONLY reader of ``Session.events()``) projects the engine's events to GA server
-events. Every server event passes a bounded outbound queue drained by one sender task: a
-client too slow to drain it (``ConnectionOptions.outbound_queue_max``) is closed (1008) and
-its session closed as a ``disconnect``, so it never slows another connection. A dropped socket,
+``session.created``; then client events are dispatched one at a time while the connection,
+the subscriber of the session's client feed (``ClientFeed.subscribe``: each engine write is
+handed over in the writer's own step, no task hop), projects the engine's events to GA server
+events. Every server event passes a bounded outbound queue drained by one sender task — what
+one engine write (or one front answer) produced is ONE queue item, one wake-up of the sender:
+a client too slow to drain it (``ConnectionOptions.outbound_queue_max`` events queued) is
+closed (1008) and its session closed as a ``disconnect``, so it never slows another
+connection. A dropped socket,
 a failed send or the idle timeout (``idle_timeout_s``) close the session with reason
 ``disconnect`` (DOMAIN §2.4 -> ``close``). When the session ends (``session.closed``) the socket
 is closed with 1000 (1001 on server shutdown).
@@ -20,13 +23,14 @@ import contextlib
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from engine_bridge.messages import SessionError
+from engine_bridge.eager import run_eagerly
+from engine_bridge.messages import ClientEvent, SessionError
 from engine_bridge.plugin import TextPlugin
 from engine_bridge.session import Session
 from events.ids import RequestIdError
@@ -53,6 +57,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CLOSE = object()  # outbound-queue marker: close the socket after what is queued before it
+
+
+@dataclass
+class _Sending:
+    """Outbound item: a send the producer started that is waiting for the socket (the
+    transport paused writing), and the events of its write still to send after it."""
+
+    send: asyncio.Future[None]
+    rest: list[dict[str, Any]]
+
+
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """A session id from the wire: no markup, no path separator, no space ever reaches the ledger
 or the tools that render it."""
@@ -73,7 +88,11 @@ class ConnectionOptions:
       ``transcript`` of an ``input_audio`` item part or an append's extension key);
     * ``model_name``: the one ``?model=`` served (any other is refused);
     * ``max_frame_bytes``: a client frame over this is ``event_too_large`` (GA's 15 MiB plus
-      the JSON envelope).
+      the JSON envelope);
+    * ``reopen_wait_s``: an open of a session id whose previous connection is still closing
+      (a client reconnecting right after a drop) waits this long for that close to settle,
+      then opens the next incarnation; past it the open is refused ``session_exists`` with
+      close 1013 (retry later). An id held by a live connection is refused at once (1008).
     """
 
     extensions: bool = False
@@ -82,6 +101,7 @@ class ConnectionOptions:
     transcriber: Transcriber | None = None
     model_name: str = "duplex-ledger"
     max_frame_bytes: int = MAX_EVENT_BYTES + 64 * 1024
+    reopen_wait_s: float = 5.0
 
 
 @dataclass
@@ -130,6 +150,10 @@ def parse_query(query: dict[str, str], options: ConnectionOptions) -> OpenParams
     return OpenParams(session_id, model, mode, _flag(query, "resumable"), _flag(query, "duplex"))
 
 
+class _StillClosing(Exception):
+    """The open waited ``reopen_wait_s`` for the previous connection of its id to close."""
+
+
 class RealtimeConnection:
     """One socket (see the module docstring). ``connection_id`` is ``ws-<uuid4>``."""
 
@@ -140,18 +164,27 @@ class RealtimeConnection:
         self.connection_id = f"ws-{uuid.uuid4()}"
         self.session: Session | None = None
         self.projection: Projection | None = None
-        self.outbound: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.options.outbound_queue_max)
-        self.pump_task: asyncio.Task[None] | None = None
+        # An item: the server events of one write (a list), or _CLOSE. Unbounded as a queue:
+        # ``queued`` (events in it) is held to ``outbound_queue_max`` by :meth:`send_all`.
+        self.outbound: asyncio.Queue[Any] = asyncio.Queue()
+        self.queued = 0
+        self.feed_ended = asyncio.Event()  # the session's client feed ended (after session.closed)
+        self._sender_idle = False  # the sender waits on an empty queue: a write may go out at once
         self.sender_task: asyncio.Task[None] | None = None
         self.close_code = 1000
         self.end_reason: str | None = None  # why the connection ended (disconnect, idle_timeout, ...)
         self._stop = asyncio.Event()
+        self._reading: asyncio.Task[Any] | None = None  # the task parked in a socket read
+        self._read_stopped = False  # _request_stop cancelled that read
         self._created = asyncio.Event()
         self._socket_gone = False
         self._overflowed = False
         self._abort_task: asyncio.Task[None] | None = None
         self._buffer_transcripts: list[str] = []
         self._buffer_samples = 0
+        self.session_id: str | None = None  # the id this connection opened (or asked for)
+        self.closing = False  # the socket or the session ended: the connection is shutting down
+        self.ended = asyncio.Event()  # the shutdown is over: the session is closed (or was never opened)
 
     # ------------------------------------------------------------------ lifecycle
     async def handle(self) -> None:
@@ -162,8 +195,12 @@ class RealtimeConnection:
             if await self._open():
                 await self._receive_loop()
         finally:
-            await self._shutdown()
-            self.state.connections.pop(self.connection_id, None)
+            self.closing = True
+            try:
+                await self._shutdown()
+            finally:
+                self.state.connections.pop(self.connection_id, None)
+                self.ended.set()
 
     async def _refuse_open(self, code: str, message: str, close_code: int, param: str | None = None) -> bool:
         with contextlib.suppress(Exception):
@@ -179,14 +216,11 @@ class RealtimeConnection:
             return await self._refuse_open(exc.code, exc.message, 1008, exc.param)
         if params.duplex and not self.options.extensions:
             return await self._refuse_open("duplex_not_enabled", "this server does not offer ?duplex=1", 1008, "duplex")
+        self.session_id = params.session_id
         try:
-            self.session = await self.state.engine.open_session(
-                params.session_id,
-                auto_response=params.mode == "auto_response",
-                plugin=TextPlugin(resumable=params.resumable),
-                protocol="realtime+duplex" if params.duplex else "realtime",
-                connection_id=self.connection_id,
-            )
+            self.session = await self._open_session(params)
+        except _StillClosing as exc:
+            return await self._refuse_open("session_exists", str(exc), 1013)
         except SessionError as exc:
             return await self._refuse_open(exc.code, str(exc), OPEN_REFUSAL_CLOSE_CODE.get(exc.code, 1008))
         except RequestIdError as exc:
@@ -206,44 +240,92 @@ class RealtimeConnection:
         )
         self.projection = Projection(config, duplex_dialect=params.duplex)
         self.sender_task = asyncio.create_task(self._sender(), name=f"{self.connection_id}-sender")
-        self.pump_task = asyncio.create_task(self._pump(self.session), name=f"{self.connection_id}-pump")
+        self.session.subscribe(self._deliver)  # session.created, queued at the open, comes first
         with contextlib.suppress(TimeoutError):  # session.created goes out before any answer
             await asyncio.wait_for(self._created.wait(), 10.0)
         return True
+
+    async def _open_session(self, params: OpenParams) -> Session:
+        """``engine.open_session`` for ``params``, once no previous connection of the same id is
+        still closing. A client reconnecting a few ms after a drop finds the old connection's
+        close unsettled (its aborts in flight, its last results not yet in the log): the open
+        waits for that close, at most ``reopen_wait_s``, so it is neither refused
+        ``session_exists`` nor started beside a close that still writes the stream; then it
+        opens the next incarnation. Raises _StillClosing past the bound, SessionError as
+        ``open_session`` does otherwise."""
+        waited = False
+        while True:
+            previous = None if waited else self._closing_holder(params.session_id)
+            if previous is not None:
+                waited = True
+                try:
+                    await asyncio.wait_for(previous.ended.wait(), self.options.reopen_wait_s)
+                except TimeoutError:
+                    raise _StillClosing(
+                        f"session {params.session_id!r}: its previous connection is still closing "
+                        f"after {self.options.reopen_wait_s:g} s; retry"
+                    ) from None
+            try:
+                return await self.state.engine.open_session(
+                    params.session_id,
+                    auto_response=params.mode == "auto_response",
+                    plugin=TextPlugin(resumable=params.resumable),
+                    protocol="realtime+duplex" if params.duplex else "realtime",
+                    connection_id=self.connection_id,
+                )
+            except SessionError as exc:
+                # the old connection saw its socket drop while this open ran: wait for it once
+                if exc.code != "session_exists" or waited or self._closing_holder(params.session_id) is None:
+                    raise
+
+    def _closing_holder(self, session_id: str) -> RealtimeConnection | None:
+        """Another connection of ``session_id`` that is shutting down (its close not settled)."""
+        for other in list(self.state.connections.values()):
+            if other is not self and other.session_id == session_id and other.closing and not other.ended.is_set():
+                return other
+        return None
 
     async def _next_frame(self) -> str | bytes | None:
         """The next client frame; None when the socket closed, the connection is stopping or
         the idle timeout passed (``end_reason`` says which). Idle means no client frame for
         ``idle_timeout_s`` while no response runs: a client listening to a long answer is not
-        idle."""
-        receive = asyncio.ensure_future(self.ws.receive())
-        try:
-            while True:
-                stop = asyncio.ensure_future(self._stop.wait())
-                try:
-                    done, _ = await asyncio.wait(
-                        {receive, stop}, timeout=self.options.idle_timeout_s, return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    stop.cancel()
-                if receive in done:
-                    break
-                if self._stop.is_set():
-                    self.end_reason = self.end_reason or "stopped"
-                    return None
+        idle. The socket is read in this task (no task and no ``asyncio.wait`` per frame): a
+        stop requested meanwhile (:meth:`_request_stop`) cancels the read."""
+        task = asyncio.current_task()
+        while True:
+            if self._stop.is_set():
+                self.end_reason = self.end_reason or "stopped"
+                return None
+            self._reading = task
+            try:
+                async with asyncio.timeout(self.options.idle_timeout_s):
+                    message = await self.ws.receive()
+                break
+            except TimeoutError:
                 if self.session is None or self.session.active is None:
                     self.end_reason = self.end_reason or "idle_timeout"
                     return None
-        finally:
-            if not receive.done():
-                receive.cancel()
-        message = receive.result()
+            except asyncio.CancelledError:
+                if not self._read_stopped or task is None:
+                    raise
+                self._read_stopped = False
+                task.uncancel()  # the stop's own cancel, not the server's
+            finally:
+                self._reading = None
         if message["type"] == "websocket.disconnect":
             self._socket_gone = True
             self.end_reason = self.end_reason or f"client_closed_{message.get('code', 1005)}"
             return None
         text = message.get("text")
         return text if text is not None else (message.get("bytes") or b"")
+
+    def _request_stop(self) -> None:
+        """End the connection: the receive loop stops (a read in progress is cancelled)."""
+        self._stop.set()
+        reading = self._reading
+        if reading is not None and not self._read_stopped and reading is not asyncio.current_task():
+            self._read_stopped = True
+            reading.cancel()
 
     async def _receive_loop(self) -> None:
         while not self._stop.is_set():
@@ -259,7 +341,7 @@ class RealtimeConnection:
             await self._dispatch(frame)
 
     async def _shutdown(self) -> None:
-        """The session is closed (``disconnect`` unless it already closed), the pump drains
+        """The session is closed (``disconnect`` unless it already closed), its feed delivers
         the session's last events, then the socket is closed (if it is still open)."""
         session = self.session
         if session is not None and not session.closed:
@@ -271,15 +353,14 @@ class RealtimeConnection:
                 logger.info("%s: close on disconnect refused: %s", self.connection_id, exc)
             except Exception:  # noqa: BLE001 - the session is closed all the same (logged)
                 logger.exception("%s: close on disconnect failed", self.connection_id)
-        if self.pump_task is not None:
+        if session is not None:
             try:
-                await asyncio.wait_for(self.pump_task, 10.0)
-            except Exception:  # noqa: BLE001 - a stuck pump is cancelled
-                logger.warning("%s: pump did not end; cancelled", self.connection_id)
+                await asyncio.wait_for(self.feed_ended.wait(), 10.0)
+            except Exception:  # noqa: BLE001 - a feed that never ends: the connection ends all the same
+                logger.warning("%s: the session's events did not end", self.connection_id)
         if self.sender_task is not None:
             if not (self._socket_gone or self._overflowed):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.outbound.put(_CLOSE), 5.0)
+                self.outbound.put_nowait(_CLOSE)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(self.sender_task), 5.0)
             self.sender_task.cancel()
@@ -294,22 +375,54 @@ class RealtimeConnection:
 
     # ------------------------------------------------------------------ outbound
     def send(self, event: dict[str, Any]) -> None:
-        """Queue one server event; an overflowing queue closes the connection (slow client)."""
-        if self._overflowed or self._socket_gone:
+        """Queue one server event (:meth:`send_all`)."""
+        self.send_all([event])
+
+    def send_all(self, events: list[dict[str, Any]]) -> None:
+        """Queue server events as one item (one wake-up of the sender); a queue that would
+        hold more than ``outbound_queue_max`` events closes the connection (slow client)."""
+        if self._overflowed or self._socket_gone or not events:
             return
-        try:
-            self.outbound.put_nowait(event)
-        except asyncio.QueueFull:
+        if self.queued + len(events) > self.options.outbound_queue_max:
             self._overflowed = True
             self.close_code = 1008
             self.end_reason = "outbound_queue_full"
             logger.warning(
-                "%s: client too slow (%d events queued): closing as a disconnect",
-                self.connection_id,
-                self.outbound.qsize(),
+                "%s: client too slow (%d events queued): closing as a disconnect", self.connection_id, self.queued
             )
-            self._stop.set()
+            self._request_stop()
             self._abort_task = asyncio.get_running_loop().create_task(self._abort_socket())
+            return
+        if self._sender_idle and self.outbound.empty():
+            self._send_now(events)
+            return
+        self.queued += len(events)
+        self.outbound.put_nowait(events)
+
+    def _send_now(self, events: list[dict[str, Any]]) -> None:
+        """Send a write in the producer's step while nothing waits before it (the socket's send
+        completes without waiting unless the transport paused writing): no wake-up of the
+        sender. A send that has to wait is handed to the sender with the rest of the write, so
+        the order on the wire stays the order of the writes."""
+        send_text = self.ws.send_text
+        for i, event in enumerate(events):
+            try:
+                sending = run_eagerly(send_text(dumps(event)))
+            except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect
+                self._send_failed(exc)
+                return
+            if sending is not None:
+                rest = events[i + 1 :]
+                self.queued += 1 + len(rest)
+                self.outbound.put_nowait(_Sending(sending, rest))
+                return
+
+    def _send_failed(self, exc: BaseException) -> None:
+        """A failed send is a disconnect (research §2.1)."""
+        logger.info("%s: send failed: %s", self.connection_id, exc)
+        self._socket_gone = True
+        self.end_reason = self.end_reason or "send_failed"
+        self._request_stop()
 
     async def _abort_socket(self) -> None:
         if self.sender_task is not None:
@@ -319,45 +432,73 @@ class RealtimeConnection:
         self._socket_gone = True
 
     async def _sender(self) -> None:
+        """Drain the outbound queue in order; idle (``_sender_idle``) only while it waits on an
+        empty queue, so a write may then go out in its producer's step (:meth:`send_all`)."""
+        try:
+            await self._drain_outbound()
+        finally:
+            self._sender_idle = False
+
+    async def _drain_outbound(self) -> None:
+        send_text = self.ws.send_text
         while True:
+            self._sender_idle = self.outbound.empty()
             item = await self.outbound.get()
+            self._sender_idle = False
             if item is _CLOSE:
                 if not self._socket_gone:
                     with contextlib.suppress(Exception):
                         await self.ws.close(self.close_code)
                     self._socket_gone = True
                 return
-            if self._socket_gone:
-                continue
-            try:
-                await self.ws.send_text(dumps(item))
-            except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect (research §2.1)
-                logger.info("%s: send failed: %s", self.connection_id, exc)
-                self._socket_gone = True
-                self.end_reason = self.end_reason or "send_failed"
-                self._stop.set()
+            events = item
+            if isinstance(item, _Sending):
+                self.queued -= 1
+                events = item.rest
+                try:
+                    await item.send
+                except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect
+                    self._send_failed(exc)
+            self.queued -= len(events)
+            for event in events:
+                if self._socket_gone:
+                    break
+                try:
+                    await send_text(dumps(event))
+                except Exception as exc:  # noqa: BLE001 - a failed send is a disconnect
+                    self._send_failed(exc)
 
-    async def _pump(self, session: Session) -> None:
-        """The only reader of ``session.events()``: project each engine event and queue it."""
+    def _deliver(self, events: Sequence[ClientEvent] | None) -> None:
+        """The session's client feed hands each write here, in the writer's step
+        (``ClientFeed.subscribe``; None: the feed ended): its events are projected and queued
+        as one outbound item. A projection failure is logged and ends the connection."""
+        if self.feed_ended.is_set():
+            return
+        if events is None:
+            self.feed_ended.set()
+            self._created.set()
+            return
         assert self.projection is not None
         try:
-            async for event in session.events():
-                for out in self.projection.project(event):
-                    self.send(out)
+            project, out = self.projection.project, []
+            for event in events:
+                out += project(event)
                 if event.type == "session.created":
                     self._created.set()
                 elif event.type == "session.closed":
+                    self.send_all(out)
+                    out = []
                     self.close_code = 1001 if event.data.get("reason") == "server_shutdown" else 1000
                     self.end_reason = self.end_reason or f"session_closed_{event.data.get('reason')}"
                     if not self._socket_gone and not self._overflowed:
-                        with contextlib.suppress(Exception):
-                            await asyncio.wait_for(self.outbound.put(_CLOSE), 5.0)
-                    self._stop.set()
+                        self.outbound.put_nowait(_CLOSE)
+                    self._request_stop()
+            self.send_all(out)
         except Exception:  # noqa: BLE001 - logged; the connection then ends
-            logger.exception("%s: pump failed", self.connection_id)
-            self._stop.set()
-        finally:
+            logger.exception("%s: projecting the session's events failed", self.connection_id)
+            self.feed_ended.set()
             self._created.set()
+            self._request_stop()
 
     # ------------------------------------------------------------------ inbound
     async def _dispatch(self, frame: str | bytes) -> None:

@@ -16,13 +16,14 @@ One terminal event per response (DOMAIN §5.7 D14): every ``response.created`` g
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine_bridge.messages import ClientEvent
 from realtime import duplex
 from realtime.audio import encode_audio, render_output_audio
-from realtime.protocol import error_event, error_type_for, server_event
+from realtime.protocol import error_event, error_type_for, new_event_id, server_event
 from realtime.session_config import SessionConfig, session_object
 
 
@@ -46,7 +47,16 @@ class ActiveResponse:
     modality: str
     text: list[str] = field(default_factory=list)
     audio_bytes: int = 0
+    where: dict[str, Any] = field(default_factory=dict)  # its content part's address, built once
+    delta_type: str = "response.output_text.delta"  # the GA name of its text deltas
 
+    def __post_init__(self) -> None:
+        self.where = {"response_id": self.response_id, "item_id": self.item_id, "output_index": 0, "content_index": 0}
+        if self.modality != "text":
+            self.delta_type = "response.output_audio_transcript.delta"
+
+
+_UNSEEN: Any = object()  # Projection._handlers: an engine event type not looked up yet
 
 #: A response's GA terminal status from the log's finished_reason (and the engine's wire reason).
 CANCEL_REASON = {"barge_in": "turn_detected", "cancel": "client_cancelled"}
@@ -64,11 +74,14 @@ class Projection:
         self.active: ActiveResponse | None = None
         self.finished: set[str] = set()
         self.last_error: dict[str, Any] | None = None
+        self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]] | None] = {}
 
     # ------------------------------------------------------------------ engine events
     def project(self, event: ClientEvent) -> list[dict[str, Any]]:
         """The GA (and, with the dialect, extension) server events for one engine event."""
-        handler = getattr(self, "_on_" + event.type.replace(".", "_"), None)
+        handler = self._handlers.get(event.type, _UNSEEN)
+        if handler is _UNSEEN:  # looked up once per engine event type
+            handler = self._handlers[event.type] = getattr(self, "_on_" + event.type.replace(".", "_"), None)
         return handler(event.data) if handler is not None else []
 
     def _on_session_created(self, data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -160,11 +173,11 @@ class Projection:
 
     def _on_response_text_delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         r = self._live(data)
-        if r is None or not data.get("delta"):
+        delta = data.get("delta")
+        if r is None or not delta:
             return []
-        r.text.append(data["delta"])
-        name = "response.output_text.delta" if r.modality == "text" else "response.output_audio_transcript.delta"
-        return [server_event(name, delta=data["delta"], **self._where(r))]
+        r.text.append(delta)
+        return [{"event_id": new_event_id(), "type": r.delta_type, "delta": delta, **r.where}]
 
     def _on_response_audio_delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         r = self._live(data)
@@ -224,7 +237,7 @@ class Projection:
 
     # ------------------------------------------------------------------ helpers
     def _where(self, r: ActiveResponse) -> dict[str, Any]:
-        return {"response_id": r.response_id, "item_id": r.item_id, "output_index": 0, "content_index": 0}
+        return r.where  # spread (**) by every caller, never changed
 
     def _content(self, r: ActiveResponse) -> list[dict[str, Any]]:
         text = "".join(r.text)
