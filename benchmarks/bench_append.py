@@ -25,6 +25,9 @@ returns only once durable). Rows, all in one run on the same prepared events:
 * ``--guard-variants``: instead, the guard's shapes in plain ``sqlite3``
   (:mod:`benchmarks.guard_variants`; its options follow, e.g. ``--rounds``).
 
+The same figure on a plain workload (a plain table, each producer serialising its own event,
+CPU per append split into the loop's and the writer thread's): :mod:`benchmarks.bench_append_plain`.
+
 Usage: ``.venv/bin/python benchmarks/bench_append.py [--sessions 32] [--events 400]
 [--per-call 1,8] [--sync FULL,NORMAL] [--repeats 3] [--no-peer] [--chain-cost --rounds 5] [--guard-variants]``. Needs the ``bench`` extra
 (eventsourcing), except with ``--chain-cost``.

@@ -24,12 +24,15 @@ Position, version and recorded_at are the store's, not content (:func:`content_d
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from events.chain import GENESIS, link, row_pieces
-from events.store.errors import ConcurrencyError, EventIdConflict
+from events.store.errors import ConcurrencyError, EventIdConflict, StoreError
 from events.store.rows import NewRow
+
+_new_tuple = tuple.__new__  # a NamedTuple built without its generated __new__'s frame
 
 
 class Existing(NamedTuple):
@@ -79,9 +82,9 @@ def _conflict(stream: str, rows: list[NewRow], stored: list[Existing | None]) ->
     return EventIdConflict(stream, [eid for eid, _ in differ], reason)
 
 
-@dataclass(slots=True)
-class AppendCall:
-    """One caller's request. ``stream_id`` is None for bulk calls spanning many streams."""
+class AppendCall(NamedTuple):
+    """One caller's request. ``stream_id`` is None for bulk calls spanning many streams. A
+    NamedTuple: one is built per append (:meth:`EventStore.append` builds it without a frame)."""
 
     rows: list[NewRow]
     stream_id: str | None = None
@@ -89,8 +92,9 @@ class AppendCall:
     bulk: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class CallResult:
+class CallResult(NamedTuple):
+    """One call's outcome (a NamedTuple: one per append, built on the writer thread)."""
+
     positions: list[int]  # one per row of the call, in order
     appended: int  # rows written (the rest were already stored)
 
@@ -101,7 +105,22 @@ class BatchState:
     head_hash: bytes = GENESIS  # chain hash of the row at ``head`` (events.chain)
     versions: dict[str, int] = field(default_factory=dict)  # stream -> current version (absent = 0)
     existing: dict[str, Existing] = field(default_factory=dict)  # event_id -> stored copy
-    inserts: list[tuple[object, ...]] = field(default_factory=list)  # rows to write (schema.ROW_COLUMNS order)
+    inserts: list[tuple[Any, ...]] = field(default_factory=list)  # rows to write (schema.ROW_COLUMNS order)
+    # event_id -> its row in ``inserts`` (planned in this batch): an Existing is built from it
+    # only when a later call names the id again (:func:`copy_of`), not once per row
+    planned: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+
+def copy_of(state: BatchState, event_id: str) -> Existing | None:
+    """The stored or planned-in-this-batch copy of ``event_id``; None when it has none."""
+    stored = state.existing.get(event_id)
+    if stored is not None:
+        return stored
+    row = state.planned.get(event_id)
+    if row is None:
+        return None
+    position, stream_id, version, _, type_, schema_version, ts_us, _, data, _ = row
+    return Existing(stream_id, version, position, type_, schema_version, ts_us, data)
 
 
 def plan_call(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
@@ -112,21 +131,69 @@ def plan_call(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
         return _plan_bulk(state, call, now_us)
     assert call.stream_id is not None
     stream = call.stream_id
-    existing = state.existing
+    existing, planned = state.existing, state.planned
     for row in call.rows:  # the common case, no id stored yet, decided without building lists
-        if row.event_id in existing:
+        if row.event_id in existing or row.event_id in planned:
             return _plan_resent(state, call, stream)
     current = state.versions.get(stream, 0)
     if call.expected_version is not None and call.expected_version != current:
         raise ConcurrencyError(stream, call.expected_version, current)
-    positions = [_accept(state, row, current + i + 1, now_us) for i, row in enumerate(call.rows)]
+    rows = call.rows
+    if len(rows) == 1:  # the live path's shape: no comprehension frame
+        return CallResult([_accept(state, rows[0], current + 1, now_us)], 1)
+    positions = [_accept(state, row, current + i + 1, now_us) for i, row in enumerate(rows)]
     return CallResult(positions, len(positions))
+
+
+def plan_calls(state: BatchState, calls: Sequence[AppendCall], now_us: int) -> list[CallResult | StoreError]:
+    """:func:`plan_call` for each of ``calls`` in queue order: its CallResult, or the StoreError
+    it alone failed with (state untouched by that call). The live path's call (one new event,
+    version as expected) is decided inline, with :func:`_accept`'s steps and no frame of its
+    own (issue 23 step 6: ~1 µs a row on the writer thread); every other call goes through
+    :func:`plan_call`, so the decisions are the same."""
+    outcomes: list[CallResult | StoreError] = []
+    existing, planned, versions, inserts = state.existing, state.planned, state.versions, state.inserts
+    for call in calls:
+        rows, stream = call.rows, call.stream_id
+        if len(rows) == 1 and not call.bulk and stream is not None:
+            stream_id, event_id, type_, schema_version, ts_us, data, _, recorded_at_us, pieces = rows[0]
+            version = versions.get(stream, 0) + 1
+            expected = call.expected_version
+            if (expected is None or expected == version - 1) and event_id not in existing and event_id not in planned:
+                position = state.head = state.head + 1
+                versions[stream] = version
+                if recorded_at_us is None:
+                    recorded_at_us = now_us
+                if pieces is None:
+                    pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data)
+                head_hash = state.head_hash = link(state.head_hash, position, version, recorded_at_us, pieces)
+                row = (
+                    position,
+                    stream_id,
+                    version,
+                    event_id,
+                    type_,
+                    schema_version,
+                    ts_us,
+                    recorded_at_us,
+                    data,
+                    head_hash,
+                )
+                inserts.append(row)
+                planned[event_id] = row
+                outcomes.append(_new_tuple(CallResult, ([position], 1)))
+                continue
+        try:
+            outcomes.append(plan_call(state, call, now_us))
+        except StoreError as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 def _plan_resent(state: BatchState, call: AppendCall, stream: str) -> CallResult:
     """A plain call naming an event id already stored (or planned): its original positions
     when every row is the same event (module doc); EventIdConflict otherwise."""
-    found = [state.existing.get(r.event_id) for r in call.rows]
+    found = [copy_of(state, r.event_id) for r in call.rows]
     present = [r.event_id for r, f in zip(call.rows, found) if f is not None]
     conflict = _conflict(stream, call.rows, found)
     if conflict is not None:
@@ -140,7 +207,7 @@ def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
     versions: dict[str, int] = {}
     planned: list[tuple[NewRow, int] | Existing] = []
     for row in call.rows:
-        stored = state.existing.get(row.event_id)
+        stored = copy_of(state, row.event_id)
         if stored is not None:
             conflict = _conflict(row.stream_id, [row], [stored])
             if conflict is not None:
@@ -158,20 +225,14 @@ def _plan_bulk(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
 
 def _accept(state: BatchState, row: NewRow, version: int, now_us: int) -> int:
     position = state.head = state.head + 1
-    stream_id, event_id, type_, schema_version, ts_us, data = (
-        row.stream_id,
-        row.event_id,
-        row.type,
-        row.schema_version,
-        row.ts_us,
-        row.data,
-    )
+    stream_id, event_id, type_, schema_version, ts_us, data, _, recorded_at_us, pieces = row
     state.versions[stream_id] = version
-    state.existing[event_id] = Existing(stream_id, version, position, type_, schema_version, ts_us, data)
-    recorded_at_us = now_us if row.recorded_at_us is None else row.recorded_at_us
-    pieces = row.pieces or row_pieces(stream_id, event_id, type_, schema_version, ts_us, data)
+    if recorded_at_us is None:
+        recorded_at_us = now_us
+    if pieces is None:
+        pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data)
     head_hash = state.head_hash = link(state.head_hash, position, version, recorded_at_us, pieces)
-    state.inserts.append(
-        (position, stream_id, version, event_id, type_, schema_version, ts_us, recorded_at_us, data, head_hash)
-    )
+    planned = (position, stream_id, version, event_id, type_, schema_version, ts_us, recorded_at_us, data, head_hash)
+    state.inserts.append(planned)
+    state.planned[event_id] = planned
     return position

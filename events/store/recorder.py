@@ -38,7 +38,7 @@ from sqlalchemy.engine import Connection
 from events.gc_pause import gc_paused
 from events.store.backends import HEAD, Backend
 from events.store.errors import ConcurrencyError, StoreError
-from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call
+from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_calls
 from events.store.rows import StoredRow
 from events.store.schema import events
 
@@ -140,13 +140,7 @@ class AggregateRecorder:
         self, conn: Connection, calls: Sequence[AppendCall], now_us: int, *, lookup: bool
     ) -> tuple[BatchState, list[Outcome]]:
         state = self._load_state(conn, calls, lookup=lookup)
-        outcomes: list[Outcome] = []
-        for call in calls:
-            try:
-                outcomes.append(plan_call(state, call, now_us))
-            except StoreError as exc:
-                outcomes.append(exc)
-        return state, outcomes
+        return state, plan_calls(state, calls, now_us)
 
     def _load_state(self, conn: Connection, calls: Sequence[AppendCall], *, lookup: bool = True) -> BatchState:
         backend = self.backend

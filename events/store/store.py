@@ -29,6 +29,8 @@ from events.store.writer import GroupCommitWriter, ThreadGroupCommit
 from events.types import EventBase
 
 T = TypeVar("T")
+_checked = NewRow.checked
+_new_tuple = tuple.__new__  # AppendCall built without its generated __new__'s frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class EventStore:
             if thread is None
             else ThreadGroupCommit(thread, recorder.write_batch_blocking, recorder.committed.fire)
         )
+        self._submit = self._writer.submit
 
     @classmethod
     async def open(
@@ -140,15 +143,15 @@ class EventStore:
                 raise ValueError(f"append to {stream_id!r}: no events given")
             if expected_version is not None and expected_version < 0:
                 raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
-            rows = [NewRow.checked(e) for e in events]
-            for e in events:
-                if e.session_id != stream_id:
+            rows = [_checked(e) for e in events]
+            for row in rows:
+                if row.stream_id != stream_id:
                     raise ValueError(
-                        f"event {e.event_id} has session_id {e.session_id!r}, not the stream {stream_id!r}"
+                        f"event {row.event_id} has session_id {row.stream_id!r}, not the stream {stream_id!r}"
                     )
             if len(rows) > 1:
                 _check_unique_ids(rows)
-            return self._writer.submit(AppendCall(rows, stream_id, expected_version))  # type: ignore[return-value]
+            return self._submit(_new_tuple(AppendCall, (rows, stream_id, expected_version, False)))  # type: ignore[return-value]
         except Exception as exc:  # raised where the append is awaited, as from a coroutine
             return _raising(exc)
 

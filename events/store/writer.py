@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from events.store.errors import AppendFailed, StoreClosed, StoreError
@@ -126,15 +127,19 @@ def append_failed(exc: BaseException) -> AppendFailed:
 
 
 def commit_isolated(write_batch: BlockingWriteBatch, calls: list[AppendCall]) -> list[tuple[bool, Any]]:
-    """``write_batch(calls)`` as ``(ok, value)`` per call; when the database refuses the whole
-    batch, each call runs alone so that only the call at fault fails (module doc)."""
+    """``write_batch(calls)`` as ``(ok, value)`` per call, the value a call's :data:`Settled`
+    result or its exception; when the database refuses the whole batch, each call runs alone
+    so that only the call at fault fails (module doc)."""
     try:
         outcomes = write_batch(calls)
     except Exception as exc:
         if len(calls) > 1:
             return [result for call in calls for result in commit_isolated(write_batch, [call])]
         return [(False, exc if isinstance(exc, StoreError) else append_failed(exc))]
-    return [(not isinstance(o, BaseException), o) for o in outcomes]
+    return [
+        (False, o) if isinstance(o, BaseException) else (True, o if call.bulk else o.positions)
+        for call, o in zip(calls, outcomes)
+    ]
 
 
 class ThreadGroupCommit:
@@ -142,16 +147,10 @@ class ThreadGroupCommit:
     the loop after each batch (the commit signal)."""
 
     def __init__(self, thread: WriterThread, write_batch: BlockingWriteBatch, after: Callable[[], None]) -> None:
-        self._thread = thread
-        self._write_batch = write_batch
+        self._group = thread.group
+        self._handle = partial(commit_isolated, write_batch)  # one object: the thread groups by it
         self._after = after
         self._closed = False
-
-    def _handle(self, calls: list[AppendCall]) -> list[tuple[bool, Any]]:
-        return [
-            (True, settled(call, value)) if ok else (False, value)
-            for call, (ok, value) in zip(calls, commit_isolated(self._write_batch, calls))
-        ]
 
     def submit(self, call: AppendCall) -> Awaitable[Settled]:
         """Queue ``call``; awaiting the result waits until it is committed and gives its
@@ -159,7 +158,7 @@ class ThreadGroupCommit:
         when closed."""
         if self._closed:
             raise StoreClosed("the event store is closed")
-        return self._thread.group(self._handle, call, len(call.rows), self._after)
+        return self._group(self._handle, call, len(call.rows), self._after)
 
     async def close(self) -> None:
         """Stop accepting calls; those queued commit before the thread's next work."""

@@ -18,11 +18,12 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 Handler = Callable[[list[Any]], Sequence[tuple[bool, Any]]]
 _STOP = object()
+_get_running_loop = asyncio.get_running_loop
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -47,26 +48,19 @@ def _settle_all(
         after()
 
 
-class _Grouped:
-    __slots__ = ("loop", "future", "handler", "item", "size", "after")
+class _Grouped(NamedTuple):
+    """One item queued for a handler (:meth:`WriterThread.group`); a NamedTuple built without
+    a Python frame, one per append."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        future: asyncio.Future[Any],
-        handler: Handler,
-        item: Any,
-        size: int,
-        after: Callable[[], None] | None,
-    ) -> None:
-        self.loop, self.future, self.handler, self.item, self.size, self.after = (
-            loop,
-            future,
-            handler,
-            item,
-            size,
-            after,
-        )
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    handler: Handler
+    item: Any
+    size: int
+    after: Callable[[], None] | None
+
+
+_new_grouped = tuple.__new__
 
 
 class WriterThread:
@@ -151,10 +145,11 @@ class WriterThread:
         the time (up to ``max_group_size`` in sizes) and returns one ``(ok, value)`` per item:
         the value, or the exception to raise. ``after`` runs on the loop once the batch's
         futures are settled. A plain function, not a coroutine: one frame less per append."""
-        self._start()
-        loop = asyncio.get_running_loop()
+        if self._thread is None:
+            self._start()
+        loop = _get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._inbox.put(_Grouped(loop, future, handler, item, size, after))
+        self._inbox.put(_new_grouped(_Grouped, (loop, future, handler, item, size, after)))
         return future
 
     async def stop(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from events.store.errors import ConcurrencyError, EventIdConflict
-from events.store.planning import AppendCall, BatchState, Existing, plan_call
+from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call, plan_calls
 from events.store.rows import NewRow
 
 
@@ -19,6 +19,55 @@ def test_calls_in_one_batch_see_each_other() -> None:
     r2 = plan_call(state, AppendCall([row("A", "a4"), row("A", "a5")], "A", 3), now_us=5)
     assert (r1.positions, r2.positions) == ([11], [12, 13])
     assert [(r[0], r[2]) for r in state.inserts] == [(11, 3), (12, 4), (13, 5)]
+
+
+def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
+    """The batch planner's inline path (one new event, version as expected) gives the same
+    outcomes, positions, chain hashes and state as plan_call for every call in turn, on a batch
+    mixing it with what it hands on: a stale version, a re-sent id (stored, and planned earlier
+    in the batch), a foreign id, several rows, no version check, bulk."""
+    stored = {"old": Existing("A", 2, 7, "TurnCommitted", 1, 1, "{}")}
+    calls = [
+        AppendCall([row("A", "a3")], "A", 2),
+        AppendCall([row("A", "a4")], "A", 2),  # stale: ConcurrencyError
+        AppendCall([row("A", "a3")], "A", 3),  # re-sent within the batch, version matching: its position
+        AppendCall([row("B", "old")], "B", 0),  # stored in another stream: EventIdConflict
+        AppendCall([row("A", "old")], "A", 3),  # stored: original position, nothing written
+        AppendCall([row("B", "b1")], "B", None),
+        AppendCall([row("B", "b2"), row("B", "b3")], "B", 1),
+        AppendCall([row("C", "c1"), row("A", "a5", version=4)], bulk=True),
+        AppendCall([row("A", "a6")], "A", 4),
+    ]
+
+    def fresh() -> BatchState:
+        return BatchState(head=7, head_hash=bytes(range(32)), versions={"A": 2}, existing=dict(stored))
+
+    one_by_one, expected = fresh(), []
+    for call in calls:
+        try:
+            expected.append(plan_call(one_by_one, call, now_us=5))
+        except (ConcurrencyError, EventIdConflict) as exc:
+            expected.append(exc)
+    batched = fresh()
+    outcomes = plan_calls(batched, calls, now_us=5)
+
+    def shape(o: object) -> object:
+        return type(o).__name__ if isinstance(o, Exception) else o
+
+    assert [shape(o) for o in outcomes] == [shape(o) for o in expected]
+    assert [shape(o) for o in outcomes][:5] == [
+        CallResult([8], 1),
+        "ConcurrencyError",
+        CallResult([8], 0),
+        "EventIdConflict",
+        CallResult([7], 0),
+    ]
+    assert batched.inserts == one_by_one.inserts and len(batched.inserts) == 7
+    assert (batched.head, batched.head_hash, batched.versions) == (
+        one_by_one.head,
+        one_by_one.head_hash,
+        one_by_one.versions,
+    )
 
 
 def test_failed_call_leaves_state_untouched() -> None:
