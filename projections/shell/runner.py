@@ -26,7 +26,6 @@ its close point (``ResourcesFold.closed_sessions``, DOMAIN §5.7 D18).
 from __future__ import annotations
 
 import asyncio
-import pickle
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -160,7 +159,8 @@ class ProjectionRunner:
                     position=head,
                     fold_version=FOLD_VERSION,
                     state=state,
-                    turns=parallel.spooled_turn_rows(spools),
+                    turns=(),
+                    turn_values_rows=parallel.spooled_turn_values(spools),
                     touched=[],
                     resources=resources,
                     findings=findings,
@@ -177,13 +177,11 @@ class ProjectionRunner:
         results: list[parallel.PartitionResult] = []
         with parallel.pool(len(plan)) as pool:
             pending = [
-                loop.run_in_executor(
-                    pool, parallel.fold_partition, path, part, sessions, head, spool_dir, self.batch_size
-                )
+                loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir)
                 for part, sessions in enumerate(plan)
             ]
             for done in asyncio.as_completed(pending):
-                results.append(pickle.loads(await done))
+                results.append(parallel.decode_result(await done))
                 if progress is not None:
                     progress(head * len(results) // len(plan), head)
         return results
