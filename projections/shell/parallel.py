@@ -64,6 +64,8 @@ _SELECT = (
     "ORDER BY position"
 )
 
+_SELECT_ALL = f"SELECT {', '.join(_COLUMNS)} FROM events WHERE position <= ? ORDER BY position"
+
 RESULT_MAGIC = "duplex-ledger-partition"
 """First item of a worker's result (:func:`encode_result`)."""
 
@@ -160,7 +162,7 @@ def _retyped(row: Sequence[Any]) -> str:
     from events.chain_walk import SqliteRow, retyped
 
     raise ValueError(
-        f"position {row[0]}: {retyped(SqliteRow(*row, None)) or 'a value of another storage type'}: "
+        f"position {row[0]}: {retyped(SqliteRow._make((*row, None))) or 'a value of another storage type'}: "
         "the row was edited (run `duplex-ledger verify`)"
     )
 
@@ -224,6 +226,26 @@ def fold_partition(
             conn.close()
             spool.close()
         return encode_result(PartitionResult(projector, spool_path, n_turns, events))
+
+
+def fold_in_order(
+    db_path: str, until_position: int, batch_size: int = WORKER_BATCH
+) -> tuple[Projector, list[dict[str, Any]]]:
+    """The whole log of a SQLite ledger file up to ``until_position`` folded here, in position
+    order, read with plain ``sqlite3`` (read-only): the projector and its turn rows (as the
+    runner writes them). What ``verify`` folds while another process checks the chain. Raises
+    what decoding raises."""
+    projector = Projector()
+    turn_rows: list[dict[str, Any]] = []
+    conn = _read_only(db_path)
+    try:
+        with gc_paused():
+            cursor = conn.execute(_SELECT_ALL, (until_position,))
+            while rows := cursor.fetchmany(batch_size):
+                turn_rows += fold_batch(projector, decode_tuples(rows))[0]
+    finally:
+        conn.close()
+    return projector, turn_rows
 
 
 def spooled_turn_values(paths: list[str]) -> Iterator[tuple[Any, ...]]:
