@@ -8,7 +8,8 @@ worker (a spawned process, so it shares no GIL, thread or connection with the ca
 the log file read-only with plain ``sqlite3``, keeps the rows of its sessions (SQLite
 filters them against a temporary table of the partition's session ids, before Python sees
 a row), decodes them into read-side twins and folds them in log order with its own
-:class:`Projector`. It spools its finalized turn rows to a scratch SQLite file and hands its
+:class:`Projector` (the caller folds the last partition itself, on a thread: one spawn
+fewer, and its state never crosses a process). It spools its finalized turn rows to a scratch SQLite file and hands its
 projector back as plain data, through the checkpoint's own codec (:func:`encode_result`: no
 pickle; the caller decodes it against the same allow-list as a checkpoint found in a file).
 A worker loads no database driver beyond ``sqlite3`` (:mod:`projections.shell.turn_rows`)
@@ -197,10 +198,23 @@ def fold_partition(
     spool_dir: str,
     batch_size: int = WORKER_BATCH,
 ) -> bytes:
-    """Worker: fold the events of ``sessions`` (partition number ``part``) with position <=
-    ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``;
-    returns the :func:`encode_result` bytes of its :class:`PartitionResult`. Raises what
-    decoding raises (the caller sees it)."""
+    """Worker: :func:`folded_partition`, handed back as its :func:`encode_result` bytes."""
+    with gc_paused():
+        return encode_result(folded_partition(db_path, part, sessions, until_position, spool_dir, batch_size))
+
+
+def folded_partition(
+    db_path: str,
+    part: int,
+    sessions: Sequence[str],
+    until_position: int,
+    spool_dir: str,
+    batch_size: int = WORKER_BATCH,
+) -> PartitionResult:
+    """Fold the events of ``sessions`` (partition number ``part``) with position <=
+    ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``
+    (in a worker process, or on a thread of the caller for the partition it folds itself).
+    Raises what decoding raises (the caller sees it)."""
     conn = _read_only(db_path)
     conn.execute("CREATE TEMP TABLE dl_partition (stream_id TEXT PRIMARY KEY) WITHOUT ROWID")
     conn.executemany("INSERT INTO temp.dl_partition VALUES (?)", ((s,) for s in sessions))
@@ -225,7 +239,7 @@ def fold_partition(
         finally:
             conn.close()
             spool.close()
-        return encode_result(PartitionResult(projector, spool_path, n_turns, events))
+    return PartitionResult(projector, spool_path, n_turns, events)
 
 
 def fold_in_order(
