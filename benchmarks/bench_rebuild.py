@@ -247,7 +247,7 @@ def main() -> None:
     print(f"{'ceiling wall before / after the rebuild':45s} {t_before:>8.2f} s / {t_after:.2f} s")
     print(f"{'ratio rebuild / ceiling':45s} {eps_rebuild / eps_ceiling:>12.2f}")
     print(f"{'CPU s: rebuild (all processes) / ceiling':45s} {cpu_rebuild:>8.2f} s / {cpu_ceiling:.2f} s")
-    print(f"{'rebuild workers (processes)':45s} {workers:>12d}")
+    print(f"{'partitions (the last folded in this process)':45s} {workers:>12d}")
     print(
         f"{'CPU us per event: rebuild / ceiling':45s} {cpu_rebuild / position * 1e6:>8.2f} / {cpu_ceiling / n_ceiling * 1e6:.2f}"
     )

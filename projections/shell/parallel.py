@@ -1,4 +1,5 @@
-"""Parallel full rebuild of a SQLite ledger: one worker process per partition of the sessions.
+"""Parallel full rebuild of a SQLite ledger: the sessions in partitions, one worker process
+each but the last (the caller folds that one on a thread).
 
 Every fold keeps its state per session, and an event only ever touches its own session's
 state, so the log splits into independent sub-logs by session. :func:`plan_partitions`
