@@ -2,7 +2,8 @@
 to the checkpoint, read models and checkpoint compared — on the synthetic log of
 bench_rebuild (default 300 sessions x 36 turns, ~300,000 events), against the ceiling
 measured in the same run: the same rows read and JSON-decoded by plain ``sqlite3``. Also
-prints the chain walk alone (``digest``).
+prints the chain walk alone (``digest``) and the CPU per event of verify (every process: the
+chain check runs in a worker process) and of the ceiling. Target (issue 23): verify >= 0.5x.
 
     .venv/bin/python benchmarks/bench_verify.py [--sessions 300] [--turns 36] [--db PATH]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import statistics
 import sys
 import time
@@ -21,29 +23,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_rebuild import ceiling, ensure_log  # noqa: E402
 
 
-async def run(path: Path, rounds: int) -> tuple[int, list[float], list[float], list[float], str]:
+def _cpu_s() -> float:
+    """CPU seconds of this process plus its finished children (user + system)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+async def run(
+    path: Path, rounds: int
+) -> tuple[int, list[float], list[float], list[float], str, list[float], list[float]]:
     """``rounds`` alternating repeats of the ceiling, ``verify`` and the chain walk alone
-    (``digest``); their times, and what verify said."""
+    (``digest``); their times, what verify said, and the CPU seconds (all processes) of the
+    ceiling and of verify."""
     from events.store.store import EventStore
     from projections.shell.runner import ProjectionRunner
     from reports.cli_verify import head_digest, verify_store
 
-    t_ceiling, t_verify, t_chain = [], [], []
+    t_ceiling, t_verify, t_chain, cpu_ceiling, cpu_verify = [], [], [], [], []
     async with await EventStore.open(f"sqlite+aiosqlite:///{path}", synchronous="NORMAL") as store:
         runner = ProjectionRunner(store, batch_size=20_000)
         await runner.load()
         if runner.position != await store.head_position():
             await runner.rebuild()
         for _ in range(rounds):
+            cpu0 = _cpu_s()
             t_ceiling.append(ceiling(path)[1])
-            start = time.perf_counter()
+            cpu_ceiling.append(_cpu_s() - cpu0)
+            cpu0, start = _cpu_s(), time.perf_counter()
             verdict = await verify_store(store)
             t_verify.append(time.perf_counter() - start)
+            cpu_verify.append(_cpu_s() - cpu0)
             start = time.perf_counter()
             await head_digest(store)
             t_chain.append(time.perf_counter() - start)
     state = "intact" if verdict.fault is None and verdict.mismatch is None else f"{verdict.fault or verdict.mismatch}"
-    return verdict.events, t_ceiling, t_verify, t_chain, state
+    return verdict.events, t_ceiling, t_verify, t_chain, state, cpu_ceiling, cpu_verify
 
 
 def main() -> None:
@@ -54,7 +68,7 @@ def main() -> None:
     parser.add_argument("--db", type=Path, default=Path("/tmp/duplex-ledger-bench-verify.db"))
     args = parser.parse_args()
     ensure_log(args.db, args.sessions, args.turns)
-    events, t_ceilings, t_verifies, t_chains, state = asyncio.run(run(args.db, args.rounds))
+    events, t_ceilings, t_verifies, t_chains, state, cpu_ceilings, cpu_verifies = asyncio.run(run(args.db, args.rounds))
     t_ceiling, t_verify, t_chain = (statistics.median(t) for t in (t_ceilings, t_verifies, t_chains))
     eps_ceiling, eps_verify, eps_chain = events / t_ceiling, events / t_verify, events / t_chain
     print(
@@ -69,6 +83,8 @@ def main() -> None:
         f"(per round: {', '.join(f'{c / v:.2f}' for c, v in zip(t_ceilings, t_verifies))})"
     )
     print(f"{'ratio chain walk / ceiling':45s} {eps_chain / eps_ceiling:>12.2f}")
+    cpu_v, cpu_c = statistics.median(cpu_verifies), statistics.median(cpu_ceilings)
+    print(f"{'CPU us per event: verify / ceiling':45s} {cpu_v / events * 1e6:>8.2f} / {cpu_c / events * 1e6:.2f}")
 
 
 if __name__ == "__main__":

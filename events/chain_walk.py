@@ -344,6 +344,13 @@ def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = 
         conn.close()
 
 
+def check_sqlite_segment_plain(db_path: str, lo: int, hi: int, watch: Sequence[int] = ()) -> tuple[Any, ...]:
+    """:func:`check_sqlite_segment` as a tuple of plain values (``Segment(*result)`` rebuilds
+    it): what a worker process hands back (no pickled objects)."""
+    s = check_sqlite_segment(db_path, lo, hi, watch)
+    return (s.lo, s.hi, s.intact, s.rows, s.last_hash, s.last_recorded_at_us, dict(s.watched))
+
+
 SqliteRow = namedtuple("SqliteRow", _SEGMENT_COLUMNS)  # type: ignore[misc]
 """A row of the ``events`` table as plain ``sqlite3`` reads it (:func:`walk_sqlite`)."""
 

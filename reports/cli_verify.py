@@ -3,10 +3,10 @@ it is unaltered?
 
 ``verify`` recomputes the hash chain (:mod:`events.chain_walk`) and folds the events up to
 the checkpoint position, then compares the read models and the checkpoint with that fresh
-fold (:mod:`projections.shell.consistency`). A small or PostgreSQL log, or any log on fewer than
-``PARALLEL_MIN_CPUS`` CPUs, is read once, in position order; a large SQLite log on a machine
-with CPUs to spare is folded by the runner's partition workers while this process checks the
-chain with plain ``sqlite3``, and walked in order only to name a fault.
+fold (:mod:`projections.shell.consistency`). A small or PostgreSQL log, or any log on one CPU, is read once, in position order; a large
+SQLite log has its chain checked by a worker process with plain ``sqlite3`` while it is
+folded (here, in order, with plain ``sqlite3``; by the runner's partition workers on
+``PARALLEL_MIN_CPUS`` CPUs or more), and is walked in order only to name a fault.
 With ``--digest`` (the JSON ``digest`` printed earlier, kept elsewhere) it also catches a
 truncated tail and a history rewritten and rehashed. It never writes to the ledger.
 
@@ -34,7 +34,8 @@ from events.chain_walk import (
     ChainFault,
     ChainWalker,
     Digest,
-    check_sqlite_segment,
+    Segment,
+    check_sqlite_segment_plain,
     sqlite_file,
     walk_log,
     walk_sqlite,
@@ -54,9 +55,10 @@ from reports.cli_projections import DB_HELP
 
 BATCH = 10_000
 PARALLEL_MIN_CPUS = 4
-"""CPUs below which ``verify`` folds and walks in one ordered read even for a large log: on
-2 busy cores the spawned workers (≈1.5 s of imports each) cost more than they save (measured
-0.16× against 0.23× the ceiling for the ordered read, 301,595 events)."""
+"""CPUs from which ``verify`` folds a large SQLite log in the runner's partition workers; on
+2 or 3 the fold runs in this process, in order, while one worker process checks the chain
+(on 2 busy cores the partition workers scan the table twice and cost more CPU than they save:
+measured 18.5 against 14.9 µs of CPU an event, 301,595 events)."""
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -121,11 +123,7 @@ async def _verify_log(store: EventStore, digest: Digest | None, max_idle_s: floa
     watch = [p for p in (until, digest.position if digest else None) if p]
     head = await store.head_position()
     walker = None
-    if (
-        store.backend_name == "sqlite"
-        and head >= parallel.PARALLEL_MIN_EVENTS
-        and parallel.default_workers() >= PARALLEL_MIN_CPUS
-    ):
+    if store.backend_name == "sqlite" and head >= parallel.PARALLEL_MIN_EVENTS and parallel.default_workers() >= 2:
         walker, fresh = await _walk_and_fold_in_parallel(store, head, until or 0, watch)
     if walker is None:  # a small or PostgreSQL log, or a chain fault to name: one ordered read
         walker, fresh = ChainWalker(watch=watch), consistency.FreshFold(until or 0)
@@ -172,19 +170,28 @@ async def _walk_and_fold(store: EventStore, head: int, walker: ChainWalker, fres
 async def _walk_and_fold_in_parallel(
     store: EventStore, head: int, until: int, watch: list[int]
 ) -> tuple[ChainWalker | None, consistency.FreshFold]:
-    """A large SQLite log: the chain checked on a thread of this process with plain
-    ``sqlite3`` (:func:`events.chain_walk.check_sqlite_segment`) while the runner's partition
-    workers fold the log to ``until`` (:meth:`ProjectionRunner.fresh_fold`). The walker is None
-    when the chain is not intact (the caller then walks in order to name the fault)."""
+    """A large SQLite log: the chain checked in a worker process with plain ``sqlite3``
+    (:func:`events.chain_walk.check_sqlite_segment`) while the log is folded to ``until``:
+    here, in order, with plain ``sqlite3`` (:func:`projections.shell.parallel.fold_in_order`),
+    or, with ``PARALLEL_MIN_CPUS`` CPUs or more, by the runner's partition workers
+    (:meth:`ProjectionRunner.fresh_fold`). The walker is None when the chain is not intact
+    (the caller then walks in order to name the fault)."""
     path = str(sqlite_path(store.url).resolve())
-    chain = asyncio.ensure_future(asyncio.to_thread(check_sqlite_segment, path, 1, head, watch))
-    try:
-        fresh = await ProjectionRunner(store).fresh_fold(until)
-    except Exception:
-        if (await chain).intact:
-            raise
-        return None, consistency.FreshFold(until)  # an edited row failed the fold: named in order
-    found = await chain
+    loop = asyncio.get_running_loop()
+    with parallel.pool(1) as chain_pool:
+        chain = loop.run_in_executor(chain_pool, check_sqlite_segment_plain, path, 1, head, watch)
+        try:
+            if parallel.default_workers() >= PARALLEL_MIN_CPUS:
+                fresh = await ProjectionRunner(store).fresh_fold(until)
+            else:
+                with gc_paused():
+                    projector, turn_rows = await asyncio.to_thread(parallel.fold_in_order, path, until)
+                fresh = consistency.FreshFold(until, projector, turn_rows)
+        except Exception:
+            if Segment(*await chain).intact:
+                raise
+            return None, consistency.FreshFold(until)  # an edited row failed the fold: named in order
+        found = Segment(*await chain)
     return walker_of([found], head), fresh
 
 

@@ -103,3 +103,43 @@ def test_pure_folds_and_rules_do_no_io(package):
         if mod in IO_MODULES
     ]
     assert found == []
+
+
+CODE_SERIALIZERS = ("pickle", "_pickle", "cPickle", "copyreg", "shelve", "marshal", "dill", "cloudpickle", "joblib")
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_pickle_anywhere_in_the_packages(package):
+    """Issue 23 step 2: state crosses a file or a process boundary only as plain data (the
+    checkpoint codec, ``projections.shell.checkpoint``; a rebuild worker's result goes through
+    it too, ``projections.shell.parallel.encode_result``), never as pickled objects, which
+    would run code named by the bytes they read. Function-level imports are found too; so is
+    ``__import__("pickle")`` / ``importlib.import_module("pickle")`` spelled with a literal."""
+    found = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in sorted((ROOT / package).rglob("*.py"))
+        for line, mod in imported_modules(p)
+        if mod in CODE_SERIALIZERS
+    ]
+    found += [
+        f"{p.relative_to(ROOT)}:{node.lineno} imports {node.args[0].value} by name"
+        for p in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.Call)
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+        and node.args[0].value.split(".")[0] in CODE_SERIALIZERS
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+        )
+    ]
+    assert found == []
+
+
+def test_the_no_pickle_check_finds_an_import(tmp_path):
+    """The check above can fail: a module importing pickle (top level or in a function) is named."""
+    module = tmp_path / "m.py"
+    module.write_text("import json\n\ndef load(b):\n    from pickle import loads\n    return loads(b)\n")
+    assert [m for _, m in imported_modules(module) if m in CODE_SERIALIZERS] == ["pickle"]

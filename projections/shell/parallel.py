@@ -1,4 +1,5 @@
-"""Parallel full rebuild of a SQLite ledger: one worker process per partition of the sessions.
+"""Parallel full rebuild of a SQLite ledger: the sessions in partitions, one worker process
+each but the last (the caller folds that one on a thread).
 
 Every fold keeps its state per session, and an event only ever touches its own session's
 state, so the log splits into independent sub-logs by session. :func:`plan_partitions`
@@ -8,8 +9,14 @@ worker (a spawned process, so it shares no GIL, thread or connection with the ca
 the log file read-only with plain ``sqlite3``, keeps the rows of its sessions (SQLite
 filters them against a temporary table of the partition's session ids, before Python sees
 a row), decodes them into read-side twins and folds them in log order with its own
-:class:`Projector`; it returns its projector and its finalized turn rows. The caller merges the projectors
-(:meth:`Projector.merged`) and writes every read-model row and the checkpoint in ONE
+:class:`Projector` (the caller folds the last partition itself, on a thread: one spawn
+fewer, and its state never crosses a process). It spools its finalized turn rows to a scratch SQLite file and hands its
+projector back as plain data, through the checkpoint's own codec (:func:`encode_result`: no
+pickle; the caller decodes it against the same allow-list as a checkpoint found in a file).
+A worker loads no database driver beyond ``sqlite3`` (:mod:`projections.shell.turn_rows`)
+and holds :data:`WORKER_BATCH` rows at a time. The caller merges the projectors
+(:meth:`Projector.merged`) and writes every read-model row (the spooled turn rows go from
+file to table through ``sqlite3``'s ``executemany``) and the checkpoint in ONE
 transaction, exactly as the sequential runner's last batch would have (CASE-16: a crash
 before the commit leaves no rows and no checkpoint, and the next run starts over).
 
@@ -18,16 +25,14 @@ against the ts of the last event applied, which the merge takes from the partiti
 the log's last position — the same value a sequential fold ends with.
 
 Used by :meth:`ProjectionRunner.rebuild` for SQLite logs of at least
-:data:`PARALLEL_MIN_EVENTS` events (spawning workers costs ~1 s); PostgreSQL rebuilds run
+:data:`PARALLEL_MIN_EVENTS` events (a worker's start costs ≈ 0.3 s of CPU); PostgreSQL rebuilds run
 sequentially.
 """
 
 from __future__ import annotations
 
-import gc
 import heapq
 import os
-import pickle
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -36,19 +41,35 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from events.store.rows import StoredRow, decode_rows
+import msgspec
+
+from events.gc_pause import gc_paused
+from events.records import StoredEvent, struct_from_row_json
 from projections.projector import Projector
-from projections.shell import readmodels
+from projections.shell import checkpoint
+from projections.shell.turn_rows import TURN_COLUMNS, fold_batch, turn_values
 
 PARALLEL_MIN_EVENTS = 200_000
 """Logs shorter than this are rebuilt sequentially by default."""
 
+WORKER_BATCH = 2_000
+"""Rows a worker fetches, decodes and folds at a time: what it holds in flight besides the
+fold state (≈ 1.5 KB a row as tuple, text and struct; 20,000 rows cost ≈ 30 MB of peak RSS
+per worker for no measurable CPU gain)."""
+
+_COLUMNS = ("position", "stream_id", "version", "event_id", "type", "schema_version", "ts_us", "recorded_at_us", "data")
 # ``+stream_id``: no index for this term, so SQLite scans the table in position order (one
-# pass, no sort) and checks each row against the temporary table in C.
+# pass, no sort) and checks each row against the temporary table in C. The chain hash is
+# not read: the fold never looks at it (the chain is checked apart, events.chain_walk).
 _SELECT = (
-    "SELECT position, stream_id, version, event_id, type, schema_version, ts_us, recorded_at_us, data, hash "
-    "FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition ORDER BY position"
+    f"SELECT {', '.join(_COLUMNS)} FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition "
+    "ORDER BY position"
 )
+
+_SELECT_ALL = f"SELECT {', '.join(_COLUMNS)} FROM events WHERE position <= ? ORDER BY position"
+
+RESULT_MAGIC = "duplex-ledger-partition"
+"""First item of a worker's result (:func:`encode_result`)."""
 
 
 def _read_only(db_path: str) -> sqlite3.Connection:
@@ -92,10 +113,7 @@ def default_workers() -> int:
     return max(1, min(cpus, 8))
 
 
-_TURN_COLUMNS = tuple(c.name for c in readmodels.turn_tables.c)
-
-
-@dataclass
+@dataclass(frozen=True, slots=True)
 class PartitionResult:
     """A worker's projector, and the file its finalized turn rows were spooled to (so neither
     the worker nor the caller holds every turn table in memory)."""
@@ -106,48 +124,160 @@ class PartitionResult:
     events: int
 
 
+def encode_result(result: PartitionResult) -> bytes:
+    """What a worker hands back: plain data, never code. MessagePack
+    ``[RESULT_MAGIC, checkpoint.FORMAT_VERSION, turns_path, turns, events, state]``, where
+    ``state`` is the projector as the checkpoint writes it
+    (:func:`projections.shell.checkpoint.encode_state`)."""
+    body = checkpoint.encode_state(result.projector)
+    return msgspec.msgpack.encode(
+        [RESULT_MAGIC, checkpoint.FORMAT_VERSION, result.turns_path, result.turns, result.events, body]
+    )
+
+
+def decode_result(blob: bytes) -> PartitionResult:
+    """The :class:`PartitionResult` :func:`encode_result` wrote, its state rebuilt only from
+    the checkpoint's allow-list (:func:`projections.shell.checkpoint.decode_state`). Raises
+    CheckpointRefused for anything else."""
+    try:
+        header = msgspec.msgpack.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise checkpoint.CheckpointRefused(f"not a partition result ({exc})") from None
+    if type(header) is not list or len(header) != 6 or header[0] != RESULT_MAGIC:
+        raise checkpoint.CheckpointRefused("not a partition result")
+    _, fmt, turns_path, turns, events, body = header
+    if fmt != checkpoint.FORMAT_VERSION:
+        raise checkpoint.CheckpointRefused(
+            f"partition result format {fmt!r}, this code reads {checkpoint.FORMAT_VERSION}"
+        )
+    if type(turns_path) is not str or type(turns) is not int or type(events) is not int or type(body) is not bytes:
+        raise checkpoint.CheckpointRefused("malformed partition result")
+    projector = checkpoint.decode_state(body)
+    if type(projector) is not Projector:
+        raise checkpoint.CheckpointRefused(f"partition state is a {type(projector).__name__}, not a Projector")
+    return PartitionResult(projector, turns_path, turns, events)
+
+
+def _retyped(row: Sequence[Any]) -> str:
+    """Raise ValueError for a row whose stream id or version is not of the type the store
+    writes (as :func:`events.store.rows.decode_rows` does: an edit, issue 22)."""
+    from events.chain_walk import SqliteRow, retyped
+
+    raise ValueError(
+        f"position {row[0]}: {retyped(SqliteRow._make((*row, None))) or 'a value of another storage type'}: "
+        "the row was edited (run `duplex-ledger verify`)"
+    )
+
+
+def decode_tuples(rows: Sequence[tuple[Any, ...]]) -> list[StoredEvent]:
+    """Rows of :data:`_COLUMNS` as plain ``sqlite3`` returns them, decoded into read-side
+    twins exactly as :func:`events.store.rows.decode_rows` decodes a ``StoredRow`` (without
+    building one per row, and without loading the store's driver into a worker). Raises what
+    decoding raises."""
+    new, decode = tuple.__new__, struct_from_row_json
+    return [
+        new(
+            StoredEvent,
+            (
+                position,
+                stream_id if type(stream_id) is str and type(version) is int else _retyped(row),
+                version,
+                recorded_at_us / 1_000_000,
+                decode(type_, schema_version, stream_id, event_id, ts_us, data),
+            ),
+        )
+        for row in rows
+        for position, stream_id, version, event_id, type_, schema_version, ts_us, recorded_at_us, data in (row,)
+    ]
+
+
 def fold_partition(
-    db_path: str, part: int, sessions: Sequence[str], until_position: int, spool_dir: str, batch_size: int = 20_000
+    db_path: str,
+    part: int,
+    sessions: Sequence[str],
+    until_position: int,
+    spool_dir: str,
+    batch_size: int = WORKER_BATCH,
 ) -> bytes:
-    """Worker: fold the events of ``sessions`` (partition number ``part``) with position <=
-    ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``;
-    returns a pickled :class:`PartitionResult`. Raises what decoding raises (the caller sees
-    it)."""
-    gc.disable()  # the folds allocate many short-lived acyclic objects (see events.gc_pause)
+    """Worker: :func:`folded_partition`, handed back as its :func:`encode_result` bytes."""
+    with gc_paused():
+        return encode_result(folded_partition(db_path, part, sessions, until_position, spool_dir, batch_size))
+
+
+def folded_partition(
+    db_path: str,
+    part: int,
+    sessions: Sequence[str],
+    until_position: int,
+    spool_dir: str,
+    batch_size: int = WORKER_BATCH,
+) -> PartitionResult:
+    """Fold the events of ``sessions`` (partition number ``part``) with position <=
+    ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``
+    (in a worker process, or on a thread of the caller for the partition it folds itself).
+    Raises what decoding raises (the caller sees it)."""
     conn = _read_only(db_path)
     conn.execute("CREATE TEMP TABLE dl_partition (stream_id TEXT PRIMARY KEY) WITHOUT ROWID")
     conn.executemany("INSERT INTO temp.dl_partition VALUES (?)", ((s,) for s in sessions))
     spool_path = os.path.join(spool_dir, f"turns-{part}.db")
     spool = sqlite3.connect(spool_path)
-    spool.execute(f"CREATE TABLE turns ({', '.join(_TURN_COLUMNS)})")
-    insert = f"INSERT INTO turns VALUES ({', '.join('?' * len(_TURN_COLUMNS))})"
+    spool.execute("PRAGMA journal_mode=OFF")  # a scratch file: lost with the rebuild if it fails
+    spool.execute(f"CREATE TABLE turns ({', '.join(TURN_COLUMNS)})")
+    insert = f"INSERT INTO turns VALUES ({', '.join('?' * len(TURN_COLUMNS))})"
     projector = Projector()
     events = n_turns = 0
+    # The collector paused for the whole fold (events.gc_pause): what is built is acyclic.
+    with gc_paused():
+        try:
+            cursor = conn.execute(_SELECT, (until_position,))
+            while rows := cursor.fetchmany(batch_size):
+                turn_rows, _ = fold_batch(projector, decode_tuples(rows), row=turn_values)
+                if turn_rows:
+                    spool.executemany(insert, turn_rows)
+                events += len(rows)
+                n_turns += len(turn_rows)
+            spool.commit()
+        finally:
+            conn.close()
+            spool.close()
+    return PartitionResult(projector, spool_path, n_turns, events)
+
+
+def fold_in_order(
+    db_path: str, until_position: int, batch_size: int = WORKER_BATCH
+) -> tuple[Projector, list[dict[str, Any]]]:
+    """The whole log of a SQLite ledger file up to ``until_position`` folded here, in position
+    order, read with plain ``sqlite3`` (read-only): the projector and its turn rows (as the
+    runner writes them). What ``verify`` folds while another process checks the chain. Raises
+    what decoding raises."""
+    projector = Projector()
+    turn_rows: list[dict[str, Any]] = []
+    conn = _read_only(db_path)
     try:
-        cursor = conn.execute(_SELECT, (until_position,))
-        while rows := cursor.fetchmany(batch_size):
-            turn_rows, _ = readmodels.fold_batch(projector, decode_rows(map(StoredRow._make, rows), as_struct=True))
-            spool.executemany(insert, [tuple(row[c] for c in _TURN_COLUMNS) for row in turn_rows])
-            events += len(rows)
-            n_turns += len(turn_rows)
-        spool.commit()
+        with gc_paused():
+            cursor = conn.execute(_SELECT_ALL, (until_position,))
+            while rows := cursor.fetchmany(batch_size):
+                turn_rows += fold_batch(projector, decode_tuples(rows))[0]
     finally:
         conn.close()
-        spool.close()
-    return pickle.dumps(PartitionResult(projector, spool_path, n_turns, events), protocol=pickle.HIGHEST_PROTOCOL)
+    return projector, turn_rows
 
 
-def spooled_turn_rows(paths: list[str], chunk: int = 5000) -> Iterator[dict[str, Any]]:
-    """The turn rows the workers spooled, streamed (read on the caller's write thread)."""
+def spooled_turn_values(paths: list[str]) -> Iterator[tuple[Any, ...]]:
+    """The turn rows the workers spooled, as :data:`TURN_COLUMNS` tuples, streamed (read on
+    the caller's write thread, straight into ``readmodels.write_batch``)."""
     for path in paths:
         conn = sqlite3.connect(path)
         try:
-            cursor = conn.execute(f"SELECT {', '.join(_TURN_COLUMNS)} FROM turns")
-            while rows := cursor.fetchmany(chunk):
-                for r in rows:
-                    yield dict(zip(_TURN_COLUMNS, r))
+            yield from conn.execute(f"SELECT {', '.join(TURN_COLUMNS)} FROM turns")
         finally:
             conn.close()
+
+
+def spooled_turn_rows(paths: list[str]) -> Iterator[dict[str, Any]]:
+    """:func:`spooled_turn_values` as ``{column: value}`` dicts (the rows a fresh fold compares)."""
+    for values in spooled_turn_values(paths):
+        yield dict(zip(TURN_COLUMNS, values))
 
 
 def pool(workers: int) -> ProcessPoolExecutor:

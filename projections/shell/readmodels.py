@@ -10,8 +10,9 @@
   (:mod:`projections.shell.checkpoint`, bound to the log's chain hash at that position), written in
   the same transaction as the rows (exactly once, CASE-16).
 
-Pure row builders (and :func:`fold_batch`, which applies a batch and collects its turn rows) +
-one synchronous write function per batch (run by the async runner).
+Pure row builders (the turn rows and :func:`fold_batch`, which applies a batch and collects
+them, live in :mod:`projections.shell.turn_rows`, free of any database driver, and are
+re-exported here) + one synchronous write function per batch (run by the async runner).
 """
 
 from __future__ import annotations
@@ -19,21 +20,25 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import fields
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from events.gc_pause import gc_paused
-from events.records import StoredEvent
 from events.store.schema import events as events_table
 from events.types import ts_to_us
 from projections.findings import Finding
-from projections.projector import Projector
 from projections.resources import ResourcesFold
 from projections.shell import checkpoint
-from projections.turn_tables import TransferEdge, TurnTables
+from projections.shell.turn_rows import (  # noqa: F401 - re-exported: the turn rows' builders
+    TURN_COLUMNS,
+    fold_batch,
+    turn_from_json,
+    turn_row,
+    turn_to_json,
+    turn_values,
+)
+from projections.turn_tables import TurnTables
 
 metadata = sa.MetaData()
 
@@ -89,62 +94,6 @@ turn_tables = sa.Table(
     sa.Column("tables_json", sa.Text, nullable=False),
 )
 READ_MODEL_TABLES = (turn_tables, audit_findings, request_resources, checkpoints)
-
-
-# ---------------------------------------------------------------- (de)serialisation
-_TURN_FIELDS = tuple(f.name for f in fields(TurnTables))
-_EDGE_FIELDS = tuple(f.name for f in fields(TransferEdge))
-_dumps_compact = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def turn_to_json(t: TurnTables) -> str:
-    """Lossless JSON of a TurnTables (floats round-trip exactly)."""
-    d = {name: getattr(t, name) for name in _TURN_FIELDS}
-    d["stages"] = {str(k): v for k, v in t.stages.items()}
-    d["transfers"] = [{name: getattr(e, name) for name in _EDGE_FIELDS} for e in t.transfers]
-    return _dumps_compact(d)  # key order matters: the summary prints in it
-
-
-def turn_from_json(text: str) -> TurnTables:
-    d = json.loads(text)
-    d["stages"] = {int(k): v for k, v in d["stages"].items()}
-    d["transfers"] = tuple(TransferEdge(**e) for e in d["transfers"])
-    return TurnTables(**d)
-
-
-def turn_row(t: TurnTables, position: int) -> dict[str, Any]:
-    return {
-        "session_id": t.session_id,
-        "response_id": t.response_id,
-        "request_id": t.request_id or "",
-        "turn_id": t.turn_id,
-        "finished_reason": t.finished_reason,
-        "arrival_ts_us": ts_to_us(t.arrival_ts),
-        "finalize_ts_us": ts_to_us(t.finalize_ts),
-        "finalize_position": position,
-        "tables_json": turn_to_json(t),
-    }
-
-
-def fold_batch(
-    projector: Projector, events: Iterable[StoredEvent], *, after_position: int = 0
-) -> tuple[list[dict[str, Any]], dict[str, None]]:
-    """Apply ``events`` (those after ``after_position``: redelivered ones are skipped) and
-    return the turn rows finalized on the way and the sessions touched (in first-seen order).
-    The cyclic garbage collector is paused meanwhile (:func:`events.gc_pause.gc_paused`: it
-    walked the whole fold state every few thousand events)."""
-    turn_rows: list[dict[str, Any]] = []
-    touched: dict[str, None] = {}
-    apply, turns = projector.apply, projector.turns
-    with gc_paused():
-        for stored in events:
-            if stored.position <= after_position:
-                continue
-            apply(stored)
-            touched[stored.stream_id] = None
-            if turns.finalized:
-                turn_rows.extend(turn_row(t, stored.position) for t in turns.take_finalized())
-    return turn_rows, touched
 
 
 def resource_rows(fold: ResourcesFold, session_ids: Iterable[str]) -> list[dict[str, Any]]:
@@ -203,6 +152,29 @@ def _insert_keeping_first(conn: Connection, table: sa.Table) -> Any:
     return table.insert().prefix_with("OR IGNORE")
 
 
+_INSERT_TURN_VALUES = (
+    f"INSERT OR IGNORE INTO rm_turn_tables ({', '.join(TURN_COLUMNS)}) VALUES ({', '.join('?' * len(TURN_COLUMNS))})"
+)
+
+
+def _insert_turn_values(conn: Connection, insert_turns: Any, rows: Iterable[Sequence[Any]]) -> None:
+    """Insert turn rows given as :data:`TURN_COLUMNS` tuples (keeping the first of a key, as
+    :func:`_insert_keeping_first`), in the transaction ``conn`` is in."""
+    if conn.dialect.name == "sqlite":
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        raw.executemany(_INSERT_TURN_VALUES, rows)  # the same connection: the same transaction
+        return
+    chunk: list[dict[str, Any]] = []
+    for values in rows:
+        chunk.append(dict(zip(TURN_COLUMNS, values)))
+        if len(chunk) >= 5000:
+            conn.execute(insert_turns, chunk)
+            chunk = []
+    if chunk:
+        conn.execute(insert_turns, chunk)
+
+
 def write_batch(
     conn: Connection,
     *,
@@ -211,6 +183,7 @@ def write_batch(
     fold_version: int,
     state: bytes,
     turns: Iterable[dict[str, Any]],
+    turn_values_rows: Iterable[Sequence[Any]] = (),
     touched: Sequence[str],
     resources: Sequence[dict[str, Any]],
     findings: Sequence[dict[str, Any]],
@@ -220,8 +193,10 @@ def write_batch(
     :func:`projections.shell.checkpoint.encode_state`) sealed with ``position``, ``fold_version`` and
     the log's chain hash at ``position``, read in this transaction.
 
-    ``turns`` may be a lazy iterable (a parallel rebuild streams them from its workers' files);
-    it is inserted in chunks. ``before_checkpoint`` (tests) is called between the rows and the
+    ``turns``: rows as dicts, inserted in chunks; ``turn_values_rows``: more rows as value
+    tuples in :data:`TURN_COLUMNS` order, a lazy iterable (a parallel rebuild streams them
+    from its workers' spool files), which SQLite takes through the driver's own
+    ``executemany`` in this transaction (no dict, no SQLAlchemy work per row). ``before_checkpoint`` (tests) is called between the rows and the
     checkpoint write; if it raises, the whole transaction rolls back: rows and checkpoint never
     disagree (CASE-16)."""
     insert_turns = _insert_keeping_first(conn, turn_tables)
@@ -233,6 +208,7 @@ def write_batch(
             chunk = []
     if chunk:
         conn.execute(insert_turns, chunk)
+    _insert_turn_values(conn, insert_turns, turn_values_rows)
     for chunk_start in range(0, len(touched), 500):
         ids = list(touched[chunk_start : chunk_start + 500])
         conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(ids)))

@@ -26,7 +26,7 @@ its close point (``ResourcesFold.closed_sessions``, DOMAIN §5.7 D18).
 from __future__ import annotations
 
 import asyncio
-import pickle
+import contextlib
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -160,7 +160,8 @@ class ProjectionRunner:
                     position=head,
                     fold_version=FOLD_VERSION,
                     state=state,
-                    turns=parallel.spooled_turn_rows(spools),
+                    turns=(),
+                    turn_values_rows=parallel.spooled_turn_values(spools),
                     touched=[],
                     resources=resources,
                     findings=findings,
@@ -175,17 +176,28 @@ class ProjectionRunner:
     ) -> list[parallel.PartitionResult]:
         loop = asyncio.get_running_loop()
         results: list[parallel.PartitionResult] = []
-        with parallel.pool(len(plan)) as pool:
-            pending = [
-                loop.run_in_executor(
-                    pool, parallel.fold_partition, path, part, sessions, head, spool_dir, self.batch_size
-                )
-                for part, sessions in enumerate(plan)
+        here = len(plan) - 1  # the last partition is folded on a thread of this process
+        with parallel.pool(here) if here else contextlib.nullcontext() as pool:
+            pending: list[asyncio.Future[Any]] = [
+                loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir)
+                for part, sessions in enumerate(plan[:here])
             ]
-            for done in asyncio.as_completed(pending):
-                results.append(pickle.loads(await done))
-                if progress is not None:
-                    progress(head * len(results) // len(plan), head)
+            pending.append(
+                asyncio.ensure_future(
+                    asyncio.to_thread(parallel.folded_partition, path, here, plan[here], head, spool_dir)
+                )
+            )
+            try:
+                for done in asyncio.as_completed(pending):
+                    found = await done
+                    results.append(
+                        found if isinstance(found, parallel.PartitionResult) else parallel.decode_result(found)
+                    )
+                    if progress is not None:
+                        progress(head * len(results) // len(plan), head)
+            finally:
+                # A failed partition: the others still end before their spool folder goes.
+                await asyncio.gather(*pending, return_exceptions=True)
         return results
 
     async def catch_up(

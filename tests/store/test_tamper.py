@@ -284,12 +284,25 @@ async def test_no_false_checkpoint_difference_for_a_session_forgotten_then_given
         await store.close()
 
 
-async def test_the_parallel_check_of_a_large_sqlite_log(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A SQLite log at or over PARALLEL_MIN_EVENTS is verified by worker processes and a
-    plain-sqlite3 chain check; an intact log passes, and an edit is still named by position
+@pytest.mark.parametrize("min_cpus", [1, 99], ids=["partition-workers", "fold-here"])
+async def test_the_parallel_check_of_a_large_sqlite_log(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, min_cpus: int
+) -> None:
+    """A SQLite log at or over PARALLEL_MIN_EVENTS has its chain checked by a worker process
+    with plain sqlite3 while it is folded (by partition workers from PARALLEL_MIN_CPUS CPUs;
+    here, in order, below); an intact log passes, and an edit is still named by position
     and kind (the ordered walk names it)."""
     monkeypatch.setattr(parallel, "PARALLEL_MIN_EVENTS", 10)
-    monkeypatch.setattr(cli_verify, "PARALLEL_MIN_CPUS", 1)
+    monkeypatch.setattr(parallel, "default_workers", lambda: 2)
+    monkeypatch.setattr(cli_verify, "PARALLEL_MIN_CPUS", min_cpus)
+    folded_here: list[int] = []
+    fold_in_order = parallel.fold_in_order
+
+    def spied(*args):  # type: ignore[no-untyped-def]
+        folded_here.append(1)
+        return fold_in_order(*args)
+
+    monkeypatch.setattr(parallel, "fold_in_order", spied)
     taken: list[int] = []
     original = cli_verify._walk_and_fold_in_parallel
 
@@ -305,6 +318,7 @@ async def test_the_parallel_check_of_a_large_sqlite_log(sqlite_url: str, monkeyp
         v = await verdict(store)
         assert (v.fault, v.mismatch, v.compared_at, v.events) == (None, None, 20, 26)
         assert v.head.hash == (await head_digest(store))[0].hash and taken == [1]
+        assert folded_here == ([1] if min_cpus > 2 else [])
         await sql(store, "DELETE FROM rm_audit_findings WHERE finding_no = 1")
         assert (await verdict(store)).mismatch.what == "rm_audit_findings"
         await sql(store, *lift(store, "update"), "UPDATE events SET ts_us = ts_us + 1 WHERE position = 11")
