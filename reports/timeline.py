@@ -333,9 +333,13 @@ def timeline_figure(events: Sequence[StoredEvent], *, title: str | None = None) 
 
 
 def timeline_html(events: Sequence[StoredEvent]) -> str:
-    """The page as one HTML string (plotly.js inline, no network at view time)."""
+    """The page as one HTML string (plotly.js inline, no network at view time). The same log
+    gives the same bytes: the plot's div id is fixed (plotly's default is a random uuid4)."""
     html: str = timeline_figure(events).to_html(
-        include_plotlyjs=True, full_html=True, config={"displaylogo": False, "responsive": True}
+        include_plotlyjs=True,
+        full_html=True,
+        div_id="duplex-ledger-timeline",
+        config={"displaylogo": False, "responsive": True},
     )
     return html
 

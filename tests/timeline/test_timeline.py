@@ -71,3 +71,13 @@ def test_timeline_command_writes_a_self_contained_page(tmp_path):
     assert missing.exit_code == 2
     typo = runner.invoke(app, ["timeline", "--db", url, "--session", S[:-1] + "x", "--output", str(out)])
     assert typo.exit_code == 2 and f"did you mean {S!r}" in typo.output  # the nearest id (issue 22)
+
+
+def test_the_same_log_gives_the_same_page_bytes():
+    """The page is reproducible (issue 23: every timeline byte is compared across versions):
+    plotly's random div id is replaced by a fixed one."""
+    from reports.timeline import timeline_html
+
+    log = LOGS["case-06-v2-abort-failed"]().stored
+    first, second = timeline_html(log), timeline_html(log)
+    assert first == second and 'id="duplex-ledger-timeline"' in first
