@@ -145,8 +145,9 @@ def submitted(fold: FindingSink, s: SessionResources, st: StoredEvent, e: StageR
 def check_next_submit(fold: FindingSink, s: SessionResources, st: StoredEvent, new_id: str) -> None:
     """R3 and R4 at the submit of a new ephemeral Stage0 id (DOMAIN §4.2); R5 is judged at the
     next event (:func:`check_retarget`)."""
-    for life in list(s.lives.values()):
-        if life.request_id != new_id and not life.cleanup_ok and life.abort_failed:
+    for request_id in list(s.failed_ids):
+        life = s.lives[request_id]
+        if request_id != new_id and not life.cleanup_ok and life.abort_failed:
             report(
                 fold,
                 s,

@@ -49,6 +49,7 @@ def retire(s: SessionResources, life: IdLife) -> None:
         gone = s.lives.get(old)
         if gone is not None and gone.cleanup_ok and not gone.abort_pending and not s.keys_of(old):
             del s.lives[old]
+            s.failed_ids.pop(old, None)
             s.reported = {key for key in s.reported if key[1] != old}
 
 
@@ -138,6 +139,7 @@ def abort_result(fold: FindingSink, s: SessionResources, st: StoredEvent, e: Abo
         snapshot = life.abort_snapshot.pop(e.stage_id, None)
         if e.outcome == "failed":
             life.abort_failed[e.stage_id] = (st.position, e.ts)
+            s.failed_ids[request_id] = None
             life.cleanup_ok = False  # whatever another pool answered, it may still run here (R3)
             continue
         life.abort_failed.pop(e.stage_id, None)
@@ -173,4 +175,5 @@ def release_result(fold: FindingSink, s: SessionResources, st: StoredEvent, e: R
                 retire(s, life)
         else:
             life.abort_failed[-1] = (st.position, e.ts)  # -1: the release pool (no stage)
+            s.failed_ids[request_id] = None
     return ACCEPTED

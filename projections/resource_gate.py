@@ -33,6 +33,9 @@ from projections.resource_audit import FindingSink, report
 from projections.resource_state import STAGE_CLOSED_WHY, SessionResources
 
 _segment_of = lru_cache(maxsize=4096)(rid.encode_session)
+_parsed = lru_cache(maxsize=4096)(rid.try_parse)
+"""An id's parts (DOMAIN §1.1), parsed once while the id is in use: a resident id is named by
+every append and update of its epoch, an ephemeral one by its turn's submit and forwards."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +102,7 @@ def stale_fence(s: SessionResources, request_id: str | None, fence: Fence | None
             return f"fence of incarnation {fence.incarnation}; the session is incarnation {s.incarnation}"
         if (fence.epoch, fence.turn_id) < s.accepted_fence:
             return f"fence (epoch {fence.epoch}, turn {fence.turn_id}) older than accepted {s.accepted_fence}"
-    parsed = rid.try_parse(request_id) if request_id is not None else None
+    parsed = _parsed(request_id) if request_id is not None else None
     if parsed is not None and parsed.session_segment != _segment_of(s.session_id):
         return f"id minted for another session (segment {parsed.session_segment!r}, DOMAIN §1.3)"
     if parsed is not None:
@@ -191,6 +194,8 @@ def finished(fold: FindingSink, s: SessionResources, st: StoredEvent, e: StageRe
 
 
 def metrics(fold: FindingSink, s: SessionResources, st: StoredEvent, e: StageMetricsReported) -> Verdict:
+    if (e.stage_id, e.request_id) in s.bindings:
+        return ACCEPTED  # the hot path: a snapshot of a held key
     return gate_fact(fold, s, st, e.stage_id, e.request_id, "metrics snapshot")
 
 

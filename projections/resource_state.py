@@ -113,6 +113,9 @@ class SessionResources:
     last_ts: float = 0.0
     reported: set[tuple[str, str, int | None]] = field(default_factory=set)
     retired: dict[str, None] = field(default_factory=dict)  # cleaned-up ids, oldest first (bounded)
+    # Ids whose abort or release failed at some point, first failure first: the few lives R3's
+    # check at a new submit looks at (a superset of those still failed; retired ids leave it).
+    failed_ids: dict[str, None] = field(default_factory=dict)
 
     def life(self, request_id: str, position: int, ts: float) -> IdLife:
         """The life of ``request_id`` (a new one at ``position``/``ts`` if the session has none
