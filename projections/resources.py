@@ -106,7 +106,8 @@ class ResourcesFold:
     # ------------------------------------------------------------------ apply
     def apply(self, stored: StoredEvent) -> Verdict:
         """Apply one stored event (log order). Returns its :class:`Verdict`."""
-        position, _, _, _, event = stored
+        position = stored.position
+        event = stored.event
         ts = event.ts
         self.position = position
         self.ts = ts
