@@ -24,7 +24,7 @@ from events.types import (
     StageRequestReleased,
     StageRequestRestored,
 )
-from projections.resources import SessionResources
+from projections.resource_state import SessionResources
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from events.types import (
     StageRequestLost,
     StageRequestReleased,
 )
-from projections.resources import SessionResources
+from projections.resource_state import SessionResources
 
 RECOVERED = "recovered_after_crash"  # the cause and abort reason of everything recovery records
 

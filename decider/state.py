@@ -2,7 +2,7 @@
 
 :class:`SessionState` keeps no field of its own that an event changes: incarnation, epoch,
 turn, fence, closed and the request bindings are read from the resources fold's per-session
-state (:class:`projections.resources.SessionResources`), which only folding events changes.
+state (:class:`projections.resource_state.SessionResources`), which only folding events changes.
 :func:`evolve` is that fold — the live engine and the offline projections run the same code,
 so they cannot disagree on any of it.
 """
@@ -17,7 +17,8 @@ from events import ids
 from events.records import StoredEvent
 from events.structs import twin_of
 from events.types import Fence, SessionOpened
-from projections.resources import Binding, ResourcesFold, SessionResources, StaleId, stale_before_submit
+from projections.resource_state import Binding, SessionResources, StaleId, stale_before_submit
+from projections.resources import ResourcesFold
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +112,7 @@ class SessionState:
         return sorted({key[1] for key in self.resources.bindings})
 
     def stale_before_submit(self, new_id: str) -> list[StaleId]:
-        """DOMAIN §4.2 R4 (see :func:`projections.resources.stale_before_submit`)."""
+        """DOMAIN §4.2 R4 (see :func:`projections.resource_state.stale_before_submit`)."""
         return stale_before_submit(self.resources, new_id)
 
     def turn(self, request_id: str, response_id: str | None) -> TurnRef:

@@ -29,7 +29,8 @@ from projections import projector as projector_module
 from projections.collapse import StageCollapse
 from projections.findings import Finding
 from projections.projector import Projector
-from projections.resources import Binding, IdLife, ResourcesFold
+from projections.resource_state import Binding, IdLife
+from projections.resources import ResourcesFold
 from projections.shell import checkpoint, readmodels
 from projections.shell.runner import FOLD_VERSION, ProjectionRunner
 from reports.cli import app
@@ -205,12 +206,12 @@ def _forged_closed_sessions(record: list) -> bytes:
     "body, why",
     [
         (_body(["D", "os:system", {}]), "not allowed"),
-        (_body(["D", "projections.resources:Binding", {"stage_id": 0}]), "fields"),
+        (_body(["D", "projections.resource_state:Binding", {"stage_id": 0}]), "fields"),
         (
             _body(
                 [
                     "D",
-                    "projections.resources:Binding",
+                    "projections.resource_state:Binding",
                     {
                         "stage_id": "zero",
                         "request_id": "r",
