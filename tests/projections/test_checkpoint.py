@@ -40,7 +40,7 @@ from tests.projections.test_runner import mixed_log
 
 def _stored() -> list:
     events = [parse_event({"type": t, "session_id": sid, "ts": ts, **p}) for ts, t, sid, p in generate(12, 5)]
-    events += [s.event for s in mixed_log().stored]
+    events += mixed_log().events
     rows = []
     from events.store.rows import NewRow, StoredRow, decode_rows
 
@@ -283,7 +283,7 @@ async def _ledger(path: Path) -> str:
     url = f"sqlite+aiosqlite:///{path}"
     store = await EventStore.open(url, create=True)
     try:
-        await store.append_records([ImportRow.from_event(s.event) for s in mixed_log().stored])
+        await store.append_records([ImportRow.from_event(e) for e in mixed_log().events])
         await ProjectionRunner(store).catch_up()
     finally:
         await store.close()
