@@ -112,9 +112,7 @@ def validate_row_json(
     return event
 
 
-def decode_row(
-    type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
-) -> Any:
+def decode_row(type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str) -> Any:
     """The struct of a stored row (the read path of every reader): a current-version row
     decodes straight into it (:func:`events.structs.decode_payload`, ~15x cheaper than
     validation). A row msgspec refuses, and any older row, is validated by its model

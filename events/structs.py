@@ -103,7 +103,7 @@ def _methods(model: type[BaseModel]) -> dict[str, Any]:
     return out
 
 
-def struct_type(model: type[BaseModel]) -> type[msgspec.Struct]:
+def struct_type(model: type[BaseModel]) -> type[Any]:
     """The frozen msgspec Struct derived from ``model`` (an event model or a nested one; built
     once, then cached). Raises TypeError for a field constraint msgspec cannot express."""
     struct = _BY_MODEL.get(model)

@@ -110,9 +110,10 @@ async def test_every_kind_written_live_reads_back_as_the_same_struct(sqlite_url:
         assert not isinstance(handed, EventBase)
         assert handed.event_id == str(model.event_id) and handed.ts == model.ts, kind
     # the live fold saw the very structs it was handed: its state equals the read path's
-    assert log.projector.findings() == Projector().apply_all(
-        StoredEvent(i, SID, i, 0.0, e) for i, e in enumerate(read, 1)
-    ).findings()
+    assert (
+        log.projector.findings()
+        == Projector().apply_all(StoredEvent(i, SID, i, 0.0, e) for i, e in enumerate(read, 1)).findings()
+    )
 
 
 def test_dispatch_tables_have_one_struct_entry_per_kind() -> None:
@@ -151,7 +152,12 @@ def test_a_model_never_reaches_a_fold_on_the_live_path() -> None:
 def test_an_import_with_a_bad_field_still_names_field_value_and_line() -> None:
     good = json.dumps({"stream": SID, "type": "SessionOpened", "ts": 1.0, "data": {}})
     bad = json.dumps(
-        {"stream": SID, "type": "StageOutput", "ts": 1.1, "data": {"stage_id": 0, "request_id": RID, "num_new_tokens": -4}}
+        {
+            "stream": SID,
+            "type": "StageOutput",
+            "ts": 1.1,
+            "data": {"stage_id": 0, "request_id": RID, "num_new_tokens": -4},
+        }
     )
     with pytest.raises(JsonlError) as info:
         parse_lines([good, bad, bad.replace("-4", '"x"')])

@@ -10,11 +10,11 @@ import msgspec
 import pytest
 from pydantic import ValidationError
 
+import events.structs
 from benchmarks.synthetic import generate
 from events.jsonl import parse_lines
 from events.records import decode_row, validate_row_json
 from events.store.rows import NewRow, StoredRow, decode_rows
-import events.structs
 from events.structs import STRUCT_TYPES, decode_payload, struct_of, struct_type
 from events.types import EVENT_CLASSES, Fence, StageOutput, parse_event
 

@@ -9,7 +9,6 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from events.records import StoredEvent
 from projections.projector import Projector
 from reports.cli import app
 from reports.render_formats import render_csv, render_json, render_markdown

@@ -375,9 +375,7 @@ def test_evolve_of_decided_events_equals_the_offline_projection(resident, auto, 
     findings = Projector().apply_all(driver.log).findings()
     assert [f for f in findings if f.kind != "command_rejected"] == [], findings
     initial = Counter(
-        s.event.request_id
-        for s in driver.log
-        if s.event.type == "StageRequestSubmitted" and s.event.kind == "initial"
+        s.event.request_id for s in driver.log if s.event.type == "StageRequestSubmitted" and s.event.kind == "initial"
     )
     assert [r for r, n in initial.items() if n > 1] == []  # an id is never reused (DOMAIN §1.1, R8)
     rejected = sum(s.event.type == "CommandRejected" for s in driver.log)
