@@ -208,12 +208,12 @@ def struct_of(event: Any) -> Any:
     """The struct of a validated event model (the live write path's hand-off to its fold: no
     second validation, ~1 µs); a struct is returned as it is. Raises TypeError for anything
     else."""
-    convert = _HAND_OFF.get(type(event))
-    if convert is not None:
-        return convert(event)
-    if isinstance(event, msgspec.Struct) and type(event) in _STRUCTS:
-        return event
-    raise TypeError(f"not an event: {type(event).__module__}.{type(event).__qualname__}")
+    try:
+        return _HAND_OFF[type(event)](event)
+    except KeyError:
+        if type(event) in _STRUCTS:
+            return event
+        raise TypeError(f"not an event: {type(event).__module__}.{type(event).__qualname__}") from None
 
 
 _HAND_OFF: dict[type, Callable[[Any], Any]] = {model: _hand_off(model) for model in list(_BY_MODEL)}
