@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from events import ids
 from events.records import StoredEvent
-from events.structs import twin_of
+from events.structs import struct_type
 from events.types import Fence, SessionOpened
 from projections.resource_state import Binding, SessionResources, StaleId, stale_before_submit
 from projections.resources import ResourcesFold
@@ -130,7 +130,7 @@ def evolve(state: SessionState, stored: StoredEvent) -> SessionState:
     return state
 
 
-_OPENED = (SessionOpened, twin_of(SessionOpened))
+_OPENED = struct_type(SessionOpened)
 
 
 def next_incarnation(history: Iterable[Any]) -> int:

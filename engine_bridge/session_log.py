@@ -49,6 +49,7 @@ from engine_bridge.messages import StreamTakenOver
 from events.records import StoredEvent
 from events.store.errors import ConcurrencyError
 from events.store.store import EventStore
+from events.structs import struct_of
 from events.types import EventBase
 from projections.projector import Projector
 from projections.turn_tables import TurnTables
@@ -296,7 +297,7 @@ class SessionLog:
         now = time.time()
         for event in events:
             self._applied += 1
-            stored = StoredEvent(self._applied, self.session_id, self._applied, now, event)
+            stored = StoredEvent(self._applied, self.session_id, self._applied, now, struct_of(event))
             self.projector.apply(stored)
             self._pending.append(event)
             if self.on_applied is not None:

@@ -1,9 +1,14 @@
 """The boundary between typed events and stored rows.
 
 :class:`EventRecord` is what a store persists for one event (envelope columns + JSON payload);
-:class:`StoredEvent` is what readers get back: the typed event plus its global ``position``,
-its per-stream ``version`` and ``recorded_at`` (wall-clock seconds when the store committed
-it — distinct from the event's own ``ts``, CASE-10).
+:class:`StoredEvent` is what readers get back: the event as its struct (:mod:`events.structs`,
+the one runtime shape every reader sees) plus its global ``position``, its per-stream
+``version`` and ``recorded_at`` (wall-clock seconds when the store committed it — distinct
+from the event's own ``ts``, CASE-10).
+
+:func:`decode_row` is the read path of one stored row; :func:`validate_row_json` and
+:func:`from_record` are the pydantic validation of one (the reference, the fallback for rows
+msgspec refuses, and the upcasters' way in).
 """
 
 from __future__ import annotations
@@ -13,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from events.model_rows import model_from_row
-from events.structs import decode_payload
+from events.structs import decode_payload, struct_of
 from events.types import EventBase, event_class, ts_to_us, us_to_ts
 from events.upcasting import upcast
 
@@ -31,13 +35,14 @@ class EventRecord:
 
 class StoredEvent(NamedTuple):
     """An event with its place in the log. A NamedTuple (immutable; a million of them are
-    built per rebuild, ~3x cheaper than a frozen dataclass)."""
+    built per rebuild, ~3x cheaper than a frozen dataclass). ``event``: the event's struct
+    (:mod:`events.structs`), whether it was read back or handed on live."""
 
     position: int
     stream_id: str
     version: int
     recorded_at: float
-    event: EventBase
+    event: Any  # the event's struct: attribute access as on its model (events.structs)
 
     @property
     def ts(self) -> float:
@@ -75,25 +80,12 @@ def from_record(
     )
 
 
-def from_row_json(
-    type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
-) -> EventBase:
-    """:func:`from_record` for a stored row whose payload is still JSON text. A current-version
-    row is built from its read-side twin without a second validation where that provably
-    gives the validated model (:func:`events.model_rows.model_from_row`), else validated
-    straight from JSON by pydantic-core (:func:`validate_row_json`); older rows go through the
-    upcasters."""
-    return model_from_row(type_name, schema_version, stream_id, str(event_id), ts_us, data_json) or validate_row_json(
-        type_name, schema_version, stream_id, event_id, ts_us, data_json
-    )
-
-
 def validate_row_json(
     type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
 ) -> EventBase:
-    """:func:`from_row_json` always through pydantic validation (the reference path; raises
-    UnknownEventType, FutureSchemaVersion, MissingUpcaster, ValidationError, or ValueError for
-    a payload key overriding the envelope)."""
+    """The model of a stored row whose payload is still JSON text, through pydantic validation
+    (the reference path; raises UnknownEventType, FutureSchemaVersion, MissingUpcaster,
+    ValidationError, or ValueError for a payload key overriding the envelope)."""
     cls = event_class(type_name)
     if schema_version != cls.SCHEMA_VERSION:
         return from_record(type_name, schema_version, stream_id, event_id, ts_us, json.loads(data_json))
@@ -120,13 +112,13 @@ def validate_row_json(
     return event
 
 
-def struct_from_row_json(
-    type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str
-) -> Any:
-    """Like :func:`from_row_json`, but a current-version row decodes into its read-side twin
-    (:mod:`events.structs`: same fields and attribute access as the model, ~15x cheaper).
-    The projection read path. A row the twin refuses, and any older row, takes the pydantic
-    path, so the errors raised are the model's own."""
-    return decode_payload(type_name, schema_version, stream_id, event_id, ts_us, data_json) or from_row_json(
-        type_name, schema_version, stream_id, event_id, ts_us, data_json
+def decode_row(type_name: str, schema_version: int, stream_id: str, event_id: str, ts_us: int, data_json: str) -> Any:
+    """The struct of a stored row (the read path of every reader): a current-version row
+    decodes straight into it (:func:`events.structs.decode_payload`, ~15x cheaper than
+    validation). A row msgspec refuses, and any older row, is validated by its model
+    (:func:`validate_row_json`, upcasters included), so the errors raised are the model's own
+    (UnknownEventType, FutureSchemaVersion, MissingUpcaster, ValidationError, ValueError); a
+    row the model accepts is then handed on as its struct (:func:`events.structs.struct_of`)."""
+    return decode_payload(type_name, schema_version, stream_id, event_id, ts_us, data_json) or struct_of(
+        validate_row_json(type_name, schema_version, stream_id, event_id, ts_us, data_json)
     )

@@ -15,6 +15,10 @@ message names the event type and the field. Validation is strict (pydantic stric
 :mod:`events.limits`): ``"3"`` is not ``3``, ``true`` is not ``1``, ``"yes"`` is not ``true``
 (an ``event_id`` may be a UUID's text, ``ts`` an ISO-8601 time); committed rows are read back
 with ``strict=False`` (:mod:`events.records`), so every log written before still reads. Use :func:`parse_event` for a plain dict.
+
+These models are the door and the declaration (validation, the JSON Schema); readers never see
+them: every event read back or handed to a fold is its struct (:mod:`events.structs`, derived
+from the model here; issue 23 step 1).
 """
 
 from __future__ import annotations

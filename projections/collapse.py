@@ -140,8 +140,8 @@ class StageCollapse:
 
     @classmethod
     def from_snapshot(cls, snap: Any, overrides: Mapping[str, Any] | None = None) -> StageCollapse:
-        """Accumulator of exactly one segment. ``snap`` is a ``StageRequestStats`` or its read-side
-        twin (read by attribute only, so both paths run this same code); ``overrides`` replace
+        """Accumulator of exactly one segment. ``snap`` is a ``StageRequestStats`` or its struct
+        (read by attribute only); ``overrides`` replace
         fields (engine-stamp TTFT/TPOT). Maps extra ``audio_frames`` onto
         ``audio_generated_frames``; other extra keys are logged at DEBUG and dropped (M3)."""
         if overrides:

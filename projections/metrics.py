@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from events.records import StoredEvent
-from events.structs import twin_of
+from events.structs import struct_type
 from events.types import (
     FINISHED_REASONS,
     AbortResult,
@@ -480,7 +480,7 @@ class MetricsFold:
         turns = self.projector.turns.take_finalized() if self.projector.turns.finalized else []
         for turn in turns:
             self._turn(s, turn)
-        if accepted and (isinstance(event, SessionClosed) or type(event) is twin_of(SessionClosed)):
+        if accepted and type(event) is struct_type(SessionClosed):
             self._rollup(event.session_id, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
         if s.close_reason is not None:
             self._settle(event.session_id, s)

@@ -282,6 +282,6 @@ _HANDLERS: dict[type, Handler] = dispatch_table(
         ReleaseResult: resource_cleanup.release_result,
     }
 )
-"""The one dispatch of the fold: event class (model and read-side twin) -> its handler,
+"""The one dispatch of the fold: event struct -> its handler,
 ``handler(fold, session, stored, event) -> Verdict``. A class without one is accepted as is.
-Module-level, so a fold's state holds no wiring (checkpoints and pickles carry data only)."""
+Module-level, so a fold's state holds no wiring (checkpoints carry data only)."""

@@ -65,7 +65,7 @@ from typing import Any
 
 from events import ids as rid
 from events.records import StoredEvent
-from events.structs import twin_of
+from events.structs import struct_type
 from events.types import (
     AbortRequested,
     CancelRequested,
@@ -216,7 +216,7 @@ class SessionTurns:
             self.clear_pending()
 
 
-_SUBMITS: frozenset[type] = frozenset({StageRequestSubmitted, twin_of(StageRequestSubmitted)})
+_SUBMITS: frozenset[type] = frozenset({struct_type(StageRequestSubmitted)})
 
 
 class TurnsFold:

@@ -34,7 +34,7 @@ async def _fold(
         head = await store.head_position()
         until = head if until_position is None else min(until_position, head)
         fault = await chain_fault(store, until) if check_chain else None
-        async for stored in store.read_all(0, until_position=until, as_structs=True):
+        async for stored in store.read_all(0, until_position=until):
             metrics.apply(stored)
     return metrics, fault
 

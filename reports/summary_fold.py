@@ -39,7 +39,7 @@ async def summary_of(
     until = head if until_position is None else min(until_position, head)
     fold = MetricsFold(TallySink())
     out = SummaryFold(fault=await chain_fault(store, until))
-    async for stored in store.read_all(0, until_position=until, as_structs=True):
+    async for stored in store.read_all(0, until_position=until):
         out.turns.extend(fold.apply(stored))
     out.rollups = [
         (r, fold.leaked_ids_of(r.session_id, max_idle_s))

@@ -31,7 +31,7 @@ from typing import cast
 import plotly.graph_objects as go
 
 from events.records import StoredEvent
-from events.structs import twin_of
+from events.structs import struct_type
 from events.types import (
     AbortRequested,
     AbortResult,
@@ -150,7 +150,7 @@ def _fixed(lane: str, symbol: str, colour: str, group: str) -> Callable[[EventBa
     return lambda e, x, hover: Mark(lane, x, symbol, colour, hover, group)
 
 
-_STAGE_OUTPUTS: frozenset[type] = frozenset({StageOutput, twin_of(StageOutput)})
+_STAGE_OUTPUT = struct_type(StageOutput)
 _RELEASE_MARK = _fixed("cleanup", "square-open", "#6d4c41", "release / restore / lost")
 _SESSION_MARK = _fixed("session", "line-ns-open", "#212121", "open / close")
 _MARKS: dict[type, Callable[..., Mark]] = dispatch_table(
@@ -168,7 +168,7 @@ _MARKS: dict[type, Callable[..., Mark]] = dispatch_table(
         SessionClosed: _SESSION_MARK,
     }
 )
-"""The mark each event class draws, chosen by class (model or read-side twin), as the folds do."""
+"""The mark each event kind draws, chosen by its struct's class, as the folds do."""
 
 
 def _event_marks(events: Sequence[StoredEvent], t0: float) -> list[Mark]:
@@ -210,9 +210,9 @@ def _stage_spans(turn: TurnTables, events: Sequence[StoredEvent], t0: float) -> 
     """First → last token-carrying output of the turn's engine id on each stage."""
     tokens: dict[int, list[StoredEvent]] = {}
     for st in events:
-        if type(st.event) not in _STAGE_OUTPUTS:
+        if type(st.event) is not _STAGE_OUTPUT:
             continue
-        e = cast(StageOutput, st.event)  # the model or its twin: read by attribute only
+        e = cast(StageOutput, st.event)  # its struct: read by attribute, as the model declares
         if e.request_id == turn.request_id and e.num_new_tokens > 0 and turn.arrival_ts <= e.ts <= turn.finalize_ts:
             tokens.setdefault(e.stage_id, []).append(st)
     spans = []

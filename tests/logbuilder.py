@@ -1,8 +1,9 @@
 """Build in-memory logs for fold tests: typed events with gap-free positions.
 
 ``LogBuilder().add("StageRequestSubmitted", "s1", 10.0, stage_id=0, request_id=X)`` appends
-one event; ``.stored`` is the list of StoredEvent a store would hand back; ``.jsonl()`` the
-same log in the project's JSONL line format (for CLI tests).
+one event (validated by its model, as at the door); ``.stored`` is the list of StoredEvent a
+store would hand back (each event as its struct, events.structs); ``.events`` the validated
+models; ``.jsonl()`` the same log in the project's JSONL line format (for CLI tests).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from events import ids
 from events.records import StoredEvent
+from events.structs import struct_of
 from events.types import parse_event
 
 
@@ -27,6 +29,7 @@ def resident(session: str, epoch: int = 0, incarnation: int = 0) -> str:
 class LogBuilder:
     def __init__(self, seed: int = 0) -> None:
         self.stored: list[StoredEvent] = []
+        self.events: list[Any] = []  # the models, in log order
         self._versions: dict[str, int] = {}
         self._seed = seed
 
@@ -36,8 +39,9 @@ class LogBuilder:
         event = parse_event({"type": type_name, "session_id": session, "ts": ts, "event_id": event_id, **fields})
         version = self._versions.get(session, 0) + 1
         self._versions[session] = version
-        stored = StoredEvent(position, session, version, ts, event)
+        stored = StoredEvent(position, session, version, ts, struct_of(event))
         self.stored.append(stored)
+        self.events.append(event)
         return stored
 
     @property
@@ -46,8 +50,7 @@ class LogBuilder:
 
     def jsonl(self) -> str:
         lines = []
-        for st in self.stored:
-            e = st.event
+        for e in self.events:
             lines.append(
                 json.dumps(
                     {

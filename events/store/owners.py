@@ -79,7 +79,7 @@ async def session_lifecycles(
 
 
 def lifecycle_of(session_id: str, events: Iterable[Any]) -> SessionLifecycle | None:
-    """The lifecycle from one stream's events (models or twins, in version order); None for a
+    """The lifecycle from one stream's events (structs or models, in version order); None for a
     stream with no lifecycle event."""
     life: SessionLifecycle | None = None
     for version, event in enumerate(events, start=1):

@@ -27,7 +27,7 @@ from events.limits import (
     MIN_TS_US,
     id_length_error,
 )
-from events.records import EventRecord, StoredEvent, from_row_json, struct_from_row_json, to_record
+from events.records import EventRecord, StoredEvent, decode_row, to_record
 from events.store.errors import InvalidRow
 from events.types import EventBase, ts_to_us
 
@@ -195,25 +195,23 @@ class StoredRow(NamedTuple):
     data: str
     hash: bytes | None = None  # chain link (events.chain); None only for a row the store did not write
 
-    def decode(self, *, as_struct: bool = False) -> StoredEvent:
-        """The typed, upcast event (its read-side twin when ``as_struct``, see
-        :func:`events.records.struct_from_row_json`). Raises UnknownEventType,
-        FutureSchemaVersion, MissingUpcaster or ValidationError (see
-        :func:`events.records.from_record`). One row: no collector pause (the live
-        ``subscribe`` path decodes row by row)."""
-        decode = struct_from_row_json if as_struct else from_row_json
+    def decode(self) -> StoredEvent:
+        """The event as its struct, upcast (:func:`events.records.decode_row`). Raises UnknownEventType, FutureSchemaVersion,
+        MissingUpcaster or ValidationError (see :func:`events.records.from_record`). One row:
+        no collector pause (the live ``subscribe`` path decodes row by row)."""
+        decode = decode_row
         if type(self.stream_id) is not str or type(self.version) is not int:
             _retyped(self)
         event = decode(self.type, self.schema_version, self.stream_id, self.event_id, self.ts_us, self.data)
         return StoredEvent(self.position, self.stream_id, self.version, self.recorded_at_us / 1_000_000, event)
 
 
-def decode_rows(rows: Iterable[StoredRow], *, as_struct: bool = False) -> list[StoredEvent]:
+def decode_rows(rows: Iterable[StoredRow]) -> list[StoredEvent]:
     """:meth:`StoredRow.decode` over many rows (the rebuild loop: one call, locals only).
 
     The cyclic garbage collector is paused while the batch decodes
     (:func:`events.gc_pause.gc_paused`: the objects built are acyclic and all kept)."""
-    decode = struct_from_row_json if as_struct else from_row_json
+    decode = decode_row
     new = tuple.__new__  # StoredEvent's own __new__ without its Python frame
     with gc_paused():
         return [

@@ -221,15 +221,12 @@ class EventStore:
         *,
         until_position: int | None = None,
         batch_size: int = 1000,
-        as_structs: bool = False,
     ) -> AsyncIterator[list[StoredEvent]]:
         """Decoded events with ``from_position <= position <= until_position`` in commit order,
-        as lists of up to ``batch_size``. ``as_structs``: current-version rows decode into
-        their read-side twins (:mod:`events.structs`; attribute access like the models, ~15x
-        cheaper: the projection path). Raises what decoding raises (UnknownEventType,
-        FutureSchemaVersion, ValidationError…)."""
+        as lists of up to ``batch_size``, each event as its struct (:mod:`events.structs`). Raises what decoding raises
+        (UnknownEventType, FutureSchemaVersion, ValidationError…)."""
         async for batch in self.read_row_batches(from_position, until_position=until_position, batch_size=batch_size):
-            yield decode_rows(batch, as_struct=as_structs)
+            yield decode_rows(batch)
 
     async def read_all(
         self,
@@ -237,12 +234,9 @@ class EventStore:
         *,
         until_position: int | None = None,
         batch_size: int = 1000,
-        as_structs: bool = False,
     ) -> AsyncIterator[StoredEvent]:
         """Decoded events one by one (see :meth:`read_batches`)."""
-        async for batch in self.read_batches(
-            from_position, until_position=until_position, batch_size=batch_size, as_structs=as_structs
-        ):
+        async for batch in self.read_batches(from_position, until_position=until_position, batch_size=batch_size):
             for stored in batch:
                 yield stored
 

@@ -29,7 +29,7 @@ plain state class (``Projector``,      ``["O", name, {attr: enc(value)}]`` (its 
 ``ResourcesFold``, ``TurnsFold``)      attributes, less handler tables of bound methods;
                                        an attribute the class annotates is checked)
 pydantic model (events.types/stats)    ``["P", name, enc(model_dump(exclude_unset=True))]``
-msgspec Struct twin (events.structs)   ``["S", name, enc(msgspec.to_builtins(v))]``
+event struct (events.structs)          ``["S", name, enc(msgspec.to_builtins(v))]``
 ===================================  =============================================
 
 ``name`` is ``module:qualname``. The state must be a tree: a mutable object reached twice
@@ -42,7 +42,7 @@ Registry (:func:`registry`, built once on first use): every dataclass defined in
 attributes (classes of ``projections.*`` without dataclass fields; decoded by calling the
 class with no arguments, then setting exactly the attributes a fresh instance has); every
 pydantic model of ``events.types`` and ``events.stats`` (validated by ``model_validate``);
-every Struct twin of ``events.structs`` (validated by ``msgspec.convert``). A new dataclass
+every event struct of ``events.structs`` (validated by ``msgspec.convert``). A new dataclass
 in those modules is picked up without editing this one.
 """
 
@@ -305,7 +305,7 @@ def _conforms(value: Any, hint: Any) -> bool:
     """Whether ``value`` fits the annotation ``hint``: scalars, ``None``, ``Literal``, unions
     and the container kinds (tuple/list/dict/set/frozenset/Mapping, elements included) are
     checked; a class of the registry stands for any registered object (fold state holds a
-    model's twin, or an accumulator, where a model is annotated); ``Any`` and other typing
+    model's struct, or an accumulator, where a model is annotated); ``Any`` and other typing
     forms accept everything."""
     if hint is Any or isinstance(hint, typing.TypeVar):
         return True

@@ -81,7 +81,7 @@ class FreshFold:
         if not rows or rows[0].position > self.until:
             return
         batch = rows if rows[-1].position <= self.until else [r for r in rows if r.position <= self.until]
-        turn_rows, _ = readmodels.fold_batch(self.projector, decode_rows(batch, as_struct=True))
+        turn_rows, _ = readmodels.fold_batch(self.projector, decode_rows(batch))
         self.turn_rows.extend(turn_rows)
 
 

@@ -8,7 +8,7 @@ the workers finish together even when a few sessions are much longer than the re
 worker (a spawned process, so it shares no GIL, thread or connection with the caller) reads
 the log file read-only with plain ``sqlite3``, keeps the rows of its sessions (SQLite
 filters them against a temporary table of the partition's session ids, before Python sees
-a row), decodes them into read-side twins and folds them in log order with its own
+a row), decodes them into event structs and folds them in log order with its own
 :class:`Projector` (the caller folds the last partition itself, on a thread: one spawn
 fewer, and its state never crosses a process). It spools its finalized turn rows to a scratch SQLite file and hands its
 projector back as plain data, through the checkpoint's own codec (:func:`encode_result`: no
@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 
 from events.gc_pause import gc_paused
-from events.records import StoredEvent, struct_from_row_json
+from events.records import StoredEvent, decode_row
 from projections.projector import Projector
 from projections.shell import checkpoint
 from projections.shell.turn_rows import TURN_COLUMNS, fold_batch, turn_values
@@ -170,11 +170,11 @@ def _retyped(row: Sequence[Any]) -> str:
 
 
 def decode_tuples(rows: Sequence[tuple[Any, ...]]) -> list[StoredEvent]:
-    """Rows of :data:`_COLUMNS` as plain ``sqlite3`` returns them, decoded into read-side
-    twins exactly as :func:`events.store.rows.decode_rows` decodes a ``StoredRow`` (without
+    """Rows of :data:`_COLUMNS` as plain ``sqlite3`` returns them, decoded into event
+    structs exactly as :func:`events.store.rows.decode_rows` decodes a ``StoredRow`` (without
     building one per row, and without loading the store's driver into a worker). Raises what
     decoding raises."""
-    new, decode = tuple.__new__, struct_from_row_json
+    new, decode = tuple.__new__, decode_row
     return [
         new(
             StoredEvent,

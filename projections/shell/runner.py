@@ -294,9 +294,7 @@ class ProjectionRunner:
         return consistency.FreshFold(until, projector, turn_rows)
 
     async def _catch_up(self, head: int, progress: Callable[[int, int], None] | None) -> int:
-        batches = self.store.read_batches(
-            self.position + 1, until_position=head, batch_size=self.batch_size, as_structs=True
-        )
+        batches = self.store.read_batches(self.position + 1, until_position=head, batch_size=self.batch_size)
         # Read one batch ahead: the next batch is fetched (in the driver's thread) and decoded
         # (while this task waits on the write) as the current one is folded and written.
         ahead = asyncio.ensure_future(anext(batches, None))
@@ -397,7 +395,7 @@ async def project_as_of(
     ``as_of_ts=until_ts``."""
     projector = Projector()
     limit_us = ts_to_us(until_ts) if until_ts is not None else None
-    async for stored in store.read_all(0, until_position=until_position, batch_size=batch_size, as_structs=True):
+    async for stored in store.read_all(0, until_position=until_position, batch_size=batch_size):
         if limit_us is not None and ts_to_us(stored.event.ts) > limit_us:
             continue
         projector.apply(stored)

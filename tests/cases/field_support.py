@@ -11,6 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from events.records import StoredEvent
+from events.structs import struct_of
 from events.types import parse_event
 from projections.projector import Projector
 from reports.cli import app
@@ -42,7 +43,7 @@ def read_jsonl(path: Path) -> list[StoredEvent]:
             }
         )
         versions[obj["stream"]] = versions.get(obj["stream"], 0) + 1
-        out.append(StoredEvent(lineno, obj["stream"], versions[obj["stream"]], event.ts, event))
+        out.append(StoredEvent(lineno, obj["stream"], versions[obj["stream"]], event.ts, struct_of(event)))
     return out
 
 

@@ -123,7 +123,7 @@ async def test_a_turn_is_printed_only_once_the_events_that_finalized_it_are_dura
     store = _HeldStore(fail)
     printed: list[str] = []
     log = SessionLog(store, "s", 0, on_turn=lambda t: printed.append(t.response_id))  # type: ignore[arg-type]
-    log.emit_later(*(st.event for st in b.stored))
+    log.emit_later(*b.events)
     flushing = asyncio.ensure_future(log.flush())
     await asyncio.sleep(0.01)
     assert printed == []  # finalized in the fold, not yet durable: not printed

@@ -47,7 +47,7 @@ def test_decode_rows_and_fold_batch_run_paused_and_restore_it() -> None:
         StoredRow(i + 1, r.stream_id, 1, r.event_id, r.type, r.schema_version, r.ts_us, 0, r.data)
         for i, r in enumerate(ROWS[:20])
     ]
-    events = decode_rows(rows, as_struct=True)
+    events = decode_rows(rows)
     assert gc.isenabled() and len(events) == 20
 
     class Watching(Projector):

@@ -9,7 +9,6 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from events.records import StoredEvent
 from projections.projector import Projector
 from reports.cli import app
 from reports.render_formats import render_csv, render_json, render_markdown
@@ -289,22 +288,14 @@ def test_m14_live_fold_opens_nothing_for_log_stats_off(log_stats):
     assert len(project(b).turn_tables) == 1  # offline re-projection builds it either way
 
 
-def test_twins_and_models_fold_the_same(tmp_path):
-    """The read path (msgspec twins) and the write path (pydantic models) run one fold."""
-    from events.structs import decode_payload
-    from events.types import ts_to_us
+def test_live_and_read_back_fold_the_same(tmp_path):
+    """The live hand-off (struct_of of each validated model) and the read path (each row's
+    payload JSON decoded) give the same structs, and so the same fold."""
+    from tests.histories import as_read_back
 
     b = stamped_log()
-    twins = []
-    for st in b.stored:
-        e = st.event
-        twin = decode_payload(
-            e.type, e.SCHEMA_VERSION, e.session_id, str(e.event_id), ts_to_us(e.ts), json.dumps(e.payload())
-        )
-        assert twin is not None
-        twins.append(StoredEvent(st.position, st.stream_id, st.version, st.recorded_at, twin))
-    a, c = project(b), Projector().apply_all(twins)
-    assert [t.to_dict() for t in a.turn_tables] == [t.to_dict() for t in c.turn_tables]
+    a, c = project(b), Projector().apply_all(as_read_back(b.stored))
+    assert a.turn_tables and [t.to_dict() for t in a.turn_tables] == [t.to_dict() for t in c.turn_tables]
 
 
 def reopened_with_the_same_response_id() -> LogBuilder:

@@ -41,7 +41,7 @@ from tests.projections.test_runner import mixed_log
 
 def _stored() -> list:
     events = [parse_event({"type": t, "session_id": sid, "ts": ts, **p}) for ts, t, sid, p in generate(12, 5)]
-    events += [s.event for s in mixed_log().stored]
+    events += mixed_log().events
     rows = []
     from events.store.rows import NewRow, StoredRow, decode_rows
 
@@ -52,7 +52,7 @@ def _stored() -> list:
         rows.append(
             StoredRow(pos, n.stream_id, versions[n.stream_id], n.event_id, n.type, n.schema_version, n.ts_us, 0, n.data)
         )
-    return decode_rows(rows, as_struct=True)
+    return decode_rows(rows)
 
 
 STORED = _stored()
@@ -284,7 +284,7 @@ async def _ledger(path: Path) -> str:
     url = f"sqlite+aiosqlite:///{path}"
     store = await EventStore.open(url, create=True)
     try:
-        await store.append_records([ImportRow.from_event(s.event) for s in mixed_log().stored])
+        await store.append_records([ImportRow.from_event(e) for e in mixed_log().events])
         await ProjectionRunner(store).catch_up()
     finally:
         await store.close()

@@ -19,7 +19,7 @@ from tests.projections.test_runner import mixed_log
 
 def _events() -> list:
     out = [parse_event({"type": t, "session_id": sid, "ts": ts, **payload}) for ts, t, sid, payload in generate(24, 6)]
-    out += [s.event for s in mixed_log().stored]
+    out += mixed_log().events
     return out
 
 

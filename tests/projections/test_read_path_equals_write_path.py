@@ -1,6 +1,7 @@
-"""The read path (msgspec twins, ``as_structs=True``) and the write path (pydantic models) run
-the same folds and give the same answers, on every event kind (issue 10: a valid snapshot once
-crashed ``tables`` on the twins only)."""
+"""The read path (each row's payload JSON decoded into its struct) and the write path (the
+struct handed on from each validated model, ``events.structs.struct_of``) give equal events and
+the same fold answers, on every event kind (issue 10: a valid snapshot once crashed ``tables``
+on the read path only; issue 23 step 1: one shape for both)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from events.records import StoredEvent
 from events.types import EVENT_CLASSES
 from projections.projector import Projector
 from tests.cases.field_support import read_jsonl
-from tests.histories import as_twins, generate
+from tests.histories import as_read_back, generate
 from tests.logbuilder import LogBuilder, eph
 
 LOG_DIRS = [Path(__file__).parents[1] / "cases" / "logs", Path(__file__).parents[1] / "cases" / "field"]
@@ -72,5 +73,5 @@ def test_every_log_folds_the_same_on_both_paths():
     kinds = set()
     for stored in logs:
         kinds |= {s.event.type for s in stored}
-        assert state_of(Projector().apply_all(stored)) == state_of(Projector().apply_all(as_twins(stored)))
+        assert state_of(Projector().apply_all(stored)) == state_of(Projector().apply_all(as_read_back(stored)))
     assert kinds == set(EVENT_CLASSES), set(EVENT_CLASSES) - kinds

@@ -33,6 +33,7 @@ from decider.commands import Cleanup, Reabort, Record, SettleAborts, Then
 from engine_bridge.cleanup import RecoveryOutcome, execute_recovery
 from engine_bridge.ports import AbortFailed
 from events.records import StoredEvent
+from events.structs import struct_of
 from events.types import EventBase, StageRequestLost, StageRequestReleased
 from projections.resources import ResourcesFold, SessionResources
 from tests.logbuilder import LogBuilder, eph
@@ -124,7 +125,7 @@ class StubLog:
     def emit_later(self, *events: EventBase) -> None:
         for event in events:
             n = self.state.resources.last_position + 1
-            evolve(self.state, StoredEvent(n, SID, n, event.ts, event))
+            evolve(self.state, StoredEvent(n, SID, n, event.ts, struct_of(event)))
             self.written.append(event)
 
     async def emit(self, *events: EventBase) -> None:

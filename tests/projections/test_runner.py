@@ -32,8 +32,8 @@ def case_16() -> LogBuilder:
 
 
 async def load(store: EventStore, b: LogBuilder) -> None:
-    for stored in b.stored:
-        await store.append(stored.stream_id, [stored.event])
+    for event in b.events:
+        await store.append(event.session_id, [event])
     return None
 
 
@@ -112,12 +112,12 @@ async def test_case_16_exactly_once_after_crash(store, scenario):
 def mixed_log() -> LogBuilder:
     b = LogBuilder()
     for src in (case_12(), case_13(), case_16()):
-        for s in src.stored:
+        for e in src.events:
             b.add(
-                s.event.type,
-                s.stream_id + "-" + str(id(src) % 7),
-                s.event.ts,
-                **s.event.model_dump(exclude={"type", "session_id", "ts", "event_id", "schema_version"}),
+                e.type,
+                e.session_id + "-" + str(id(src) % 7),
+                e.ts,
+                **e.model_dump(exclude={"type", "session_id", "ts", "event_id", "schema_version"}),
             )
     return b
 

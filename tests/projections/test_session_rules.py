@@ -68,7 +68,16 @@ from engine_bridge.conversation import Conversation
 from engine_bridge.ports import AbortFailed
 from events.records import StoredEvent
 from events.stats import StageRequestStats
-from events.types import Capabilities, EventBase, Fence, SessionOpened, StageRequestFinished, StageRequestSubmitted
+from events.structs import struct_of
+from events.types import (
+    Capabilities,
+    EventBase,
+    Fence,
+    SessionClosed,
+    SessionOpened,
+    StageRequestFinished,
+    StageRequestSubmitted,
+)
 from projections.projector import Projector
 from projections.resources import ResourcesFold, SessionResources
 from tests.histories import as_twins
@@ -143,7 +152,7 @@ class Driver:
 
     def record(self, event: EventBase) -> None:
         before = (self.state.epoch, self.state.turn_id)
-        stored = StoredEvent(len(self.log) + 1, SID, len(self.log) + 1, event.ts, event)
+        stored = StoredEvent(len(self.log) + 1, SID, len(self.log) + 1, event.ts, struct_of(event))
         self.log.append(stored)
         assert evolve(self.state, stored) is self.state
         after = (self.state.epoch, self.state.turn_id)
@@ -366,9 +375,7 @@ def test_evolve_of_decided_events_equals_the_offline_projection(resident, auto, 
     findings = Projector().apply_all(driver.log).findings()
     assert [f for f in findings if f.kind != "command_rejected"] == [], findings
     initial = Counter(
-        s.event.request_id
-        for s in driver.log
-        if isinstance(s.event, StageRequestSubmitted) and s.event.kind == "initial"
+        s.event.request_id for s in driver.log if s.event.type == "StageRequestSubmitted" and s.event.kind == "initial"
     )
     assert [r for r, n in initial.items() if n > 1] == []  # an id is never reused (DOMAIN §1.1, R8)
     rejected = sum(s.event.type == "CommandRejected" for s in driver.log)
@@ -459,17 +466,16 @@ def test_a_failed_turn_s_id_is_never_submitted_again():
         ("commit", True, 0.0),
     ]
     play(driver, ops)
-    submitted = [s.event.request_id for s in driver.log if isinstance(s.event, StageRequestSubmitted)]
+    submitted = [s.event.request_id for s in driver.log if s.event.type == "StageRequestSubmitted"]
     assert len(submitted) == 2 and len(set(submitted)) == 2
     assert submitted[1].endswith("_t1")
 
 
 def test_a_reopened_session_gets_the_next_incarnation():
-    """DOMAIN §2.1: +1 over the highest predecessor, 0 for a first open (model or twin)."""
+    """DOMAIN §2.1: +1 over the highest predecessor, 0 for a first open (the history as read)."""
     from decider.state import next_incarnation
-    from events.structs import twin_of
 
-    opened = [SessionOpened(session_id=SID, ts=1.0, incarnation=n) for n in (0, 2, 1)]
-    twin = twin_of(SessionOpened)(incarnation=4)
+    opened = [struct_of(SessionOpened(session_id=SID, ts=1.0, incarnation=n)) for n in (0, 2, 1)]
+    closed = struct_of(SessionClosed(session_id=SID, ts=2.0))
     assert next_incarnation([]) == 0
-    assert next_incarnation(opened) == 3 and next_incarnation([*opened, twin]) == 5
+    assert next_incarnation(opened) == 3 and next_incarnation([*opened, closed]) == 3

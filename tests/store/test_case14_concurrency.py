@@ -31,12 +31,12 @@ async def test_part_a_same_expected_version_exactly_one_wins(store: EventStore, 
         assert sorted([ra, rb]) == ["retried", "won"]
         stored = await store.read_stream(stream)
         assert [s.version for s in stored] == list(range(1, 10))
-        ids = [s.event.event_id for s in stored]
-        assert ids.count(a.event_id) == 1 and ids.count(b.event_id) == 1
+        ids = [s.event.event_id for s in stored]  # the stored text
+        assert ids.count(str(a.event_id)) == 1 and ids.count(str(b.event_id)) == 1
         winner_pos, loser_pos = (pa[0], pb[0]) if ra == "won" else (pb[0], pa[0])
         assert winner_pos < loser_pos
         versions = {s.event.event_id: s.version for s in stored}
-        assert versions[(a if ra == "won" else b).event_id] == 8
+        assert versions[str((a if ra == "won" else b).event_id)] == 8
 
 
 async def test_part_b_five_sessions_sequential_appends(store: EventStore) -> None:

@@ -92,7 +92,7 @@ class Ledger:
             "SELECT position, stream_id, version, event_id, type, schema_version, ts_us, "
             "recorded_at_us, data, hash FROM events ORDER BY position"
         )
-        return decode_rows([StoredRow(*list(r.values())[:9], bytes(r["hash"])) for r in rows], as_struct=True)
+        return decode_rows([StoredRow(*list(r.values())[:9], bytes(r["hash"])) for r in rows])
 
     def log_hash(self, position: int) -> bytes:
         return bytes(self.select("SELECT hash FROM events WHERE position = :p", p=position)[0]["hash"])
