@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from uuid import UUID
 
-from pydantic import Field, TypeAdapter, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, TypeAdapter, field_validator, model_serializer
 
 from events.limits import MAX_TS_US, MIN_TS_US, LimitedModel, short_number
 from events.stats import EngineStamp, StageRequestStats
@@ -222,15 +222,18 @@ class SessionOpened(EventBase):
     protocol: str | None = None
     connection_id: str | None = None
 
-    def payload(self) -> dict[str, Any]:
-        """As EventBase's, without the owner fields while they are unset and without
-        ``protocol`` / ``connection_id`` while each is None (logs written before replicas or
-        before issue 21 stay byte-identical on export, their hash chain unchanged)."""
-        out = super().payload()
+    @model_serializer(mode="wrap")
+    def _without_unset_owner_and_front(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Every serialization (``payload()``, the store's row text, ``model_dump_json``) leaves
+        out the owner fields while they are unset and ``protocol`` / ``connection_id`` while
+        each is None: logs written before replicas or before issue 21 stay byte-identical on
+        export, their hash chain unchanged, and a live append stores what an import stores."""
+        out: dict[str, Any] = handler(self)
         if self.replica_id is None and self.replica_incarnation is None:
-            del out["replica_id"], out["replica_incarnation"]
+            out.pop("replica_id", None)
+            out.pop("replica_incarnation", None)
         for name in ("protocol", "connection_id"):
-            if out[name] is None:
+            if name in out and out[name] is None:
                 del out[name]
         return out
 
