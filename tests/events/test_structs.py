@@ -35,6 +35,8 @@ ROWS = _rows()
 def _model_values(row: NewRow) -> dict:
     model = validate_row_json(row.type, row.schema_version, row.stream_id, row.event_id, row.ts_us, row.data)
     values = model.model_dump()
+    for name in type(model).model_fields:  # the fields a serializer leaves out while unset
+        values.setdefault(name, getattr(model, name))
     values["event_id"] = str(values["event_id"])
     return values
 
