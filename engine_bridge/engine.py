@@ -230,7 +230,8 @@ class SessionEngine:
             auto_response=auto_response,
             log_stats=log_stats,
         )
-        log.on_turn = lambda turn: self._print_turn(session, turn)
+        if log_stats:  # M14: nothing of a log_stats-off session's tables is printed or held for printing
+            log.on_turn = lambda turn: self._print_turn(session, turn)
         log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
         me = self.replica.me
         try:
