@@ -45,6 +45,7 @@ class PrometheusSink:
     def __init__(self, families: Iterable[str] = OFFLINE_FAMILIES) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics: dict[str, Any] = {}
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         for name in families:
             fam = FAMILIES[name]
             kwargs: dict[str, Any] = {"labelnames": fam.labels, "registry": self.registry}
@@ -56,8 +57,14 @@ class PrometheusSink:
                 self.metrics[name] = Histogram(name, fam.help, buckets=fam.buckets, **kwargs)
 
     def _child(self, family: str, labels: tuple[str, ...]) -> Any:
-        metric = self.metrics[family]
-        return metric.labels(*labels) if labels else metric
+        """The family's child for ``labels``, looked up once (``labels()`` takes a lock and
+        checks its arguments on every call; the fold updates a few children per event)."""
+        key = (family, labels)
+        child = self._children.get(key)
+        if child is None:
+            metric = self.metrics[family]
+            child = self._children[key] = metric.labels(*labels) if labels else metric
+        return child
 
     def inc(self, family: str, labels: tuple[str, ...], amount: float) -> None:
         self._child(family, labels).inc(amount)

@@ -1,13 +1,16 @@
 """Operator metrics from the log: one pure fold behind the live ``/metrics`` and the offline
 ``duplex-ledger metrics`` (issue 16).
 
-:class:`MetricsFold` applies stored events one at a time. It runs its own
-:class:`~projections.projector.Projector` (so turn tables, reasons and findings are the audit's
-own, DOMAIN §5.5/§5.7) and turns what the projector finalizes, plus a few raw facts, into
-updates of the families in :data:`FAMILIES`, handed to a :class:`MetricsSink`
-(``engine_bridge.prometheus.PrometheusSink`` for Prometheus, :class:`TallySink` for tests). The live
-engine feeds it every event it emits; the offline command feeds it the stored log: the same
-updates, so the same samples. Positions play no part (live folds see provisional ones).
+:class:`MetricsFold` counts stored events one at a time from what a
+:class:`~projections.projector.Projector` made of each (so turn tables, reasons and findings are
+the audit's own, DOMAIN §5.5/§5.7): the resources verdict, the turn tables the event finalized and
+the session's resources state, plus a few raw facts of the event, become updates of the families
+in :data:`FAMILIES`, handed to a :class:`MetricsSink` (``engine_bridge.prometheus.PrometheusSink``
+for Prometheus, :class:`TallySink` for tests). One fold per event (issue 23): live, each session's
+own projector — the one its decisions read — hands its results to :meth:`MetricsFold.apply_folded`;
+offline (``duplex-ledger metrics``, ``tables --summary``), :meth:`MetricsFold.apply` folds the
+stored log with the metrics' own projector and hands them to the same method: the same updates,
+so the same samples. Positions play no part (live folds see provisional ones).
 
 Clocks: every duration is two event ``ts`` of one wall clock (the server's), computed on integer
 microseconds (``projections.intervals.span_ms``); no engine-monotonic stamp is used here.
@@ -33,8 +36,9 @@ turn table, so they add nothing here):
   ``vllm_omni:request_time_per_output_token_s{model_name}`` (``vllm_tpot_ms`` / 1000 when > 0),
   ``vllm_omni:inter_token_latency_s{model_name}`` (each ``vllm_itls_ms`` entry / 1000).
 
-After every event: ``vllm_omni:num_requests_running`` / ``num_requests_waiting`` ``{model_name}``
-(gauges): of the ids the resources fold says run, those with no ``StageOutput`` since their
+After every event that can move them (one that binds, finishes or drops a key, or an id's first
+output since its submit/forward; the others cannot): ``vllm_omni:num_requests_running`` /
+``num_requests_waiting`` ``{model_name}`` (gauges): of the ids the resources fold says run, those with no ``StageOutput`` since their
 latest submit/forward are waiting, the others running. A model's histogram children and these
 gauges exist (zero samples) from its first ``SessionOpened``.
 
