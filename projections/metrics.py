@@ -85,6 +85,7 @@ from events.types import (
     StageMetricsReported,
     StageOutput,
     StageRequestForwarded,
+    StageRequestReserved,
     StageRequestSubmitted,
     TransferTx,
     TurnCommitted,
@@ -452,6 +453,7 @@ _GAUGES_QUIET = frozenset(
         dict.fromkeys(
             (
                 StageOutput,  # only a finishing output or an id's first since its submit/forward
+                StageRequestReserved,  # a reserved key is not submitted: it does not run yet
                 StageMetricsReported,
                 TransferTx,
                 InputAppended,
