@@ -74,6 +74,7 @@ from events.types import (
     CancelRequested,
     CommandRejected,
     EpochAdvanced,
+    EventBase,
     InputAppended,
     InputCleared,
     ReleaseRequested,
@@ -445,33 +446,32 @@ def holds_slot(resources: Any) -> bool:
     )
 
 
-_CLOSES = frozenset(dispatch_table({SessionClosed: None}))
+def _classes(*classes: type[EventBase]) -> frozenset[type]:
+    """``classes`` and their read-side twins (:func:`projections.dispatch.dispatch_table`'s keys)."""
+    return frozenset(dispatch_table(dict.fromkeys(classes, _classes)))
+
+
+_CLOSES = _classes(SessionClosed)
 """``SessionClosed`` (and its read-side twin): the event that fixes a session's rollup."""
-_OUTPUTS = frozenset(dispatch_table({StageOutput: None}))
-_GAUGES_QUIET = frozenset(
-    dispatch_table(
-        dict.fromkeys(
-            (
-                StageOutput,  # only a finishing output or an id's first since its submit/forward
-                StageRequestReserved,  # a reserved key is not submitted: it does not run yet
-                StageMetricsReported,
-                TransferTx,
-                InputAppended,
-                InputCleared,
-                TurnCommitted,
-                ResponseListened,
-                ResponseBegun,
-                ResponseEnded,
-                TurnCompleted,
-                TurnFinalized,
-                CancelRequested,
-                EpochAdvanced,
-                ActiveRequestBound,
-                ReleaseRequested,
-                CommandRejected,
-            )
-        )
-    )
+_OUTPUTS = _classes(StageOutput)
+_GAUGES_QUIET = _classes(
+    StageOutput,  # only a finishing output or an id's first since its submit/forward
+    StageRequestReserved,  # a reserved key is not submitted: it does not run yet
+    StageMetricsReported,
+    TransferTx,
+    InputAppended,
+    InputCleared,
+    TurnCommitted,
+    ResponseListened,
+    ResponseBegun,
+    ResponseEnded,
+    TurnCompleted,
+    TurnFinalized,
+    CancelRequested,
+    EpochAdvanced,
+    ActiveRequestBound,
+    ReleaseRequested,
+    CommandRejected,
 )
 """Events that neither bind, finish nor drop a key in the resources fold nor give an id its
 first output: the running/waiting gauges cannot change on them (tests/metrics checks this against
@@ -562,8 +562,8 @@ class MetricsFold:
         if (
             self.gauges_every_event
             or etype not in _GAUGES_QUIET
-            or (etype in _OUTPUTS and (self._woke or event.finished))
-        ):  # type: ignore[attr-defined]
+            or (etype in _OUTPUTS and (self._woke or event.finished))  # type: ignore[attr-defined]
+        ):
             self._request_gauges(sid, s.model_name, resources)
 
     def apply_all(self, events: Sequence[StoredEvent] | Any) -> MetricsFold:

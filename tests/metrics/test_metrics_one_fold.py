@@ -89,7 +89,7 @@ def test_running_and_waiting_equal_a_recount_after_every_event_of_a_field_case(p
 def test_the_recount_check_catches_a_gauge_left_stale(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check can fail: with every event taken for one that cannot move the gauges, the
     counts fall behind on some field case."""
-    everything = frozenset(metrics_module.dispatch_table(dict.fromkeys(_event_classes())))
+    everything = metrics_module._classes(*_event_classes())
     monkeypatch.setattr(metrics_module, "_GAUGES_QUIET", everything)
     caught = 0
     for path in FIELD_CASES:
