@@ -35,6 +35,7 @@ from events.store.backends import Synchronous
 from events.store.owners import lifecycle_of
 from events.store.store import EventStore
 from events.types import SessionOpened
+from projections.projector import Projector
 from projections.shell.runner import project_as_of
 from projections.turn_tables import TurnTables
 
@@ -92,7 +93,7 @@ class SessionEngine:
         self._ticker = FlushTicker(self.config.flush_interval_s)
         # Prometheus families (issue 16): one fold fed every event the sessions emit.
         self.model_name = model_name or default_model_name(self.ports)
-        self.metrics = LedgerMetrics(self.ports, now=time.time)
+        self.metrics = LedgerMetrics(self.ports, now=time.time, folded_by=self._session_projectors)
         self.replica = Replica(self, replica or ReplicaConfig())
 
     @classmethod
@@ -212,7 +213,14 @@ class SessionEngine:
         await self.replica.ensure_writable(session_id)
         history = await self._claimable_history(session_id)
         incarnation = next_incarnation(e.event for e in history)
-        log = SessionLog(self.store, session_id, len(history), ticker=self._ticker, on_applied=self.metrics.apply)
+        log = SessionLog(
+            self.store,
+            session_id,
+            len(history),
+            projector=self._projector_for(session_id, len(history)),
+            ticker=self._ticker,
+            on_folded=self.metrics.apply_folded,
+        )
         session = Session(
             session_id,
             log=log,
@@ -222,7 +230,8 @@ class SessionEngine:
             auto_response=auto_response,
             log_stats=log_stats,
         )
-        log.on_turn = lambda turn: self._print_turn(session, turn)
+        if log_stats:  # M14: nothing of a log_stats-off session's tables is printed or held for printing
+            log.on_turn = lambda turn: self._print_turn(session, turn)
         log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
         me = self.replica.me
         try:
@@ -252,6 +261,22 @@ class SessionEngine:
         self.sessions[session_id] = session
         await session.start()
         return session
+
+    def _projector_for(self, session_id: str, version: int) -> Projector:
+        """The fold a (re)opened session continues: its previous incarnation's, when this engine
+        served it and nothing was written to the stream since (so a slot a failed close cleanup
+        still holds, and a late fact of it, are judged and counted as the offline fold of the
+        log does them); else a fresh one. One fold per event feeds the session's decisions, its
+        printed tables and the Prometheus families (issue 23)."""
+        previous = self.sessions.get(session_id)
+        if previous is not None and not previous.taken_over and previous.log.version == version:
+            return previous.log.projector
+        return Projector()
+
+    def _session_projectors(self) -> list[Projector]:
+        """The folds of the sessions this engine serves or served (the audit-read gauges read
+        them; a closed session's stays until the id is reopened)."""
+        return [session.log.projector for session in list(self.sessions.values())]
 
     @property
     def closing(self) -> bool:

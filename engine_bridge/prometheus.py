@@ -31,6 +31,9 @@ from prometheus_client.metrics_core import Metric
 
 from events.records import StoredEvent
 from projections.metrics import FAMILIES, OFFLINE_FAMILIES, MetricsFold
+from projections.projector import Projector
+from projections.resources import SessionResources
+from projections.turn_tables import TurnTables
 
 
 class PrometheusSink:
@@ -42,6 +45,7 @@ class PrometheusSink:
     def __init__(self, families: Iterable[str] = OFFLINE_FAMILIES) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics: dict[str, Any] = {}
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         for name in families:
             fam = FAMILIES[name]
             kwargs: dict[str, Any] = {"labelnames": fam.labels, "registry": self.registry}
@@ -53,8 +57,14 @@ class PrometheusSink:
                 self.metrics[name] = Histogram(name, fam.help, buckets=fam.buckets, **kwargs)
 
     def _child(self, family: str, labels: tuple[str, ...]) -> Any:
-        metric = self.metrics[family]
-        return metric.labels(*labels) if labels else metric
+        """The family's child for ``labels``, looked up once (``labels()`` takes a lock and
+        checks its arguments on every call; the fold updates a few children per event)."""
+        key = (family, labels)
+        child = self._children.get(key)
+        if child is None:
+            metric = self.metrics[family]
+            child = self._children[key] = metric.labels(*labels) if labels else metric
+        return child
 
     def inc(self, family: str, labels: tuple[str, ...], amount: float) -> None:
         self._child(family, labels).inc(amount)
@@ -98,17 +108,25 @@ class LedgerMetrics:
 
     ``ports``: live stage ports (anything with ``live_request_ids() -> set[str]``); when given,
     ``duplex_ledger:running_counter_drift`` = ids the log says are running
-    (``ResourcesFold.running()``) − distinct ids the engines hold. ``now``: the "now" of the
+    (``ResourcesFold.running()``) − distinct ids the engines hold. ``folded_by``: live, the
+    projectors of the sessions that hand their folded events to :meth:`apply_folded` (the
+    audit-read gauges read them with the metrics' own). ``now``: the "now" of the
     audit's idle rule when live (default ``time.time``); offline the audit uses the ts of the
     last applied event, as ``duplex-ledger audit`` does. ``max_idle_s`` as ``audit --max-idle``."""
 
     def __init__(
-        self, ports: Sequence[Any] | None = None, *, now: Callable[[], float] | None = None, max_idle_s: float = 30.0
+        self,
+        ports: Sequence[Any] | None = None,
+        *,
+        now: Callable[[], float] | None = None,
+        max_idle_s: float = 30.0,
+        folded_by: Callable[[], Iterable[Projector]] | None = None,
     ) -> None:
         names = list(OFFLINE_FAMILIES) + (["duplex_ledger:running_counter_drift"] if ports is not None else [])
         self.sink = PrometheusSink(names)
         self.registry = self.sink.registry
         self.fold = MetricsFold(self.sink)
+        self.fold.folded_by = folded_by
         self.ports = list(ports) if ports is not None else None
         self.max_idle_s = max_idle_s
         self._now = now
@@ -120,9 +138,20 @@ class LedgerMetrics:
         self._server: Any = None
 
     def apply(self, stored: StoredEvent) -> None:
-        """Fold one event (the live engine calls this for every event it emits)."""
+        """Fold one event with the metrics' own projector and count it (the offline command;
+        live, a takeover's events, which no open session folds)."""
         start = time.perf_counter()
         self.fold.apply(stored)
+        self.apply_s += time.perf_counter() - start
+        self.events_applied += 1
+
+    def apply_folded(
+        self, stored: StoredEvent, accepted: bool, turns: Sequence[TurnTables], resources: SessionResources | None
+    ) -> None:
+        """Count one event a live session's projector has folded
+        (:meth:`projections.metrics.MetricsFold.apply_folded`): nothing is folded twice."""
+        start = time.perf_counter()
+        self.fold.apply_folded(stored, accepted, turns, resources)
         self.apply_s += time.perf_counter() - start
         self.events_applied += 1
 
@@ -142,7 +171,7 @@ class LedgerMetrics:
         engine_ids: set[str] = set()
         for port in self.ports:
             engine_ids |= set(port.live_request_ids())
-        return float(self.fold.projector.resources.running() - len(engine_ids))
+        return float(self.fold.running() - len(engine_ids))
 
     def exposition(self) -> str:
         return exposition(self.registry)

@@ -6,9 +6,10 @@ tables use, so live decisions and offline re-projection cannot disagree — and 
 session's stream in order (optimistic concurrency on the stream version). Turn tables the
 fold finalizes are handed to ``on_turn`` (live ``--log-stats`` printing) once the events that
 finalized them are durable, so a crash cannot leave a printed table the log does not hold;
-they are not kept; the
-fold is the live one (``Projector(live=True)``), so a session with log_stats off builds no
-turn state at all (M14).
+they are not kept. The same fold feeds the engine's Prometheus families (``on_folded``: its
+verdict, finalized turns and resources state per event), so every event is folded once; it
+builds every session's turn tables (the families count them whatever ``log_stats`` says) and
+only the printer skips a session with log_stats off (M14: nothing printed or kept).
 
 * :meth:`emit` — durable: returns once the events, and every buffered one before them, are
   committed. Intents that precede an engine call without outputs (abort) use it: the intent is
@@ -42,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 from engine_bridge.messages import StreamTakenOver
@@ -52,10 +53,15 @@ from events.store.store import EventStore
 from events.structs import struct_of
 from events.types import EventBase
 from projections.projector import Projector
+from projections.resources import SessionResources
 from projections.turn_tables import TurnTables
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+OnFolded = Callable[[StoredEvent, bool, Sequence[TurnTables], SessionResources | None], None]
+"""What :class:`SessionLog` hands on per event: (the event, its resources verdict, the turn
+tables it finalized, the session's resources state after it)."""
+_NO_TURNS: list[TurnTables] = []  # never appended to: the turns of an event that finalized none
 
 
 def _retrieve(task: asyncio.Future[None]) -> None:
@@ -167,17 +173,28 @@ class SessionLog:
         projector: Projector | None = None,
         ticker: FlushTicker | None = None,
         on_applied: Callable[[StoredEvent], None] | None = None,
+        on_folded: OnFolded | None = None,
     ) -> None:
         """``ticker``: the clock shared by the engine's sessions (a private one by default,
-        ticking every ``flush_interval_s``). ``on_applied``: called with every event as it is
-        applied (the engine's metrics fold, issue 16); its failures are swallowed (DOMAIN §5.5)."""
+        ticking every ``flush_interval_s``). ``on_folded``: called with every event as it is
+        applied, with what this log's projector made of it — ``(stored, accepted, finalized
+        turn tables, the session's resources state)`` — so the engine's Prometheus families
+        count the session's own fold, never a second one (issue 23;
+        ``engine_bridge.prometheus.LedgerMetrics.apply_folded``). ``on_applied``: called with
+        every event as it is applied, for a consumer that folds it itself (a takeover's events,
+        whose projector started from the stream's history). Their failures are swallowed
+        (DOMAIN §5.5). ``projector``: default a fresh :class:`Projector`: with ``on_folded`` one
+        that builds every session's turn tables (the Prometheus families count them, log_stats
+        on or off; with log_stats off none is printed or kept, M14), without it the live one
+        (``Projector(live=True)``: a session with log_stats off builds no turn state at all)."""
         self.store = store
         self.session_id = session_id
         self.version = version
-        self.projector = projector or Projector(live=True)  # log_stats off: no turn state at all (M14)
+        self.projector = projector or Projector(live=on_folded is None)
         self.ticker = ticker or FlushTicker(flush_interval_s)
         self.on_turn = on_turn
         self.on_applied = on_applied
+        self.on_folded = on_folded
         self.on_fenced: Callable[[ConcurrencyError], None] | None = None  # another writer moved the stream
         self.events_written = 0
         self.appends = 0  # store appends (transactions' shares) this log made
@@ -295,19 +312,26 @@ class SessionLog:
                 f"session {self.session_id!r}: an earlier append failed: {self._broken}"
             ) from self._broken
         now = time.time()
+        projector, sid, on_folded = self.projector, self.session_id, self.on_folded
+        turns_fold = projector.turns
         for event in events:
             self._applied += 1
-            stored = StoredEvent(self._applied, self.session_id, self._applied, now, struct_of(event))
-            self.projector.apply(stored)
+            stored = StoredEvent(self._applied, sid, self._applied, now, struct_of(event))
+            accepted = projector.apply(stored)
             self._pending.append(event)
+            turns = turns_fold.take_finalized() if turns_fold.finalized else _NO_TURNS
+            if on_folded is not None:
+                try:
+                    on_folded(stored, accepted, turns, projector.session_resources(sid))
+                except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
+                    logger.exception("session %s: metrics hook failed on %s", sid, event.type)
             if self.on_applied is not None:
                 try:
                     self.on_applied(stored)
                 except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
-                    logger.exception("session %s: metrics hook failed on %s", self.session_id, event.type)
-        for turn in self.projector.turns.take_finalized() if self.projector.turns.finalized else ():
-            if self.on_turn is not None:  # handed on once durable, not kept: a long-lived session stays flat
-                self._unprinted.append(turn)
+                    logger.exception("session %s: metrics hook failed on %s", sid, event.type)
+            if turns and self.on_turn is not None:  # handed on once durable, not kept: a long-lived session stays flat
+                self._unprinted.extend(turns)
 
     def _print(self, turns: list[TurnTables]) -> None:
         """Hand turns whose finalizing events are now durable to ``on_turn``: what the live

@@ -1,13 +1,16 @@
 """Operator metrics from the log: one pure fold behind the live ``/metrics`` and the offline
 ``duplex-ledger metrics`` (issue 16).
 
-:class:`MetricsFold` applies stored events one at a time. It runs its own
-:class:`~projections.projector.Projector` (so turn tables, reasons and findings are the audit's
-own, DOMAIN §5.5/§5.7) and turns what the projector finalizes, plus a few raw facts, into
-updates of the families in :data:`FAMILIES`, handed to a :class:`MetricsSink`
-(``engine_bridge.prometheus.PrometheusSink`` for Prometheus, :class:`TallySink` for tests). The live
-engine feeds it every event it emits; the offline command feeds it the stored log: the same
-updates, so the same samples. Positions play no part (live folds see provisional ones).
+:class:`MetricsFold` counts stored events one at a time from what a
+:class:`~projections.projector.Projector` made of each (so turn tables, reasons and findings are
+the audit's own, DOMAIN §5.5/§5.7): the resources verdict, the turn tables the event finalized and
+the session's resources state, plus a few raw facts of the event, become updates of the families
+in :data:`FAMILIES`, handed to a :class:`MetricsSink` (``engine_bridge.prometheus.PrometheusSink``
+for Prometheus, :class:`TallySink` for tests). One fold per event (issue 23): live, each session's
+own projector — the one its decisions read — hands its results to :meth:`MetricsFold.apply_folded`;
+offline (``duplex-ledger metrics``, ``tables --summary``), :meth:`MetricsFold.apply` folds the
+stored log with the metrics' own projector and hands them to the same method: the same updates,
+so the same samples. Positions play no part (live folds see provisional ones).
 
 Clocks: every duration is two event ``ts`` of one wall clock (the server's), computed on integer
 microseconds (``projections.intervals.span_ms``); no engine-monotonic stamp is used here.
@@ -33,8 +36,9 @@ turn table, so they add nothing here):
   ``vllm_omni:request_time_per_output_token_s{model_name}`` (``vllm_tpot_ms`` / 1000 when > 0),
   ``vllm_omni:inter_token_latency_s{model_name}`` (each ``vllm_itls_ms`` entry / 1000).
 
-After every event: ``vllm_omni:num_requests_running`` / ``num_requests_waiting`` ``{model_name}``
-(gauges): of the ids the resources fold says run, those with no ``StageOutput`` since their
+After every event that can move them (one that binds, finishes or drops a key, or an id's first
+output since its submit/forward; the others cannot): ``vllm_omni:num_requests_running`` /
+``num_requests_waiting`` ``{model_name}`` (gauges): of the ids the resources fold says run, those with no ``StageOutput`` since their
 latest submit/forward are waiting, the others running. A model's histogram children and these
 gauges exist (zero samples) from its first ``SessionOpened``.
 
@@ -58,28 +62,41 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from events.records import StoredEvent
-from events.structs import struct_type
 from events.types import (
     FINISHED_REASONS,
     AbortResult,
+    ActiveRequestBound,
+    CancelRequested,
+    CommandRejected,
+    EpochAdvanced,
+    EventBase,
+    InputAppended,
+    InputCleared,
+    ReleaseRequested,
     ResponseBegun,
+    ResponseEnded,
     ResponseListened,
     SessionClosed,
     SessionOpened,
+    StageMetricsReported,
     StageOutput,
     StageRequestForwarded,
+    StageRequestReserved,
     StageRequestSubmitted,
+    TransferTx,
     TurnCommitted,
     TurnCompleted,
+    TurnFinalized,
 )
 from projections.dispatch import dispatch_table
 from projections.intervals import span_ms
 from projections.projector import Projector
+from projections.resources import SessionResources
 from projections.turn_tables import TurnTables
 
 FamilyKind = Literal["counter", "gauge", "histogram"]
@@ -429,6 +446,38 @@ def holds_slot(resources: Any) -> bool:
     )
 
 
+def _classes(*classes: type[EventBase]) -> frozenset[type]:
+    """The structs of ``classes`` (:func:`projections.dispatch.dispatch_table`'s keys)."""
+    return frozenset(dispatch_table(dict.fromkeys(classes, _classes)))
+
+
+_CLOSES = _classes(SessionClosed)
+"""``SessionClosed``'s struct: the event that fixes a session's rollup."""
+_OUTPUTS = _classes(StageOutput)
+_GAUGES_QUIET = _classes(
+    StageOutput,  # only a finishing output or an id's first since its submit/forward
+    StageRequestReserved,  # a reserved key is not submitted: it does not run yet
+    StageMetricsReported,
+    TransferTx,
+    InputAppended,
+    InputCleared,
+    TurnCommitted,
+    ResponseListened,
+    ResponseBegun,
+    ResponseEnded,
+    TurnCompleted,
+    TurnFinalized,
+    CancelRequested,
+    EpochAdvanced,
+    ActiveRequestBound,
+    ReleaseRequested,
+    CommandRejected,
+)
+"""Events that neither bind, finish nor drop a key in the resources fold nor give an id its
+first output: the running/waiting gauges cannot change on them (tests/metrics checks this against
+a recount after every event)."""
+
+
 class MetricsFold:
     """Pure fold from stored events to metric updates (see the module docstring).
 
@@ -447,6 +496,9 @@ class MetricsFold:
         self._request_counts: dict[str, tuple[str, int, int]] = {}  # session -> (model, running, waiting)
         self._model_requests: dict[str, list[int]] = {}  # model -> [running, waiting]
         self._stages: set[tuple[str, int]] = set()  # (model, stage) declared
+        self._woke = False  # the event being counted gave an id its first output since its submit
+        self.gauges_every_event = False  # recount running/waiting after every event (tests)
+        self.folded_by: Callable[[], Iterable[Projector]] | None = None  # live: the sessions' folds
         self._handlers = dispatch_table(
             {
                 SessionOpened: self._opened,
@@ -466,26 +518,53 @@ class MetricsFold:
 
     # ------------------------------------------------------------------ apply
     def apply(self, stored: StoredEvent) -> list[TurnTables]:
+        """Fold one event with this fold's own :attr:`projector` and count what it gave
+        (:meth:`apply_folded`); returns the turn tables the event finalized. The offline path
+        (``duplex-ledger metrics``, ``tables --summary``): one fold of the log."""
+        projector = self.projector
+        accepted = projector.apply(stored)
+        turns = projector.turns.take_finalized() if projector.turns.finalized else []
+        self.apply_folded(stored, accepted, turns, projector.session_resources(stored.event.session_id))
+        return turns
+
+    def apply_folded(
+        self,
+        stored: StoredEvent,
+        accepted: bool,
+        turns: Sequence[TurnTables],
+        resources: SessionResources | None,
+    ) -> None:
+        """Count one event a :class:`~projections.projector.Projector` has already folded
+        (issue 23: one fold per event, live and offline): ``accepted`` is its resources verdict
+        (D9/D18: a refused fact counts nowhere), ``turns`` the turn tables it finalized (in
+        order), ``resources`` the event's session's resources state after it (None: none). The
+        live session (``engine_bridge.session_log.SessionLog``) hands its own fold's results
+        here; :meth:`apply` its own. Nothing here folds the event again."""
         event = stored.event
-        s = self.sessions.get(event.session_id)
+        sid = event.session_id
+        s = self.sessions.get(sid)
         if s is None:
-            s = self.sessions[event.session_id] = _Session()
-        # D9/D18: a fact the audit refuses (of an id the session does not hold, after the close
-        # or a takeover, a second close) counts nowhere: the audit's own verdict gates it.
-        accepted = self.projector.apply(stored)
-        handler = self._handlers.get(type(event))
+            s = self.sessions[sid] = _Session()
+        etype = type(event)
+        handler = self._handlers.get(etype)
+        self._woke = False
         if handler is not None and accepted:
             handler(s, stored, event)
-            s = self.sessions[event.session_id]  # a SessionOpened starts a fresh incarnation
-        turns = self.projector.turns.take_finalized() if self.projector.turns.finalized else []
+            s = self.sessions[sid]  # a SessionOpened starts a fresh incarnation
         for turn in turns:
             self._turn(s, turn)
-        if accepted and type(event) is struct_type(SessionClosed):
-            self._rollup(event.session_id, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
+        if accepted and etype in _CLOSES:
+            self._rollup(sid, s, stored, event)  # type: ignore[arg-type]  # after its close's turn
         if s.close_reason is not None:
-            self._settle(event.session_id, s)
-        self._request_gauges(event.session_id, s.model_name)
-        return turns
+            self._settle(s, resources)
+        # Running/waiting change only when an id starts or stops running or gives its first
+        # output since its submit/forward: not on the other events (nor on every output).
+        if (
+            self.gauges_every_event
+            or etype not in _GAUGES_QUIET
+            or (etype in _OUTPUTS and (self._woke or event.finished))  # type: ignore[attr-defined]
+        ):
+            self._request_gauges(sid, s.model_name, resources)
 
     def apply_all(self, events: Sequence[StoredEvent] | Any) -> MetricsFold:
         for stored in events:
@@ -549,7 +628,10 @@ class MetricsFold:
         self._declare_stage(s.model_name, e.stage_id)
 
     def _output(self, s: _Session, st: StoredEvent, e: StageOutput) -> None:
-        self._awaiting.get(e.session_id, set()).discard(e.request_id)
+        awaiting = self._awaiting.get(e.session_id)
+        if awaiting and e.request_id in awaiting:
+            awaiting.discard(e.request_id)
+            self._woke = True  # the id's first output since its submit/forward: it runs now
         key = (e.request_id, e.stage_id)
         if key in s.audio_open and is_audio_output(e.stage_id, e.num_new_tokens, e.audio_frames):
             s.audio_open.discard(key)
@@ -639,11 +721,11 @@ class MetricsFold:
         for itl_ms in stage0.get("vllm_itls_ms") or ():
             self.sink.observe("vllm_omni:inter_token_latency_s", (model,), itl_ms / 1000.0)
 
-    def _request_gauges(self, session_id: str, model: str) -> None:
-        """Running/waiting of the session's model after one event: of the ids the resources
-        fold says run (submitted, not finished, aborted or released), those with no
-        ``StageOutput`` since their latest submit/forward are waiting, the others running."""
-        held = self.projector.session_resources(session_id)
+    def _request_gauges(self, session_id: str, model: str, held: SessionResources | None) -> None:
+        """Running/waiting of the session's model after an event that may change them: of the
+        ids the resources fold says run (``held``: submitted, not finished, aborted or
+        released), those with no ``StageOutput`` since their latest submit/forward are
+        waiting, the others running."""
         ids = held.running_ids() if held is not None else set()
         awaiting = self._awaiting.get(session_id)
         if awaiting:
@@ -687,9 +769,8 @@ class MetricsFold:
             self.sink.observe("duplex_ledger:session_duration_s", (), wall_ms / 1000.0)
         self.sink.observe("duplex_ledger:session_turns", (), float(sum(s.reasons.values())))
 
-    def _settle(self, session_id: str, s: _Session) -> None:
-        """A closed session whose resources hold nothing any more frees its slot."""
-        held = self.projector.session_resources(session_id)
+    def _settle(self, s: _Session, held: SessionResources | None) -> None:
+        """A closed session whose resources (``held``) hold nothing any more frees its slot."""
         if held is not None and holds_slot(held):
             return
         self.sink.inc("duplex_ledger:sessions_closed_total", (s.close_reason or "",), 1)
@@ -698,11 +779,24 @@ class MetricsFold:
         self.sink.set("duplex_ledger:sessions_cleanup_pending", (), self.cleanup_pending)
 
     # ------------------------------------------------------------------ audit
+    def projectors(self) -> list[Projector]:
+        """The folds whose state the audit-read gauges read: this fold's own :attr:`projector`
+        plus, live, those of the sessions that hand their results to :meth:`apply_folded`
+        (:attr:`folded_by`, set by the engine; each session's state lives in one of them)."""
+        own = [self.projector]
+        return own if self.folded_by is None else own + list(self.folded_by())
+
+    def running(self) -> int:
+        """Ids the log says are running (``ResourcesFold.running``), over :meth:`projectors`."""
+        return sum(p.resources.running() for p in self.projectors())
+
     def leaked_request_ids(self, max_idle_s: float = 30.0, as_of_ts: float | None = None) -> int:
         """Distinct (session, request id) pairs with a leak finding now (DOMAIN §4.2; the
         audit's own findings, ``as_of_ts`` default: ts of the last applied event)."""
-        return len({(f.session_id, f.request_id) for f in self.projector.leaks(max_idle_s, as_of_ts)})
+        return len({(f.session_id, f.request_id) for p in self.projectors() for f in p.leaks(max_idle_s, as_of_ts)})
 
     def leaked_ids_of(self, session_id: str, max_idle_s: float = 30.0) -> list[str]:
         """The request ids of ``session_id`` with a leak finding now, sorted."""
-        return sorted({f.request_id or "" for f in self.projector.leaks(max_idle_s) if f.session_id == session_id})
+        return sorted(
+            {f.request_id or "" for p in self.projectors() for f in p.leaks(max_idle_s) if f.session_id == session_id}
+        )

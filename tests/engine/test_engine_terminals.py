@@ -17,6 +17,7 @@ from engine_bridge.plugin import TextPlugin
 from projections.shell.runner import project_as_of
 from tests.engine.test_session_rules import turn
 from tests.fakes.fake_port import FakeStagePort
+from tests.metrics.test_metrics_live_offline import samples
 
 CONFIG = EngineConfig(max_tokens=6, talker_max_tokens=4, flush_interval_s=0.005)
 LONG = EngineConfig(max_tokens=400, talker_max_tokens=4, flush_interval_s=0.005)  # ~0.8 s per answer
@@ -162,15 +163,20 @@ async def test_shutdown_with_a_running_response_is_close(tmp_path):
         await store.close()
 
 
-async def test_log_stats_off_session_holds_no_turn_state(tmp_path):
+async def test_log_stats_off_session_prints_and_holds_no_table_but_is_counted(tmp_path):
     engine = await open_engine(tmp_path)
     try:
         quiet = await engine.open_session("quiet", log_stats=False)
         loud = await engine.open_session("loud")
         for s in (quiet, loud):
             await turn(s, "Hello")
-        assert quiet.log.projector.turns.sessions == {}  # no aggregator, nothing buffered (M14)
+        # One fold per event (issue 23): the session's fold is the one the Prometheus families
+        # count, so it builds the quiet session's turn too; nothing of it is printed or held (M14).
+        assert quiet.log.on_turn is None and quiet.log._unprinted == []
         assert "loud" in loud.log.projector.turns.sessions
+        exposed = samples(engine.metrics.exposition())
+        stop = (("finished_reason", "stop"), ("model_name", engine.model_name))
+        assert exposed[("vllm_omni:requests_success_total", stop)] == 2  # both sessions' turns counted
         await loud.log.flush()  # a turn is printed once the events that finalized it are durable
         assert [t.session_id for t in engine.printed] == ["loud"]
         for s in (quiet, loud):
