@@ -203,6 +203,12 @@ class SessionEngine:
         protocol: str | None,
         connection_id: str | None,
     ) -> Session:
+        previous = self.sessions.get(session_id)
+        if previous is not None and previous.closed and not previous.taken_over:
+            # Its close may still be running (SessionClosed is folded before the close's aborts
+            # and their results are recorded): the next incarnation starts after that close and
+            # its last events are in the log, never beside them (a reconnect right after a drop).
+            await previous.settled()
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
         if sum(not s.closed for s in self.sessions.values()) >= self.config.max_sessions:

@@ -158,6 +158,12 @@ class Session:
     def closed(self) -> bool:
         return self.taken_over or self.state.closed
 
+    async def settled(self) -> None:
+        """Wait until the command running now (a close's aborts included) has ended and every
+        event it recorded is committed. Raises what the log's last write raised."""
+        async with self._lock:
+            await self.log.flush()
+
     def fence(self) -> Fence:
         """The session's current fence (what a client sends back with ``fence=``)."""
         return self.state.fence

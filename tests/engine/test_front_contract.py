@@ -282,3 +282,42 @@ async def test_two_concurrent_opens_of_one_id_on_one_replica_refuse_the_loser_as
             assert isinstance(refused[0], SessionError) and refused[0].code == "session_exists", refused[0]
     finally:
         await engine.aclose()
+
+
+# ------------------------------------------------------------------ reopen while the close settles
+async def test_an_open_while_the_previous_close_settles_waits_for_that_close(tmp_path):
+    """SessionClosed is folded (``closed`` is true) before the close's aborts and their results
+    are recorded; an open of the same id in that window (a reconnect right after a drop) waits
+    for the close instead of starting the next incarnation beside it (FAKE ports, slowed aborts:
+    without the wait the old close's AbortResult lands after the new SessionOpened and the
+    audit shows the id leaked)."""
+    import asyncio
+
+    from tests.waiting import eventually
+
+    class SlowAbortPort(FakeStagePort):
+        async def abort(self, request_ids):
+            if request_ids:
+                await asyncio.sleep(0.3)
+            await super().abort(request_ids)
+
+    ports = [SlowAbortPort(0, "thinker", token_delay_s=0.002), SlowAbortPort(1, "talker", token_delay_s=0.002)]
+    engine = await SessionEngine.open(f"sqlite+aiosqlite:///{tmp_path}/ledger.db", ports, config=LONG)
+    try:
+        old = await engine.open_session("settle")
+        await old.append_text("Tell me a long story")
+        await old.commit()
+        await until_delta(old)
+        closing = asyncio.create_task(old.close("disconnect"))
+        await eventually(lambda: old.closed)
+        assert not closing.done()  # the window: closed, the abort still in flight
+        new = await engine.open_session("settle")
+        assert closing.done() and new.state.incarnation == 1
+        await new.close()
+        history = [s.event for s in await engine.store.read_stream("settle")]
+        kinds = [e.type for e in history]
+        assert kinds.index("AbortResult") < kinds.index("SessionOpened", 1)
+        p = await project_as_of(engine.store)
+        assert p.leaks() == []
+    finally:
+        await engine.aclose()
