@@ -216,6 +216,9 @@ class SessionEngine:
                 "max_sessions_reached", f"{self.config.max_sessions} sessions open", session_id=session_id
             )
         plugin = plugin or self.plugin
+        closed = self.sessions.get(session_id)  # a closed predecessor (the check above), if any
+        if closed is not None:
+            closed.superseded = True  # before the next incarnation is folded into the fold it shares
         await self.replica.ensure_writable(session_id)
         history = await self._claimable_history(session_id)
         incarnation = next_incarnation(e.event for e in history)

@@ -113,6 +113,10 @@ class Session:
         self.auto_response = auto_response
         self.log_stats = log_stats
         self.taken_over = False  # fenced: another replica owns the session now (issue 14); never in the log
+        # A later incarnation of this id was opened on this engine: it continues this session's
+        # fold (issue 23: one fold per event), so this object is closed for good and reads nothing
+        # of the new incarnation's state.
+        self.superseded = False
         self.state = SessionState(
             session_id, log.projector.resources, SessionRules(auto_response, config.overlap_short_ack_ms)
         )
@@ -156,7 +160,7 @@ class Session:
 
     @property
     def closed(self) -> bool:
-        return self.taken_over or self.state.closed
+        return self.taken_over or self.superseded or self.state.closed
 
     async def settled(self) -> None:
         """Wait until the command running now (a close's aborts included) has ended and every
@@ -388,6 +392,8 @@ class Session:
         ended (``session.closed``) only the SessionError (the client was told, CASE-35)."""
         if self.taken_over:
             self._refuse("session_taken_over", f"{name}: the session was taken over by another replica", event_id)
+        if self.superseded:
+            self._refuse("session_closed", f"{name} on a closed session", event_id)
         async with self._lock:
             run = _Execution(name, self.runner.active, event_id)
             try:

@@ -321,3 +321,24 @@ async def test_an_open_while_the_previous_close_settles_waits_for_that_close(tmp
         assert p.leaks() == []
     finally:
         await engine.aclose()
+
+
+async def test_a_closed_session_stays_closed_when_its_id_is_reopened(tmp_path):
+    """The next incarnation continues the previous one's fold (issue 23: one fold per event);
+    the old Session object must not read the new incarnation's state as its own: it stays
+    closed and refuses commands ``session_closed`` (FAKE ports)."""
+    engine = await open_engine(tmp_path, LONG)
+    try:
+        old = await engine.open_session("again")
+        await old.close()
+        new = await engine.open_session("again")
+        assert old.closed and not new.closed
+        with pytest.raises(SessionError) as info:
+            await old.append_text("hello")
+        assert info.value.code == "session_closed"
+        await new.append_text("hello")  # the new incarnation is untouched by the refusal
+        await new.close()
+        kinds = [s.event.type for s in await engine.store.read_stream("again")]
+        assert kinds.count("InputAppended") == 1 and kinds.count("SessionOpened") == 2
+    finally:
+        await engine.aclose()
