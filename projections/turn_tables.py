@@ -205,7 +205,44 @@ def build_turn_tables(
     ``e2e_total_ms`` = (finalize_ts - arrival_ts) * 1000, 0 when the clock stepped back (D17); ``e2e_total_tokens`` = stage-0
     ``num_tokens_in`` + every stage's ``num_tokens_out``. Pure; raises nothing for empty input.
     """
-    stages = {sid: collapse_segments(segs) for sid, segs in sorted(segments.items()) if segs}
+    return turn_tables_from_rows(
+        session_id=session_id,
+        response_id=response_id,
+        request_id=request_id,
+        turn_id=turn_id,
+        finished_reason=finished_reason,
+        arrival_ts=arrival_ts,
+        finalize_ts=finalize_ts,
+        stages={sid: collapse_segments(segs) for sid, segs in sorted(segments.items()) if segs},
+        stage_first_ts=stage_first_ts,
+        stage_last_ts=stage_last_ts,
+        tx_delta=tx_delta,
+        edge_order=edge_order,
+        num_stages=num_stages,
+        snapshot_stages=snapshot_stages,
+    )
+
+
+def turn_tables_from_rows(
+    *,
+    session_id: str,
+    response_id: str,
+    request_id: str | None,
+    turn_id: int,
+    finished_reason: str,
+    arrival_ts: float,
+    finalize_ts: float,
+    stages: dict[int, dict[str, Any]],
+    stage_first_ts: Mapping[int, float],
+    stage_last_ts: Mapping[int, float],
+    tx_delta: Mapping[tuple[int, int], tuple[float, int, bool]],
+    edge_order: Sequence[tuple[int, int]],
+    num_stages: int | None = None,
+    snapshot_stages: frozenset[int] | None = None,
+) -> TurnTables:
+    """:func:`build_turn_tables` given each stage's collapsed row (``stages``: stage id -> row,
+    sorted by stage id; the turns fold keeps one running accumulator per stage and hands over
+    its row). Pure; the rows become the tables' (not copied)."""
     transfers = _edges(stages, tx_delta, edge_order, snapshot_stages)
     e2e_total_ms = max(span_ms(arrival_ts, finalize_ts), 0.0)  # D17: a clock stepped back shows 0
     tokens = int((stages.get(0, {}).get("num_tokens_in") or 0) + sum(r["num_tokens_out"] or 0 for r in stages.values()))
