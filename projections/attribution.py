@@ -63,23 +63,6 @@ TURN, PENDING, NOWHERE = "turn", "pending", "nowhere"
 _OUTSIDE = "outside its id's current segment (turn ended, or not the session's current id); joins no turn"
 
 
-def route(s: SessionTurns, request_id: str, model_turn_id: int | None = None) -> str:
-    """Where a fact of ``request_id`` goes (module docstring): TURN, PENDING or NOWHERE.
-    Live ids are a subset of the submitted ones."""
-    if model_turn_id is not None and model_turn_id < s.completed_below:
-        return NOWHERE  # names a turn the model already completed
-    turn = s.open
-    if request_id in s.live:
-        if turn is not None and turn.request_id == request_id:
-            return TURN
-        return PENDING if request_id == s.current_id else NOWHERE
-    if request_id in s.submitted:
-        return NOWHERE  # submitted, and its segment is over
-    if turn is not None and turn.request_id == request_id:
-        return TURN  # a log without submits: the begin's id
-    return NOWHERE if s.submits_seen else PENDING  # PENDING: a log without submits
-
-
 def target(
     fold: TurnsFold,
     s: SessionTurns,
@@ -91,10 +74,24 @@ def target(
     warn: bool = True,
     after_forward: bool = True,
 ) -> str:
-    """:func:`route`, then the downstream rule (``after_forward``: a stage > 0 fact needs this
-    segment's forward to its stage); a PENDING fact of another id than the buffer's starts a
-    new buffer; a NOWHERE fact is one warning when ``warn``."""
-    where = route(s, request_id, model_turn_id)
+    """Where a fact of ``request_id`` goes (module docstring): TURN, PENDING or NOWHERE. With
+    ``after_forward``, a stage > 0 fact needs this segment's forward to its stage. A PENDING
+    fact of another id than the buffer's starts a new buffer; a NOWHERE fact is one
+    ``output_outside_segment`` warning when ``warn``."""
+    turn = s.open
+    if model_turn_id is not None and model_turn_id < s.completed_below:
+        where = NOWHERE  # names a turn the model already completed
+    elif request_id in s.live:  # (live ids are submitted ids)
+        if turn is not None and turn.request_id == request_id:
+            where = TURN
+        else:
+            where = PENDING if request_id == s.current_id else NOWHERE
+    elif request_id in s.submitted:
+        where = NOWHERE  # submitted, and its segment is over
+    elif turn is not None and turn.request_id == request_id:
+        where = TURN  # a log without submits: the begin's id
+    else:
+        where = NOWHERE if s.submits_seen else PENDING  # PENDING: a log without submits
     if where is not NOWHERE:
         if stage_id > 0 and after_forward and s.forward_seen and stage_id not in s.forwarded.get(request_id, ()):
             where = NOWHERE  # a downstream fact before this segment's forward to that stage
@@ -182,10 +179,14 @@ def output(fold: TurnsFold, s: SessionTurns, st: StoredEvent, e: StageOutput) ->
     request_id = e.request_id
     if request_id not in s.live and not rid.is_duplex(request_id):  # live ids are duplex ids
         return
-    where = target(fold, s, st, e.stage_id, request_id, "output", e.model_turn_id)
+    stage_id = e.stage_id
+    where = target(fold, s, st, stage_id, request_id, "output", e.model_turn_id)
     if where is NOWHERE:
         return
-    facts = stage_facts(s, where, e.stage_id)
+    stages = s.open.stages if where is TURN else s.pending  # type: ignore[union-attr]  # TURN: a turn is open
+    facts = stages.get(stage_id)
+    if facts is None:
+        facts = stages[stage_id] = StageFacts()
     facts.derived = True
     position = st.position
     ts = facts.last_output_ts = e.ts

@@ -8,6 +8,7 @@ milliseconds, ``_s`` seconds, ``_ts`` wall-clock epoch seconds, ``_bytes`` bytes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,35 +139,48 @@ def _edges(
     non-zero RX bytes (D3); a stage-k snapshot creates the edge even with no RX fields, size 0
     (D4). Then the TX delta is added (DOMAIN §5.3). Order: ``edge_order``, then TX-only edges,
     then RX-only edges, sorted. ``snapshot_stages`` None = every stage in ``stages`` reported."""
-    edges: dict[tuple[int, int], dict[str, Any]] = {}
-    for sid, row in sorted(stages.items()):
-        rx = (row.get("rx_transfer_bytes"), row.get("rx_decode_time_ms"), row.get("rx_in_flight_time_ms"))
-        reported = snapshot_stages is None or sid in snapshot_stages
-        if sid < 1 or not (reported or any(v is not None and v > 0 for v in rx)):
+    # edge -> [size_bytes, tx_time_ms, rx_decode_time_ms, in_flight_time_ms, used_shm]
+    edges: dict[tuple[int, int], list[Any]] = {}
+    for sid, row in stages.items():  # any order: the edge order below sorts what it needs
+        if sid < 1:
             continue
-        edges[(sid - 1, sid)] = {
-            "size_bytes": rx[0] if rx[0] else (0 if reported else None),
-            "rx_decode_time_ms": float(rx[1] or 0.0),
-            "in_flight_time_ms": float(rx[2] or 0.0),
-        }
+        rx_bytes, rx_decode, rx_flight = (
+            row.get("rx_transfer_bytes"),
+            row.get("rx_decode_time_ms"),
+            row.get("rx_in_flight_time_ms"),
+        )
+        reported = snapshot_stages is None or sid in snapshot_stages
+        if not (reported or any(v is not None and v > 0 for v in (rx_bytes, rx_decode, rx_flight))):
+            continue
+        size = rx_bytes if rx_bytes else (0 if reported else None)
+        edges[(sid - 1, sid)] = [size, 0.0, float(rx_decode or 0.0), float(rx_flight or 0.0), False]
     for key, (tx_ms, size, shm) in tx_delta.items():
-        edge = edges.setdefault(key, {})
-        edge["tx_time_ms"] = edge.get("tx_time_ms", 0.0) + max(float(tx_ms), 0.0)
-        edge["used_shm"] = bool(edge.get("used_shm", False) or shm)
-        if not edge.get("size_bytes") and size and size > 0:
-            edge["size_bytes"] = int(size)
+        edge = edges.get(key)
+        if edge is None:
+            edge = edges[key] = [None, 0.0, 0.0, 0.0, False]
+        edge[1] = 0.0 + max(float(tx_ms), 0.0)  # (0.0 +: a -0.0 delta shows 0.0)
+        edge[4] = bool(shm)
+        if not edge[0] and size and size > 0:
+            edge[0] = int(size)
     order = [k for k in dict.fromkeys(edge_order) if k in edges]
-    order += sorted(k for k in tx_delta if k not in order)
-    order += sorted(k for k in edges if k not in order)
-    return tuple(TransferEdge(a, b, **edges[(a, b)]) for a, b in order)
+    if len(order) < len(edges):
+        order += sorted(k for k in tx_delta if k not in order)
+        order += sorted(k for k in edges if k not in order)
+    return tuple(TransferEdge(a, b, *edges[(a, b)]) for a, b in order)
 
 
 def _preprocess_ms(stages: Mapping[int, Mapping[str, Any]]) -> float | None:
-    for _, row in sorted(stages.items()):
+    """The lowest stage's preprocess timing (``stages`` sorted by stage id)."""
+    for row in stages.values():
         timings = row.get("pipeline_timings") or {}
         if timings.get(PREPROCESS_TIMING_KEY) is not None:
             return float(timings[PREPROCESS_TIMING_KEY])
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _wall_key(stage_id: int) -> str:
+    return f"e2e_stage_{stage_id}_wall_time_ms"
 
 
 def build_turn_tables(
@@ -279,7 +293,7 @@ def turn_tables_from_rows(
         else:
             first, last = min(max(first, lo), hi), min(max(last, lo), hi)
             wall = max(span_ms(first, last), 0.0)
-        summary[f"e2e_stage_{sid}_wall_time_ms"] = wall
+        summary[_wall_key(sid)] = wall
     return TurnTables(
         session_id=session_id,
         response_id=response_id,

@@ -37,6 +37,8 @@ any engine request still gets a row, with ``request_id`` None (D8).
 
 from __future__ import annotations
 
+import functools
+
 from events import ids as rid
 from events.records import StoredEvent
 from events.types import (
@@ -73,6 +75,8 @@ from projections.turn_state import KEPT_PER_SESSION, OpenTurn, SessionTurns, Ter
 from projections.turn_tables import TurnTables
 
 __all__ = ["KEPT_PER_SESSION", "TurnsFold"]
+
+_NOTHING_PINNED: dict[str, None] = {}  # finalized responses are forgotten oldest first, none pinned
 
 
 class TurnsFold:
@@ -256,7 +260,7 @@ class TurnsFold:
         s.pending_commit_ts = None
         s.pending_stamp, s.pending_stamp_uncommitted = None, False
         turn = OpenTurn(response_id, None, _title_turn(request_id, turn_id), arrival, st.position, arrival_position)
-        turn.tx_baseline = {edge: (v[0], v[1], v[2]) for edge, v in s.tx_totals.items()}
+        turn.tx_baseline = {edge: tuple(v) for edge, v in s.tx_totals.items()}  # type: ignore[misc]
         s.open = turn
         if request_id is None and st.event.type == "ResponseBegun":
             # A begin that names no id: the buffered id, else the current id in its segment.
@@ -311,7 +315,7 @@ class TurnsFold:
         assert turn is not None
         s.open = None
         s.terminals[turn.response_id] = Terminal(reason, {st.event.type})  # type: ignore[attr-defined]
-        remember(s.terminals, None, {})
+        remember(s.terminals, None, _NOTHING_PINNED)
         if end_segment:
             s.end_segment(turn.request_id)
         if turn.request_id is not None and not rid.is_duplex(turn.request_id):
@@ -321,9 +325,16 @@ class TurnsFold:
 
 def _title_turn(request_id: str | None, turn_id: int) -> int:
     """D7: the turn a title names — an ephemeral id's ``_t<N>``, else the begin's turn id."""
-    parsed = rid.try_parse(request_id) if request_id is not None else None
+    named = _ephemeral_turn(request_id) if request_id is not None else None
+    return named if named is not None else turn_id
+
+
+@functools.lru_cache(maxsize=4096)
+def _ephemeral_turn(request_id: str) -> int | None:
+    """The ``_t<N>`` of an ephemeral id; None for any other id (parsed once per id)."""
+    parsed = rid.try_parse(request_id)
     stage_turn = parsed.ephemeral_stage_turn if parsed is not None else None
-    return stage_turn[1] if stage_turn is not None else turn_id
+    return stage_turn[1] if stage_turn is not None else None
 
 
 _HANDLERS = dispatch_table(
