@@ -201,7 +201,7 @@ def output(fold: TurnsFold, s: SessionTurns, st: StoredEvent, e: StageOutput) ->
 
 
 def finished(fold: TurnsFold, s: SessionTurns, st: StoredEvent, e: StageRequestFinished) -> None:
-    if not rid.is_duplex(e.request_id):
+    if e.request_id not in s.live and not rid.is_duplex(e.request_id):
         return
     where = target(fold, s, st, e.stage_id, e.request_id, "finish", e.model_turn_id, warn=False)
     if where is TURN and e.finish_reason == "abort":
@@ -216,7 +216,7 @@ def listened(fold: TurnsFold, s: SessionTurns, st: StoredEvent, e: ResponseListe
 def metrics(fold: TurnsFold, s: SessionTurns, st: StoredEvent, e: StageMetricsReported) -> None:
     """A snapshot joins its stage's accumulator in the turn, or in the buffer (one collapsed
     pending row per stage, M15, whose first stamp is an arrival stamp, §5.3)."""
-    if not rid.is_duplex(e.request_id):
+    if e.request_id not in s.live and not rid.is_duplex(e.request_id):
         return  # chat ids never buffer (M12)
     segment = snapshot_segment(e)
     if segment is None:

@@ -84,7 +84,7 @@ def tx_delta(
         base = baseline.get(edge, (0.0, 0, False))
         d_tx, d_size = tx_ms - base[0], size - base[1]
         if d_tx > 0 or d_size > 0:
-            delta[edge] = (max(d_tx, 0.0), max(d_size, 0), shm)  # type: ignore[call-overload]
+            delta[edge] = (max(d_tx, 0.0), max(d_size, 0), shm)  # type: ignore[call-overload,assignment]
     return delta
 
 
