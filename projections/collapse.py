@@ -53,7 +53,9 @@ merged again: the itl means need the concatenated lists and the segment count (1
 its own ``vllm_itl_ms``, 2+ use the list mean), ``vllm_tpot_ms`` needs the weight sums, and
 ``time_per_output_unit_ms`` needs the segment count. The accumulator therefore keeps the
 concatenated lists, the tpot weighted sum and weight, the segment count and the first segment's
-values, and only :meth:`StageCollapse.row` derives the means. Accumulators combine associatively
+values — one tuple of every field's folded value, in ``STAT_FIELDS`` order, so a snapshot is read
+with one call and a one-segment row is that tuple with its lists made lists — and only
+:meth:`StageCollapse.row` derives the means. Accumulators combine associatively
 (:meth:`StageCollapse.combine`), so a pending accumulator may be passed to
 :func:`collapse_segments` in place of its snapshots.
 """
@@ -62,7 +64,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from events.limits import derived
@@ -99,13 +102,24 @@ LIST_MEAN_FIELDS: dict[str, str] = {
 EXTRA_KEY_MAP: dict[str, str] = {"audio_frames": "audio_generated_frames"}
 
 _DERIVED = {"vllm_tpot_ms", "time_per_output_unit_ms", *LIST_MEAN_FIELDS, *LIST_MEAN_FIELDS.values()}
-FIRST_SEGMENT_FIELDS: tuple[str, ...] = tuple(
+FIRST_SEGMENT_FIELDS: tuple[str, ...] = tuple(  # everything else: the first segment's value
     f
     for f in STAT_FIELDS
     if f not in {*SUM_FIELDS, *FIRST_POSITIVE_FIELDS, *LAST_POSITIVE_FIELDS, *LAST_NON_NONE_FIELDS, *_DERIVED}
 )
-# Single-segment values that a collapsed row keeps as they are (see StageCollapse.row).
-_OWN_VALUE_FIELDS = ("vllm_tpot_ms", "time_per_output_unit_ms", *LIST_MEAN_FIELDS.values())
+
+
+_INDEX: dict[str, int] = {f: i for i, f in enumerate(STAT_FIELDS)}
+_SUM = tuple(_INDEX[f] for f in SUM_FIELDS)
+_FIRST_POSITIVE = tuple(_INDEX[f] for f in FIRST_POSITIVE_FIELDS)
+_LAST_POSITIVE = tuple(_INDEX[f] for f in LAST_POSITIVE_FIELDS)
+_LAST_NON_NONE = tuple(_INDEX[f] for f in LAST_NON_NONE_FIELDS)
+_LATEST = _LAST_POSITIVE + _LAST_NON_NONE  # later segment's value wins when it has one
+_LISTS = tuple(_INDEX[f] for f in LIST_MEAN_FIELDS)
+_TPOT = _INDEX["vllm_tpot_ms"]
+_TOKENS_OUT = _INDEX["num_tokens_out"]
+_STAT_NAMES = frozenset(STAT_FIELDS)
+_read_stats = attrgetter(*STAT_FIELDS)  # one C call: every field of a snapshot (struct or model)
 
 
 def _add(a: Any, b: Any) -> Any:
@@ -121,20 +135,21 @@ def _positive(v: Any) -> bool:
     return v is not None and v > 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StageCollapse:
     """Exact accumulator of one stage's segments (DOMAIN §5.4). Build with
     :func:`merge_into_pending` / :meth:`from_snapshot`; read with :meth:`row`.
 
-    ``segments`` is how many snapshots were merged (0 = empty accumulator)."""
+    ``segments`` is how many snapshots were merged (0 = empty accumulator). ``values`` holds one
+    entry per ``STAT_FIELDS`` field, in that order, already folded by the field's rule: a sum
+    (None when every segment had None), the first / last positive value (None: none positive),
+    the last non-None value, the concatenated list (a tuple), and for every other field
+    (first-segment fields, ``vllm_tpot_ms``, ``time_per_output_unit_ms``, the itl means) the
+    first segment's own value. ``tpot_weighted_sum`` / ``tpot_weight``: Σ tpot·w and Σ w over
+    segments with a positive TPOT, w = ``max(num_tokens_out - 1, 1)``."""
 
     segments: int = 0
-    sums: Mapping[str, Any] = field(default_factory=dict)
-    first_positive: Mapping[str, Any] = field(default_factory=dict)
-    last_positive: Mapping[str, Any] = field(default_factory=dict)
-    last_non_none: Mapping[str, Any] = field(default_factory=dict)
-    first_segment: Mapping[str, Any] = field(default_factory=dict)
-    lists: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    values: tuple[Any, ...] = ()
     tpot_weighted_sum: float = 0.0
     tpot_weight: float = 0.0
 
@@ -144,43 +159,46 @@ class StageCollapse:
         (read by attribute only); ``overrides`` replace
         fields (engine-stamp TTFT/TPOT). Maps extra ``audio_frames`` onto
         ``audio_generated_frames``; other extra keys are logged at DEBUG and dropped (M3)."""
+        values = list(_read_stats(snap))
         if overrides:
-            values = {f: overrides[f] if f in overrides else getattr(snap, f) for f in STAT_FIELDS}
-            return cls._from_values(values, snap.extra)
-        return cls._from_values({f: getattr(snap, f) for f in STAT_FIELDS}, snap.extra)
+            for name, value in overrides.items():
+                if name in _INDEX:
+                    values[_INDEX[name]] = value
+        return cls._from_list(values, snap.extra)
 
     @classmethod
     def from_values(cls, **values: Any) -> StageCollapse:
         """Accumulator of one segment given as ``STAT_FIELDS`` keywords (missing = None)."""
-        unknown = set(values) - set(STAT_FIELDS)
-        if unknown:
-            raise ValueError(f"not StageRequestStats fields: {sorted(unknown)}")
-        return cls._from_values({f: values.get(f) for f in STAT_FIELDS}, {})
+        if not _STAT_NAMES.issuperset(values):
+            raise ValueError(f"not StageRequestStats fields: {sorted(set(values) - _STAT_NAMES)}")
+        row: list[Any] = [None] * len(STAT_FIELDS)
+        for name, value in values.items():
+            row[_INDEX[name]] = value
+        return cls._from_list(row, None)
 
     @classmethod
-    def _from_values(cls, v: Mapping[str, Any], extra: Mapping[str, Any]) -> StageCollapse:
-        sums = {f: v[f] for f in SUM_FIELDS}
-        for key, value in extra.items():
-            target = EXTRA_KEY_MAP.get(key)
-            if target is None:
-                logger.debug("collapse: dropping merged key %r=%r with no row field", key, value)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                sums[target] = _add(sums[target], value)
-            else:
-                logger.debug("collapse: dropping non-numeric %r=%r", key, value)
-        tpot = v["vllm_tpot_ms"]
-        weight = float(max((v["num_tokens_out"] or 0) - 1, 1)) if _positive(tpot) else 0.0
-        return cls(
-            segments=1,
-            sums=sums,
-            first_positive={f: v[f] for f in FIRST_POSITIVE_FIELDS if _positive(v[f])},
-            last_positive={f: v[f] for f in LAST_POSITIVE_FIELDS if _positive(v[f])},
-            last_non_none={f: v[f] for f in LAST_NON_NONE_FIELDS if v[f] is not None},
-            first_segment={f: v[f] for f in (*FIRST_SEGMENT_FIELDS, *_OWN_VALUE_FIELDS)},
-            lists={f: tuple(v[f] or ()) for f in LIST_MEAN_FIELDS},
-            tpot_weighted_sum=tpot * weight if weight else 0.0,
-            tpot_weight=weight,
-        )
+    def _from_list(cls, v: list[Any], extra: Mapping[str, Any] | None) -> StageCollapse:
+        """One segment from its raw field values (``v``, STAT_FIELDS order; changed in place)."""
+        if extra:
+            for key, value in extra.items():
+                target = EXTRA_KEY_MAP.get(key)
+                if target is None:
+                    logger.debug("collapse: dropping merged key %r=%r with no row field", key, value)
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    v[_INDEX[target]] = _add(v[_INDEX[target]], value)
+                else:
+                    logger.debug("collapse: dropping non-numeric %r=%r", key, value)
+        tpot = v[_TPOT]
+        weight = float(max((v[_TOKENS_OUT] or 0) - 1, 1)) if _positive(tpot) else 0.0
+        for i in _FIRST_POSITIVE:
+            if not _positive(v[i]):
+                v[i] = None
+        for i in _LAST_POSITIVE:
+            if not _positive(v[i]):
+                v[i] = None
+        for i in _LISTS:
+            v[i] = tuple(v[i] or ())
+        return cls(1, tuple(v), tpot * weight if weight else 0.0, weight)
 
     def combine(self, later: StageCollapse) -> StageCollapse:
         """Accumulator of ``self``'s segments followed by ``later``'s (associative)."""
@@ -188,16 +206,23 @@ class StageCollapse:
             return later
         if later.segments == 0:
             return self
+        a, b = self.values, later.values
+        out = list(a)  # first-segment fields keep self's values
+        for i in _SUM:
+            out[i] = _add(a[i], b[i])
+        for i in _FIRST_POSITIVE:
+            if a[i] is None:
+                out[i] = b[i]
+        for i in _LATEST:
+            if b[i] is not None:
+                out[i] = b[i]
+        for i in _LISTS:
+            out[i] = a[i] + b[i]
         return StageCollapse(
-            segments=self.segments + later.segments,
-            sums={f: _add(self.sums.get(f), later.sums.get(f)) for f in SUM_FIELDS},
-            first_positive={**later.first_positive, **self.first_positive},
-            last_positive={**self.last_positive, **later.last_positive},
-            last_non_none={**self.last_non_none, **later.last_non_none},
-            first_segment=self.first_segment,
-            lists={f: self.lists.get(f, ()) + later.lists.get(f, ()) for f in LIST_MEAN_FIELDS},
-            tpot_weighted_sum=self.tpot_weighted_sum + later.tpot_weighted_sum,
-            tpot_weight=self.tpot_weight + later.tpot_weight,
+            self.segments + later.segments,
+            tuple(out),
+            self.tpot_weighted_sum + later.tpot_weighted_sum,
+            self.tpot_weight + later.tpot_weight,
         )
 
     def row(self) -> dict[str, Any]:
@@ -206,35 +231,24 @@ class StageCollapse:
         List fields are always lists. Raises ValueError on an empty accumulator."""
         if self.segments == 0:
             raise ValueError("cannot collapse zero segments")
-        row: dict[str, Any] = {f: self.first_segment.get(f) for f in FIRST_SEGMENT_FIELDS}
-        row.update({f: self.sums.get(f) for f in SUM_FIELDS})
-        for group in (FIRST_POSITIVE_FIELDS, LAST_POSITIVE_FIELDS):
-            source = self.first_positive if group is FIRST_POSITIVE_FIELDS else self.last_positive
-            row.update({f: source.get(f) for f in group})
-        row.update({f: self.last_non_none.get(f) for f in LAST_NON_NONE_FIELDS})
+        row = dict(zip(STAT_FIELDS, self.values))
+        single = self.segments == 1
         for list_field, mean_field in LIST_MEAN_FIELDS.items():
-            values = list(self.lists.get(list_field, ()))
+            values = list(row[list_field])
             row[list_field] = values
-            if self.segments == 1:
-                row[mean_field] = self.first_segment.get(mean_field)
-            else:
+            if not single:  # one segment keeps its own mean
                 row[mean_field] = sum(values) / len(values) if values else None
-        row["vllm_tpot_ms"] = self._tpot(row["num_tokens_out"])
-        row["time_per_output_unit_ms"] = self._time_per_output_unit(row)
-        return {f: row[f] for f in STAT_FIELDS}
-
-    def _tpot(self, tokens_out: int | None) -> float | None:
         if self.tpot_weight > 0:
-            if self.segments == 1:  # exact: t * w / w can be one ulp off t
-                return self.first_segment.get("vllm_tpot_ms")
-            return self.tpot_weighted_sum / self.tpot_weight
-        if not tokens_out:
-            return None  # tokenless stage: no TPOT, never a 0 sentinel (CASE-03)
-        return self.first_segment.get("vllm_tpot_ms")
+            if not single:  # one segment: exact, t * w / w can be one ulp off t
+                row["vllm_tpot_ms"] = self.tpot_weighted_sum / self.tpot_weight
+        elif not row["num_tokens_out"]:
+            row["vllm_tpot_ms"] = None  # tokenless stage: no TPOT, never a 0 sentinel (CASE-03)
+        if not single:
+            row["time_per_output_unit_ms"] = self._time_per_output_unit(row)
+        return row
 
-    def _time_per_output_unit(self, row: Mapping[str, Any]) -> float | None:
-        if self.segments == 1:
-            return self.first_segment.get("time_per_output_unit_ms")
+    @staticmethod
+    def _time_per_output_unit(row: Mapping[str, Any]) -> float | None:
         count = row["output_unit_count"] or 0
         if count <= 1:
             return 0.0

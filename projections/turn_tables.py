@@ -8,6 +8,7 @@ milliseconds, ``_s`` seconds, ``_ts`` wall-clock epoch seconds, ``_bytes`` bytes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,35 +139,48 @@ def _edges(
     non-zero RX bytes (D3); a stage-k snapshot creates the edge even with no RX fields, size 0
     (D4). Then the TX delta is added (DOMAIN §5.3). Order: ``edge_order``, then TX-only edges,
     then RX-only edges, sorted. ``snapshot_stages`` None = every stage in ``stages`` reported."""
-    edges: dict[tuple[int, int], dict[str, Any]] = {}
-    for sid, row in sorted(stages.items()):
-        rx = (row.get("rx_transfer_bytes"), row.get("rx_decode_time_ms"), row.get("rx_in_flight_time_ms"))
-        reported = snapshot_stages is None or sid in snapshot_stages
-        if sid < 1 or not (reported or any(v is not None and v > 0 for v in rx)):
+    # edge -> [size_bytes, tx_time_ms, rx_decode_time_ms, in_flight_time_ms, used_shm]
+    edges: dict[tuple[int, int], list[Any]] = {}
+    for sid, row in stages.items():  # any order: the edge order below sorts what it needs
+        if sid < 1:
             continue
-        edges[(sid - 1, sid)] = {
-            "size_bytes": rx[0] if rx[0] else (0 if reported else None),
-            "rx_decode_time_ms": float(rx[1] or 0.0),
-            "in_flight_time_ms": float(rx[2] or 0.0),
-        }
+        rx_bytes, rx_decode, rx_flight = (
+            row.get("rx_transfer_bytes"),
+            row.get("rx_decode_time_ms"),
+            row.get("rx_in_flight_time_ms"),
+        )
+        reported = snapshot_stages is None or sid in snapshot_stages
+        if not (reported or any(v is not None and v > 0 for v in (rx_bytes, rx_decode, rx_flight))):
+            continue
+        size = rx_bytes if rx_bytes else (0 if reported else None)
+        edges[(sid - 1, sid)] = [size, 0.0, float(rx_decode or 0.0), float(rx_flight or 0.0), False]
     for key, (tx_ms, size, shm) in tx_delta.items():
-        edge = edges.setdefault(key, {})
-        edge["tx_time_ms"] = edge.get("tx_time_ms", 0.0) + max(float(tx_ms), 0.0)
-        edge["used_shm"] = bool(edge.get("used_shm", False) or shm)
-        if not edge.get("size_bytes") and size and size > 0:
-            edge["size_bytes"] = int(size)
+        edge = edges.get(key)
+        if edge is None:
+            edge = edges[key] = [None, 0.0, 0.0, 0.0, False]
+        edge[1] = 0.0 + max(float(tx_ms), 0.0)  # (0.0 +: a -0.0 delta shows 0.0)
+        edge[4] = bool(shm)
+        if not edge[0] and size and size > 0:
+            edge[0] = int(size)
     order = [k for k in dict.fromkeys(edge_order) if k in edges]
-    order += sorted(k for k in tx_delta if k not in order)
-    order += sorted(k for k in edges if k not in order)
-    return tuple(TransferEdge(a, b, **edges[(a, b)]) for a, b in order)
+    if len(order) < len(edges):
+        order += sorted(k for k in tx_delta if k not in order)
+        order += sorted(k for k in edges if k not in order)
+    return tuple(TransferEdge(a, b, *edges[(a, b)]) for a, b in order)
 
 
 def _preprocess_ms(stages: Mapping[int, Mapping[str, Any]]) -> float | None:
-    for _, row in sorted(stages.items()):
+    """The lowest stage's preprocess timing (``stages`` sorted by stage id)."""
+    for row in stages.values():
         timings = row.get("pipeline_timings") or {}
         if timings.get(PREPROCESS_TIMING_KEY) is not None:
             return float(timings[PREPROCESS_TIMING_KEY])
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _wall_key(stage_id: int) -> str:
+    return f"e2e_stage_{stage_id}_wall_time_ms"
 
 
 def build_turn_tables(
@@ -205,7 +219,44 @@ def build_turn_tables(
     ``e2e_total_ms`` = (finalize_ts - arrival_ts) * 1000, 0 when the clock stepped back (D17); ``e2e_total_tokens`` = stage-0
     ``num_tokens_in`` + every stage's ``num_tokens_out``. Pure; raises nothing for empty input.
     """
-    stages = {sid: collapse_segments(segs) for sid, segs in sorted(segments.items()) if segs}
+    return turn_tables_from_rows(
+        session_id=session_id,
+        response_id=response_id,
+        request_id=request_id,
+        turn_id=turn_id,
+        finished_reason=finished_reason,
+        arrival_ts=arrival_ts,
+        finalize_ts=finalize_ts,
+        stages={sid: collapse_segments(segs) for sid, segs in sorted(segments.items()) if segs},
+        stage_first_ts=stage_first_ts,
+        stage_last_ts=stage_last_ts,
+        tx_delta=tx_delta,
+        edge_order=edge_order,
+        num_stages=num_stages,
+        snapshot_stages=snapshot_stages,
+    )
+
+
+def turn_tables_from_rows(
+    *,
+    session_id: str,
+    response_id: str,
+    request_id: str | None,
+    turn_id: int,
+    finished_reason: str,
+    arrival_ts: float,
+    finalize_ts: float,
+    stages: dict[int, dict[str, Any]],
+    stage_first_ts: Mapping[int, float],
+    stage_last_ts: Mapping[int, float],
+    tx_delta: Mapping[tuple[int, int], tuple[float, int, bool]],
+    edge_order: Sequence[tuple[int, int]],
+    num_stages: int | None = None,
+    snapshot_stages: frozenset[int] | None = None,
+) -> TurnTables:
+    """:func:`build_turn_tables` given each stage's collapsed row (``stages``: stage id -> row,
+    sorted by stage id; the turns fold keeps one running accumulator per stage and hands over
+    its row). Pure; the rows become the tables' (not copied)."""
     transfers = _edges(stages, tx_delta, edge_order, snapshot_stages)
     e2e_total_ms = max(span_ms(arrival_ts, finalize_ts), 0.0)  # D17: a clock stepped back shows 0
     tokens = int((stages.get(0, {}).get("num_tokens_in") or 0) + sum(r["num_tokens_out"] or 0 for r in stages.values()))
@@ -242,7 +293,7 @@ def build_turn_tables(
         else:
             first, last = min(max(first, lo), hi), min(max(last, lo), hi)
             wall = max(span_ms(first, last), 0.0)
-        summary[f"e2e_stage_{sid}_wall_time_ms"] = wall
+        summary[_wall_key(sid)] = wall
     return TurnTables(
         session_id=session_id,
         response_id=response_id,

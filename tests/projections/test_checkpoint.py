@@ -172,7 +172,7 @@ def test_codec_round_trips_every_supported_kind() -> None:
         Binding(0, "r", (1, 2, 3), True, since_ts=2.5),  # slots dataclass, tuple field
         IdLife("r", 1, 1.0, finished_stages={0, 1}, abort_ok={0: (3, 4.0)}),
         Finding("S", 0, "r", "orphan", 1, 1.0, 2, 2.0, (1, 2), "d"),  # frozen slots dataclass
-        StageCollapse(segments=2, sums={"a": 1.0}, lists={"itl": (1.0, 2.0)}),  # frozen, Mapping fields
+        StageCollapse(segments=2, values=(1.0, None, (1.0, 2.0), {"k": 1})),  # frozen slots, tuple field
         Capabilities(supports_concurrent_turn_requests=True),  # pydantic (events.types)
         StageRequestStats(num_tokens_in=4, stage_stats={"x": 2.0}),  # pydantic (events.stats)
         twin_stats,  # msgspec twin (events.structs)

@@ -1,0 +1,165 @@
+"""The turns fold's per-session state, as slotted records sized to the work (DOMAIN §5.3–§5.5).
+
+* :class:`StageFacts` — what one stage gave one turn (or the pre-begin buffer): its engine
+  snapshots folded into one accumulator with their receipt stamps, and its ledger-derived
+  segment (submit or forward, ``StageOutput`` token deltas) with the log positions of its
+  stamps (D17);
+* :class:`OpenTurn` — the open turn: its ids, arrival, and one :class:`StageFacts` per stage;
+* :class:`Terminal` — how a finalized response ended (D9: a second terminal is one warning);
+* :class:`SessionTurns` — one session: the segments of its ids (attribution, D1), the
+  pre-begin buffer (§5.3), the arrival stamp (§5.3, M16), the open turn, the terminals seen
+  and the connector totals (§5.3 TX).
+
+Records only: the rules that fill them live in :mod:`projections.attribution` (which turn a
+fact joins), :mod:`projections.turns` (open, arrival, terminals) and
+:mod:`projections.turn_finalize` (a turn's tables at its end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from projections.collapse import StageCollapse
+
+Edge = tuple[int, int]
+"""A connector edge ``(from_stage, to_stage)``."""
+
+KEPT_PER_SESSION = 256
+"""Submitted ids and finalized responses a session remembers (to tell a late fact or a second
+terminal from an unknown one); older ones are forgotten, so memory stays flat."""
+
+
+@dataclass(slots=True)
+class StageFacts:
+    """One stage's facts in one turn (or in the pre-begin buffer). Stamps are wall-clock
+    seconds; ``*_position`` the log positions of those stamps (D17: a span that comes out
+    negative names both).
+
+    * engine-reported: ``snapshot`` (every ``StageMetricsReported`` of the stage folded, DOMAIN
+      §5.4; None = none reported), ``first_ts`` (first snapshot's submit, else its receipt),
+      ``last_ts`` (last receipt), ``last_snapshot`` (the last one's identity: the same snapshot
+      seen on a second path counts once, M21);
+    * ledger-derived (``derived`` True once a submit, forward or output of the stage joined):
+      ``submit_ts``/``num_tokens_in`` of the submit or forward, the output token count, the
+      first and last token-carrying output and the last output."""
+
+    snapshot: StageCollapse | None = None
+    first_ts: float | None = None
+    last_ts: float | None = None
+    last_snapshot: tuple[str, StageCollapse, float | None] | None = None
+    derived: bool = False
+    submit_ts: float | None = None
+    num_tokens_in: int | None = None
+    num_tokens_out: int = 0
+    first_token_ts: float | None = None
+    last_token_ts: float | None = None
+    last_output_ts: float | None = None
+    submit_position: int = 0
+    first_token_position: int = 0
+    last_token_position: int = 0
+    last_output_position: int = 0
+
+    def restart_derived(self, submit_ts: float, num_tokens_in: int | None, position: int) -> None:
+        """A fresh ledger-derived segment opened by the submit at ``position``."""
+        self.derived = True
+        self.submit_ts, self.num_tokens_in, self.submit_position = submit_ts, num_tokens_in, position
+        self.num_tokens_out = 0
+        self.first_token_ts = self.last_token_ts = self.last_output_ts = None
+        self.first_token_position = self.last_token_position = self.last_output_position = 0
+
+
+@dataclass(slots=True)
+class OpenTurn:
+    """The open turn of a session: ``request_id`` None until an engine id binds it (D8)."""
+
+    response_id: str
+    request_id: str | None
+    turn_id: int
+    arrival_ts: float
+    opened_position: int = 0
+    arrival_position: int = 0  # the event that set arrival_ts (D17)
+    stages: dict[int, StageFacts] = field(default_factory=dict)
+    tx_baseline: dict[Edge, tuple[float, int, bool]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Terminal:
+    """How a finalized response ended: its reason and the event kinds of that terminal, and the
+    last stale terminal seen after it (its reason and kinds: the second half of an engine pair
+    such as ResponseEnded + TurnFinalized joins it without a second warning)."""
+
+    reason: str
+    kinds: set[str] = field(default_factory=set)
+    stale_reason: str | None = None
+    stale_kinds: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class SessionTurns:
+    """One session's turn state (module docstring). Attribution (D1): ``current_id`` (the last
+    Stage0 id submitted), ``live`` (id -> position of the submit opening its live segment),
+    ``submitted`` (ids submitted, oldest first, bounded), ``forwarded`` (downstream stages each
+    live id was forwarded to in its segment; once the log records forwards at all,
+    ``forward_seen``, a downstream fact joins only after its forward), ``submits_seen`` (the log
+    records Stage0 submits, accepted or refused), ``completed_below`` (the model completed every
+    turn below it, ``TurnCompleted``). Buffer before begin: ``pending`` stage facts of
+    ``pending_request_id``."""
+
+    session_id: str
+    num_stages: int = 2
+    open: OpenTurn | None = None
+    completed_below: int = 0
+    current_id: str | None = None
+    live: dict[str, int] = field(default_factory=dict)
+    submitted: dict[str, None] = field(default_factory=dict)
+    pending_request_id: str | None = None  # the id every pending fact belongs to (D1)
+    pending: dict[int, StageFacts] = field(default_factory=dict)
+    pending_stamp: float | None = None
+    pending_stamp_uncommitted: bool = False  # the stamp is an append's since the last commit
+    pending_commit_ts: float | None = None
+    pending_stamp_position: int = 0
+    pending_commit_position: int = 0
+    opened_at: tuple[int, float] | None = None  # SessionOpened (position, ts): session wall time (D17)
+    tx_totals: dict[Edge, list[Any]] = field(default_factory=dict)
+    terminals: dict[str, Terminal] = field(default_factory=dict)
+    closed: bool = False
+    forwarded: dict[str, set[int]] = field(default_factory=dict)
+    forward_seen: bool = False
+    submits_seen: bool = False
+
+    @property
+    def pending_rows(self) -> dict[int, StageCollapse]:
+        """The buffered snapshot accumulator of each stage (one per stage, M15)."""
+        return {k: f.snapshot for k, f in self.pending.items() if f.snapshot is not None}
+
+    def clear_pending(self) -> None:
+        self.pending_request_id = None
+        if self.pending:
+            self.pending = {}
+
+    def end_segment(self, request_id: str | None) -> None:
+        if request_id is None:
+            return
+        self.live.pop(request_id, None)
+        self.forwarded.pop(request_id, None)
+        if self.pending_request_id == request_id:
+            self.clear_pending()
+
+    def stamp(self, ts: float, position: int) -> None:
+        """The pending arrival stamp, unless one is already set (§5.3, M16)."""
+        if self.pending_stamp is None:
+            self.pending_stamp, self.pending_stamp_position = ts, position
+
+
+def remember(kept: dict[Any, Any], key: Any, pinned: dict[Any, Any]) -> None:
+    """Add ``key`` (None: nothing) to the insertion-ordered ``kept`` and drop its oldest entries
+    beyond :data:`KEPT_PER_SESSION`, except those in ``pinned`` (ids with a live segment)."""
+    if key is not None:
+        kept.pop(key, None)
+        kept[key] = None
+    if len(kept) <= KEPT_PER_SESSION:
+        return  # the usual case: nothing to forget, no copy of the keys
+    for old in list(kept)[: len(kept) - KEPT_PER_SESSION]:
+        if old not in pinned:
+            del kept[old]
