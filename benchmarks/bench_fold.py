@@ -50,7 +50,7 @@ def load_events(path: Path) -> list:  # type: ignore[type-arg]
         rows = conn.execute(_SELECT).fetchall()
     finally:
         conn.close()
-    return decode_rows(map(StoredRow._make, rows), as_struct=True)
+    return decode_rows(map(StoredRow._make, rows))
 
 
 def arms(events: list) -> dict[str, Callable[[], None]]:  # type: ignore[type-arg]
