@@ -220,6 +220,3 @@ _HAND_OFF: dict[type, Callable[[Any], Any]] = {model: _hand_off(model) for model
 _STRUCTS: frozenset[type] = frozenset(_BY_MODEL.values())
 STRUCT_TYPES: dict[str, type[msgspec.Struct]] = {name: struct_type(cls) for name, cls in EVENT_CLASSES.items()}
 """Event type name -> its struct (one per event kind)."""
-
-# The old name of struct_type, kept while branches written against it merge (issue 23).
-twin_of = struct_type

@@ -704,5 +704,4 @@ def as_read_back(stored: list[StoredEvent]) -> list[StoredEvent]:
     return out
 
 
-as_twins = as_read_back  # the name tests written before issue 23 step 1 use
 _ENVELOPE = {"type", "event_id", "session_id", "ts", "schema_version"}

@@ -34,7 +34,7 @@ from projections.resources import ResourcesFold
 from projections.shell import checkpoint, readmodels
 from projections.shell.runner import FOLD_VERSION, ProjectionRunner
 from reports.cli import app
-from tests.histories import as_twins
+from tests.histories import as_read_back
 from tests.histories import generate as generate_history
 from tests.projections.test_runner import mixed_log
 
@@ -108,7 +108,7 @@ def test_every_cut_of_a_generated_history_resumes_to_the_straight_fold(rnd, sess
     and then receive late events (the generator's close-then-cancel, reopen, closed
     incarnation's output) — the false checkpoint difference of issue 12. Partitions of the
     sessions folded apart and merged (projections.shell.parallel) give the same state."""
-    stored = as_twins(generate_history(rnd, sessions).log.stored)
+    stored = as_read_back(generate_history(rnd, sessions).log.stored)
     with _sweep_every(sweep):
         straight = Projector().apply_all(stored)
         for cut in range(1, len(stored), max(1, len(stored) // 25)):
@@ -132,7 +132,7 @@ def test_generated_histories_do_forget_sessions_that_get_late_events() -> None:
     late = 0
     with _sweep_every(3):
         for seed in range(20):
-            stored = as_twins(generate_history(random.Random(seed), 2).log.stored)
+            stored = as_read_back(generate_history(random.Random(seed), 2).log.stored)
             p = Projector()
             for s in stored:
                 forgotten = s.stream_id not in p.turns.sessions and s.stream_id in {

@@ -28,7 +28,7 @@ from events.records import StoredEvent
 from projections.metrics import MetricsFold, TallySink
 from projections.projector import Projector
 from reports.cli import app
-from tests.histories import History, as_twins, generate
+from tests.histories import History, as_read_back, generate
 
 EXAMPLES = 500
 
@@ -89,7 +89,7 @@ def test_generated_histories_attribute_every_fact(rnd: random.Random, sessions: 
     clean = without_injected(history)
     assert [t.to_dict() for t in Projector().apply_all(clean).turn_tables] == [t.to_dict() for t in models.turn_tables]
     assert metric_values(clean) == metric_values(history.log.stored)
-    twins = Projector().apply_all(as_twins(history.log.stored))
+    twins = Projector().apply_all(as_read_back(history.log.stored))
     assert [t.to_dict() for t in twins.turn_tables] == [t.to_dict() for t in models.turn_tables]
     assert twins.findings() == models.findings()
 

@@ -80,7 +80,7 @@ from events.types import (
 )
 from projections.projector import Projector
 from projections.resources import ResourcesFold, SessionResources
-from tests.histories import as_twins
+from tests.histories import as_read_back
 
 SID = "s-rules"
 
@@ -368,7 +368,7 @@ def test_evolve_of_decided_events_equals_the_offline_projection(resident, auto, 
     driver = Driver(resident, auto)
     play(driver, ops)
     live = summary(driver.state.resources)
-    for stored in (driver.log, as_twins(driver.log)):
+    for stored in (driver.log, as_read_back(driver.log)):
         offline = Projector().apply_all(stored)
         assert summary(offline.resources.sessions[SID]) == live
     assert driver.state.closed
