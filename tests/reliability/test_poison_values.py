@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from events.jsonl import JsonlError, format_line, parse_line
 from events.stats import STAT_FIELDS
 from events.store import EventStore
+from events.structs import struct_of
 from events.types import EVENT_CLASSES, EventBase
 from reports.cli_errors import exit_code
 
@@ -174,7 +175,7 @@ def _line(type_name: str, envelope: dict[str, Any], data: dict[str, Any]) -> str
 async def _round_trip(ledgers: Ledgers, event: EventBase) -> None:
     await ledgers.source.append(event.session_id, [event])
     stored = (await ledgers.source.read_stream(event.session_id))[-1]
-    assert stored.event == event
+    assert stored.event == struct_of(event)  # every reader gets the event's struct (issue 23 step 1)
     rows = [r async for r in ledgers.source.read_rows(stored.position, until_position=stored.position)]
     exported = format_line(rows[0])
     await ledgers.copy.append_records([parse_line(exported, 1)])
