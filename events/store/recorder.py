@@ -27,6 +27,7 @@ No code path here updates or deletes an event row; the database's triggers refus
 from __future__ import annotations
 
 import asyncio
+import operator
 import random
 import sqlite3
 import time
@@ -42,6 +43,7 @@ from events.store.planning import AppendCall, BatchState, CallResult, Existing, 
 from events.store.rows import StoredRow
 from events.store.schema import events
 
+_is_bulk = operator.itemgetter(3)  # AppendCall.bulk
 _IN_CHUNK = 900  # bound on parameters per IN (...) list
 _MAX_CACHED_STREAMS = 100_000
 Outcome = CallResult | StoreError
@@ -120,10 +122,10 @@ class AggregateRecorder:
         re-sent with a matching version) raises :class:`OptimisticConflict`, after which the
         caller rolls back and runs the batch again with ``optimistic=False``."""
         self.backend.lock_for_append(conn)
-        optimistic = optimistic and not any(c.bulk for c in calls)
+        optimistic = optimistic and not any(map(_is_bulk, calls))
         now_us = time.time_ns() // 1000
         state, outcomes = self._plan(conn, calls, now_us, lookup=not optimistic)
-        if optimistic and any(type(o) is ConcurrencyError for o in outcomes):
+        if optimistic and ConcurrencyError in map(type, outcomes):  # C-level scans: per row
             state, outcomes = self._plan(conn, calls, now_us, lookup=True)
             optimistic = False
         if state.inserts:

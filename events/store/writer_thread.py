@@ -98,27 +98,34 @@ class WriterThread:
         the size bound), run the handler once, settle them with one loop callback. Returns an
         item taken from the queue that belongs to something else (run next), or None."""
         batch, size, pending = [first], first.size, None
-        while size < self.max_group_size:
+        handler, loop, get_nowait, bound = first.handler, first.loop, self._inbox.get_nowait, self.max_group_size
+        append = batch.append
+        while size < bound:
             try:
-                nxt = self._inbox.get_nowait()
+                nxt = get_nowait()
             except queue.Empty:
                 break
-            if type(nxt) is _Grouped and nxt.handler == first.handler and nxt.loop is first.loop:
-                batch.append(nxt)
-                size += nxt.size
+            if type(nxt) is _Grouped and nxt[2] is handler and nxt[0] is loop:
+                append(nxt)
+                size += nxt[4]
             else:
                 pending = nxt
                 break
-        batch = [g for g in batch if not g.future.cancelled()]  # as GroupCommitWriter: a call
-        # whose caller gave up before its batch began is not written
-        if not batch:
+        # as GroupCommitWriter: a call whose caller gave up before its batch began is not
+        # written; the items and their futures taken in one pass (issue 23 step 6)
+        futures, items = [], []
+        for _, future, _, item, _, _ in batch:
+            if not future.cancelled():
+                futures.append(future)
+                items.append(item)
+        if not items:
             return pending
         try:
-            results = first.handler([g.item for g in batch])
+            results = handler(items)
         except BaseException as exc:  # handed to every caller of the batch
-            results = [(False, exc)] * len(batch)
+            results = [(False, exc)] * len(items)
         try:
-            first.loop.call_soon_threadsafe(_settle_all, [g.future for g in batch], results, first.after)
+            loop.call_soon_threadsafe(_settle_all, futures, results, first.after)
         except RuntimeError:  # the loop is closed
             pass
         return pending

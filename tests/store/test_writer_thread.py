@@ -90,3 +90,28 @@ async def test_an_item_whose_caller_gave_up_before_its_batch_is_not_handled() ->
     await blocker
     assert await kept == "kept" and handled == ["kept"]
     await thread.stop()
+
+
+async def test_items_for_another_handler_are_not_merged_and_keep_their_place() -> None:
+    thread = WriterThread("test-writer")
+    gate = threading.Event()
+    batches: list[tuple[str, list[Any]]] = []
+
+    def handler_a(items: list[Any]) -> list[tuple[bool, Any]]:
+        batches.append(("a", items))
+        return [(True, f"a{i}") for i in items]
+
+    def handler_b(items: list[Any]) -> list[tuple[bool, Any]]:
+        batches.append(("b", items))
+        return [(True, f"b{i}") for i in items]
+
+    blocker = asyncio.ensure_future(thread.call(gate.wait))
+    await asyncio.sleep(0.05)
+    gone = thread.group(handler_a, 0)
+    futures = [thread.group(handler_a, 1), thread.group(handler_b, 2), thread.group(handler_a, 3)]
+    gone.cancel()
+    gate.set()
+    await blocker
+    assert await asyncio.gather(*futures) == ["a1", "b2", "a3"]
+    assert batches == [("a", [1]), ("b", [2]), ("a", [3])]  # the cancelled item 0 was never handled
+    await thread.stop()
