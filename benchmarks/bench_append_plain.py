@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.group_commit_ceiling import resolve_futures, take_batch  # noqa: E402
 from events.store import EventStore
 from events.types import EventBase, StageOutput
 
@@ -78,31 +79,12 @@ def thread_cpu_s(thread: threading.Thread | None) -> float:
 def _plain_writer(path: Path, sync: str, inbox: queue.SimpleQueue[Any], loop: asyncio.AbstractEventLoop) -> None:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute(f"PRAGMA synchronous={sync}")
-    while True:
-        item = inbox.get()
-        if item is None:
-            break
-        batch = [item]
-        while True:
-            try:
-                nxt = inbox.get_nowait()
-            except queue.Empty:
-                break
-            if nxt is None:
-                inbox.put(None)
-                break
-            batch.append(nxt)
+    while (batch := take_batch(inbox)) is not None:
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(PLAIN_INSERT, [row for row, _ in batch])
         conn.execute("COMMIT")
-        loop.call_soon_threadsafe(_resolve, [f for _, f in batch])
+        loop.call_soon_threadsafe(resolve_futures, [f for _, f in batch])
     conn.close()
-
-
-def _resolve(futures: list[asyncio.Future[None]]) -> None:
-    for f in futures:
-        if not f.done():
-            f.set_result(None)
 
 
 async def run_plain(path: Path, sync: str, events: dict[str, list[EventBase]]) -> Sample:

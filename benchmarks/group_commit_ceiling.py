@@ -30,20 +30,7 @@ def _writer(path: Path, sync: str, inbox: queue.SimpleQueue[Any], loop: asyncio.
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={sync}")
     position = 0
-    while True:
-        item = inbox.get()
-        if item is None:
-            break
-        batch = [item]
-        while True:
-            try:
-                nxt = inbox.get_nowait()
-            except queue.Empty:
-                break
-            if nxt is None:
-                inbox.put(None)
-                break
-            batch.append(nxt)
+    while (batch := take_batch(inbox)) is not None:
         now_us = time.time_ns() // 1000
         params = []
         for rows, _ in batch:
@@ -53,11 +40,29 @@ def _writer(path: Path, sync: str, inbox: queue.SimpleQueue[Any], loop: asyncio.
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(INSERT, params)
         conn.execute("COMMIT")
-        loop.call_soon_threadsafe(_resolve, [f for _, f in batch])
+        loop.call_soon_threadsafe(resolve_futures, [f for _, f in batch])
     conn.close()
 
 
-def _resolve(futures: list[asyncio.Future[None]]) -> None:
+def take_batch(inbox: queue.SimpleQueue[Any]) -> list[Any] | None:
+    """Everything queued now (waiting for the first item), or None once the stop mark (None) is
+    taken; a stop mark met while draining is put back for the next call."""
+    item = inbox.get()
+    if item is None:
+        return None
+    batch = [item]
+    while True:
+        try:
+            nxt = inbox.get_nowait()
+        except queue.Empty:
+            return batch
+        if nxt is None:
+            inbox.put(None)
+            return batch
+        batch.append(nxt)
+
+
+def resolve_futures(futures: list[asyncio.Future[None]]) -> None:
     for f in futures:
         if not f.done():
             f.set_result(None)
