@@ -90,12 +90,14 @@ def url(tmp_path):
 
 
 async def test_a_second_replica_leaves_a_live_replicas_session_alone(url):
-    a = await replica(url, "A")
+    # A lease of 5 s: on a loaded 2-core machine (CI), A's loop can miss its 0.1 s renewals for
+    # longer than 0.6 s, and a lapsed lease is rightly taken over; this test is about a live one.
+    a = await replica(url, "A", lease=5.0)
     s = await a.open_session("s1")
     await s.append_text("Hello")
     await s.commit()
-    b = await replica(url, "B")  # start-up recovery with A alive
-    await asyncio.sleep(3 * LEASE)  # several scans and A's lease periods
+    b = await replica(url, "B", lease=5.0)  # start-up recovery with A alive
+    await asyncio.sleep(3 * LEASE)  # many scans (every 0.1 s) with A alive
     assert (await session_lifecycles(b.store, stream_ids=["s1"]))["s1"].open
     with pytest.raises(SessionOwnedElsewhere) as refused:
         await b.open_session("s1")
