@@ -47,6 +47,7 @@ raw byte, a lone surrogate escape), ``ts``/``recorded_at`` outside 1970 … 9999
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -70,18 +71,36 @@ _FIELD_NAMES = {"session_id": "stream"}
 
 
 def format_seconds(us: int) -> str:
-    """Integer microseconds -> ``"1757000020.850001"`` (exactly 6 decimals, exact)."""
-    return f"{us // 1_000_000}.{us % 1_000_000:06d}"
+    """Integer microseconds -> ``"1757000020.850001"`` (exactly 6 decimals, exact). A value an
+    edit left in the column as another type (a REAL, a TEXT: a tampered row, which ``events
+    export`` still writes as the evidence) is written as stored: a finite number in seconds,
+    anything else as a JSON string."""
+    if type(us) is int:
+        return f"{us // 1_000_000}.{us % 1_000_000:06d}"
+    return _as_stored(us / 1_000_000 if type(us) is float else us)
+
+
+def _as_stored(value: Any) -> str:
+    """An INTEGER column's value as JSON: the integer, else (an edited row) the value as stored —
+    a finite float as a number, anything else as a string."""
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return str(value)
+    return json.dumps(value if type(value) is str else repr(value), ensure_ascii=False)
 
 
 def format_line(row: StoredRow) -> str:
     """One stored row as a JSONL line (no newline). The payload is the stored JSON text."""
-    q = lambda s: json.dumps(s, ensure_ascii=False)  # noqa: E731
+    q = lambda s: json.dumps(s if type(s) is str else repr(s), ensure_ascii=False)  # noqa: E731 - an edited BLOB: as stored
     return (
-        f'{{"position":{row.position},"stream":{q(row.stream_id)},"version":{row.version},'
-        f'"type":{q(row.type)},"event_id":{q(row.event_id)},"schema_version":{row.schema_version},'
+        f'{{"position":{row.position},"stream":{q(row.stream_id)},"version":{_as_stored(row.version)},'
+        f'"type":{q(row.type)},"event_id":{q(row.event_id)},"schema_version":{_as_stored(row.schema_version)},'
         f'"ts":{format_seconds(row.ts_us)},"recorded_at":{format_seconds(row.recorded_at_us)},'
-        f'"data":{row.data}' + ("}" if row.hash is None else f',"hash":"{bytes(row.hash).hex()}"}}')
+        f'"data":{row.data if type(row.data) is str else q(row.data)}'
+        + (
+            "}"
+            if row.hash is None
+            else f',"hash":{q(bytes(row.hash).hex() if type(row.hash) is bytes else row.hash)}}}'
+        )
     )
 
 
