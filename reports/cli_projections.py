@@ -410,9 +410,8 @@ def _warn_overflows(turns: list[TurnTables]) -> None:
 
 
 class ChainBroken(RuntimeError):
-    """``rebuild`` of a log whose hash chain is broken, or whose tail was cut (its checkpoint is
-    beyond the head): the derived state that still disagrees with the edited log is the
-    evidence, so it is not rewritten."""
+    """``rebuild`` of a log whose hash chain is broken: the read models that still disagree
+    with the edited events are the evidence, so they are not rewritten."""
 
 
 async def _rebuild(db: str | None, quiet: bool, workers: int | None) -> int:
@@ -428,18 +427,6 @@ async def _rebuild(db: str | None, quiet: bool, workers: int | None) -> int:
             raise ChainBroken(
                 f"the log's hash chain is broken at {fault}; rebuilding would erase the read models that "
                 "still disagree with the edited events, so nothing was changed (run `duplex-ledger verify`)"
-            )
-        from projections.shell.readmodels import load_checkpoint
-        from projections.shell.runner import CHECKPOINT_NAME
-
-        checkpoint, head = await store.run_read(load_checkpoint, CHECKPOINT_NAME), await store.head_position()
-        if checkpoint is not None and checkpoint[0] > head:
-            # The chain of what is left is whole, but the checkpoint proves the log once reached
-            # further: rows were cut from its tail. The checkpoint is that evidence.
-            raise ChainBroken(
-                f"the checkpoint was taken at log position {checkpoint[0]}, beyond the log's head {head}: rows "
-                "were cut from the log's tail; rebuilding would erase that evidence, so nothing was changed "
-                "(run `duplex-ledger verify`)"
             )
         runner = ProjectionRunner(store)
         if quiet or not Console(stderr=True).is_terminal:  # no bar when stderr is piped (issue 16)
