@@ -142,13 +142,15 @@ class SessionResources:
         return any(not life.cleanup_ok and (life.abort_pending or life.abort_failed) for life in self.lives.values())
 
     def forgettable(self) -> bool:
-        """Closed, holding nothing, no retarget pending and no id whose keys were dropped
-        without a clean-up (that would still be a ``counter_not_decremented`` leak): forgetting
-        it changes no finding."""
+        """Closed, holding nothing, no retarget pending, no abort still waiting for a pool's
+        answer (its ack is expected: forgotten, it would read as an unknown id's) and no id whose
+        keys were dropped without a clean-up (that would still be a ``counter_not_decremented``
+        leak): forgetting it changes no finding."""
         return (
             self.closed_at is not None
             and self.pending_retarget is None
             and not self.holds_anything()
+            and not any(life.abort_pending for life in self.lives.values())
             and not any(
                 not life.cleanup_ok
                 and life.submitted

@@ -92,6 +92,11 @@ class TurnsFold:
         self.silent: set[str] = set()  # live mode: sessions with log_stats off
         self.finalized: list[TurnTables] = []
         self.findings: list[Finding] = []
+        self.closed_terminals: dict[str, dict[str, Terminal]] = {}
+        """Sessions forgotten closed (:meth:`forget_closed`) -> the terminals they keep: a late
+        terminal is judged against them, and a reopen keeps its responses known (no id reused,
+        DOMAIN §2.1), exactly as if the session had never been forgotten. At most
+        ``KEPT_PER_SESSION`` entries per closed session; the rest of the working state is gone."""
 
     def apply(self, stored: StoredEvent, accepted: bool = True) -> None:
         """Apply one event; ``accepted`` False (refused by the resources fold) is skipped, except
@@ -121,7 +126,11 @@ class TurnsFold:
                 return
         s = self.sessions.get(sid)
         if s is None:
-            s = self.sessions[sid] = SessionTurns(sid)
+            terminals = self.closed_terminals.pop(sid, None)
+            if terminals is None:
+                s = self.sessions[sid] = SessionTurns(sid)
+            else:  # forgotten closed: back closed, with what later events are judged by
+                s = self.sessions[sid] = SessionTurns(sid, terminals=terminals, closed=True)
         handler(self, s, stored, event)
 
     def take_finalized(self) -> list[TurnTables]:
@@ -129,9 +138,11 @@ class TurnsFold:
         return out
 
     def forget_closed(self) -> list[str]:
+        """Drop closed sessions (bounded memory); returns their ids. Each keeps only its
+        terminals in :attr:`closed_terminals`."""
         gone = [sid for sid, s in self.sessions.items() if s.closed and s.open is None]
         for sid in gone:
-            del self.sessions[sid]
+            self.closed_terminals[sid] = self.sessions.pop(sid).terminals
         return gone
 
     def warn(

@@ -43,7 +43,7 @@ from projections.shell import checkpoint, consistency, parallel, readmodels
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
-FOLD_VERSION = 9  # bump when the fold state's meaning changes: old checkpoints then rebuild
+FOLD_VERSION = 10  # bump when the fold state's meaning changes: old checkpoints then rebuild
 
 
 def note_to_stderr(message: str) -> None:

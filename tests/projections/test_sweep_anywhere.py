@@ -1,0 +1,112 @@
+"""Where a sweep falls changes nothing a reader sees (issue 12, hostile retest of issue 23).
+
+The fold forgets closed sessions at fixed positions (``SWEEP_EVERY``) to bound its memory; what
+it keeps of a forgotten session must be exactly what later events are judged by. The strongest
+form of that rule: a fold that sweeps before EVERY event and one that never sweeps give the same
+turn tables, findings and metrics, on every committed log and field case and on a session that
+is closed, gets late facts, and is reopened reusing its response ids (the retest's repro: the
+reused ids were ``stale_finalize`` without a sweep and got tables after one).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from events.records import StoredEvent
+from projections import projector as projector_module
+from projections.findings import Finding
+from projections.metrics import MetricsFold, TallySink
+from projections.projector import Projector
+from tests.cases.field_support import FIELD_DIR, read_jsonl
+from tests.histories import generate
+from tests.logbuilder import LogBuilder, eph
+
+LOGS = sorted(FIELD_DIR.glob("*.jsonl")) + sorted((Path(__file__).parents[1] / "cases" / "logs").glob("*.jsonl"))
+
+
+def observed(events: list[StoredEvent], sweep_every: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Everything a reader sees of ``events`` folded with a sweep every ``sweep_every`` positions."""
+    monkeypatch.setattr(projector_module, "SWEEP_EVERY", sweep_every)
+    p = Projector().apply_all(events)
+    sink = TallySink()
+    MetricsFold(sink).apply_all(events)
+    return {
+        "tables": [t.to_dict() for t in p.turn_tables],
+        "findings": [judged_alike(f) for f in p.findings()],
+        "request_resources": p.resources.request_resources(),
+        "held": p.resources.held(),
+        "metrics": (sink.values, sink.observations),
+    }
+
+
+def judged_alike(f: Finding) -> Finding:
+    """``f``, with the one judgement a sweep may change: a late abort result of a session the fold
+    forgot is an ``abort_of_unknown_id`` (no evidence), as for an id it retired long ago (R6)."""
+    if f.kind == "duplicate_ack":
+        return replace(f, kind="abort_of_unknown_id", evidence=(f.last_position,))
+    return f
+
+
+def assert_sweep_free(events: list[StoredEvent], monkeypatch: pytest.MonkeyPatch) -> None:
+    never = observed(events, 10**15, monkeypatch)
+    always = observed(events, 1, monkeypatch)
+    for key in never:
+        assert always[key] == never[key], key
+
+
+@pytest.mark.parametrize("path", LOGS, ids=[p.stem for p in LOGS])
+def test_a_sweep_before_every_event_changes_nothing_on_committed_logs(path: Path, monkeypatch):
+    assert_sweep_free(read_jsonl(path), monkeypatch)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_sweep_before_every_event_changes_nothing_on_generated_histories(seed: int, monkeypatch):
+    assert_sweep_free(generate(random.Random(seed), sessions=3).log.stored, monkeypatch)
+
+
+def closed_reopened_with_reused_ids() -> LogBuilder:
+    """s1 answers r0/r1, closes, gets late facts (a terminal of r1, a completed turn, a transfer
+    tally, a release), then incarnation 1 reuses r0/r1 and answers a new r2."""
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0, num_stages=1)
+    ts = 1.0
+    for t, response_id in enumerate(("r0", "r1")):
+        x = eph("s1", t)
+        ts += 1.0
+        b.add("TurnCommitted", "s1", ts, turn_id=t, response_id=response_id, create_response=True)
+        b.add("StageRequestSubmitted", "s1", ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
+        b.add("StageOutput", "s1", ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3)
+        b.add("ResponseEnded", "s1", ts + 0.3, response_id=response_id, cause="model")
+        b.add("StageRequestReleased", "s1", ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+    b.add("SessionClosed", "s1", ts + 1.0, reason="disconnect")
+    b.add("TurnFinalized", "s1", ts + 1.1, response_id="r1", finished_reason="stop")
+    b.add("TurnFinalized", "s1", ts + 1.2, response_id="r0", finished_reason="abort")
+    b.add("TurnCompleted", "s1", ts + 1.3, completed_turn_id=7, new_turn_id=8)
+    b.add("StageRequestReleased", "s1", ts + 1.4, stage_id=0, request_id=eph("s1", 1), cause="session_close")
+    b.add("SessionOpened", "s1", ts + 2.0, num_stages=1, incarnation=1)
+    ts += 2.0
+    for t, response_id in enumerate(("r0", "r1", "r2")):
+        x = eph("s1", t, incarnation=1)
+        ts += 1.0
+        b.add("TurnCommitted", "s1", ts, turn_id=t, response_id=response_id, create_response=True)
+        b.add("StageRequestSubmitted", "s1", ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
+        b.add("StageOutput", "s1", ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3)
+        b.add("ResponseEnded", "s1", ts + 0.3, response_id=response_id, cause="model")
+        b.add("StageRequestReleased", "s1", ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+    b.add("SessionClosed", "s1", ts + 1.0, reason="disconnect")
+    return b
+
+
+def test_a_reopened_session_reusing_response_ids_folds_alike_with_or_without_a_sweep(monkeypatch):
+    events = closed_reopened_with_reused_ids().stored
+    assert_sweep_free(events, monkeypatch)
+    never = observed(events, 10**15, monkeypatch)
+    # The first incarnation's ids stay finalized: reused, they are stale (DOMAIN §2.1), not new turns.
+    assert [t["response_id"] for t in never["tables"]] == ["r0", "r1", "r2"]
+    stale = [f.request_id for f in never["findings"] if f.kind == "stale_finalize"]
+    assert stale.count("r0") >= 1 and stale.count("r1") >= 1
