@@ -10,18 +10,22 @@ reused ids were ``stale_finalize`` without a sweep and got tables after one).
 
 from __future__ import annotations
 
+import json
 import random
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from events.records import StoredEvent
 from projections import projector as projector_module
 from projections.findings import Finding
 from projections.metrics import MetricsFold, TallySink
 from projections.projector import Projector
+from reports.cli import app
 from tests.cases.field_support import FIELD_DIR, read_jsonl
 from tests.histories import generate
 from tests.logbuilder import LogBuilder, eph
@@ -110,3 +114,36 @@ def test_a_reopened_session_reusing_response_ids_folds_alike_with_or_without_a_s
     assert [t["response_id"] for t in never["tables"]] == ["r0", "r1", "r2"]
     stale = [f.request_id for f in never["findings"] if f.kind == "stale_finalize"]
     assert stale.count("r0") >= 1 and stale.count("r1") >= 1
+
+
+def test_the_retest_repro_reads_alike_through_the_cli(tmp_path: Path):
+    """The hostile retest's log, through a real SQLite file: 4067 events of another session put
+    a sweep between CASE-30's S1 closing and CASE-18's S1 reopening it (incarnation 1, reusing
+    resp-1/resp-2). The read models, a fold ``--until-position`` the head, and ``verify`` agree."""
+    lines = [{"stream": "F", "type": "SessionOpened", "ts": 1.0, "data": {"num_stages": 2}}]
+    lines += [{"stream": "F", "type": "InputAppended", "ts": 1.0 + i / 1000, "data": {}} for i in range(4066)]
+    for name, keep, shift, incarnation in (("CASE-30", "S1", 0.0, None), ("CASE-18", "S1", 200.0, 1)):
+        for line in (FIELD_DIR / f"{name}.jsonl").read_text().splitlines():
+            obj = json.loads(line)
+            if obj["stream"] != keep:
+                continue
+            obj["ts"] += shift
+            if incarnation is not None and obj["type"] == "SessionOpened":
+                obj["data"]["incarnation"] = incarnation
+            lines.append(obj)
+    for n, obj in enumerate(lines, start=1):
+        obj["event_id"] = str(uuid.UUID(int=n))
+    log = tmp_path / "repro.jsonl"
+    log.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    url = f"sqlite+aiosqlite:///{tmp_path / 'repro.db'}"
+    runner = CliRunner()
+    assert runner.invoke(app, ["events", "import", str(log), "--db", url]).exit_code == 0
+
+    def turns(*extra: str) -> list[tuple[str, str]]:
+        result = runner.invoke(app, ["tables", "--db", url, "--format", "json", *extra])
+        assert result.exit_code == 0, result.output
+        return [(t["session_id"], t["response_id"]) for t in json.loads(result.stdout)["turns"]]
+
+    assert turns() == turns("--until-position", str(len(lines))) == [("S1", "resp-1"), ("S1", "resp-2")]
+    verified = runner.invoke(app, ["verify", "--db", url])
+    assert verified.exit_code == 0 and verified.stdout.startswith("intact"), verified.output
