@@ -89,7 +89,12 @@ def _diff_rows(
     what: str, key_cols: Sequence[str], found: Iterable[Mapping[str, Any]], fresh: Iterable[Mapping[str, Any]]
 ) -> Mismatch | None:
     def keyed(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], Mapping[str, Any]]:
-        return {tuple(r[c] for c in key_cols): r for r in rows}
+        # The first row of a key wins, as the read models' INSERT OR IGNORE keeps it: a response
+        # id reused after the fold forgot it (KEPT_PER_SESSION) yields a second table of that key.
+        out: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+        for r in rows:
+            out.setdefault(tuple(r[c] for c in key_cols), r)
+        return out
 
     have, want = keyed(found), keyed(fresh)
     for key in sorted(have.keys() | want.keys(), key=repr):

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -25,11 +26,13 @@ from projections import projector as projector_module
 from projections.findings import Finding
 from projections.metrics import MetricsFold, TallySink
 from projections.projector import Projector
+from projections.turns import KEPT_PER_SESSION
 from reports.cli import app
 from tests.cases.field_support import FIELD_DIR, read_jsonl
 from tests.histories import generate
 from tests.logbuilder import LogBuilder, eph
 
+ENVELOPE = {"type", "session_id", "ts", "event_id", "schema_version"}
 LOGS = sorted(FIELD_DIR.glob("*.jsonl")) + sorted((Path(__file__).parents[1] / "cases" / "logs").glob("*.jsonl"))
 
 
@@ -145,5 +148,46 @@ def test_the_retest_repro_reads_alike_through_the_cli(tmp_path: Path):
         return [(t["session_id"], t["response_id"]) for t in json.loads(result.stdout)["turns"]]
 
     assert turns() == turns("--until-position", str(len(lines))) == [("S1", "resp-1"), ("S1", "resp-2")]
+    verified = runner.invoke(app, ["verify", "--db", url])
+    assert verified.exit_code == 0 and verified.stdout.startswith("intact"), verified.output
+
+
+def test_a_response_id_reused_after_the_fold_forgot_it_is_no_tampering(tmp_path: Path):
+    """A session reuses r0 after more than KEPT_PER_SESSION responses: the fold no longer knows r0
+    (flat memory, issue 13) and tables it again. The read model keeps the first table of a key
+    (INSERT OR IGNORE); ``verify`` compares the same way, so an untouched ledger is intact."""
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0, num_stages=1)
+    for t, response_id in enumerate([f"r{n}" for n in range(KEPT_PER_SESSION + 2)] + ["r0"]):
+        x, ts = eph("s1", t), 2.0 + t
+        b.add("TurnCommitted", "s1", ts, turn_id=t, response_id=response_id, create_response=True)
+        b.add("StageRequestSubmitted", "s1", ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
+        b.add("StageOutput", "s1", ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3, end_of_turn=True)
+        b.add("StageRequestFinished", "s1", ts + 0.2, stage_id=0, request_id=x, finish_reason="stop")
+        b.add("ResponseEnded", "s1", ts + 0.3, response_id=response_id, cause="model")
+        b.add("StageRequestReleased", "s1", ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+    log = tmp_path / "reused.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "stream": s.stream_id,
+                    "type": s.event.type,
+                    "ts": s.event.ts,
+                    "event_id": str(uuid.UUID(int=s.position)),
+                    "data": {k: v for k, v in msgspec.to_builtins(s.event).items() if k not in ENVELOPE},
+                }
+            )
+            + "\n"
+            for s in b.stored
+        )
+    )
+    url = f"sqlite+aiosqlite:///{tmp_path / 'reused.db'}"
+    runner = CliRunner()
+    imported = runner.invoke(app, ["events", "import", str(log), "--db", url])
+    assert imported.exit_code == 0, imported.output
+    tables = runner.invoke(app, ["tables", "--db", url, "--format", "json", "--response", "r0"])
+    assert tables.exit_code == 0, tables.output
+    assert [t["finalize_ts_s"] for t in json.loads(tables.stdout)["turns"]] == [2.3]  # the first r0
     verified = runner.invoke(app, ["verify", "--db", url])
     assert verified.exit_code == 0 and verified.stdout.startswith("intact"), verified.output
