@@ -42,6 +42,17 @@ logger = logging.getLogger(__name__)
 Send = Callable[[dict[str, Any]], None]
 """Queue one server event on the connection's outbound path."""
 
+SYSTEM_ITEM_REFUSAL = (
+    "only user messages are accepted: a system message would change the instructions, which are "
+    "this server's fixed system prompt (session.instructions)"
+)
+"""Why a ``system`` message item is refused (research/realtime.md §5.1-§5.2): GA takes it
+into the conversation, but the engine's instructions are fixed at open and recorded nowhere
+else than its config (``session.updated`` answers ``instructions`` with that effective value,
+never pretended changed), and everything the model hears reaches the ledger as appended input
+(``InputAppended``), which has no role: taking the text as the user's words would change its
+role, taking it as instructions would put words in the prompt that the log does not hold."""
+
 
 async def _command(method: Callable[..., Awaitable[Any]], *args: Any, event_id: str | None, **kw: Any) -> Any:
     """Call an engine command on behalf of the client event ``event_id``. A refusal puts
@@ -176,6 +187,8 @@ class ClientEvents:
             raise ProtocolError("bad_event", "item must be an object", param="item")
         if item.get("type", "message") != "message":
             raise ProtocolError("unsupported_item", f"item type {str(item.get('type'))[:40]!r}", param="item.type")
+        if item.get("role") == "system":
+            raise ProtocolError("unsupported_item", SYSTEM_ITEM_REFUSAL, param="item.role")
         if item.get("role") != "user":
             raise ProtocolError("unsupported_item", "only user messages are accepted", param="item.role")
         content = item.get("content")

@@ -81,6 +81,14 @@ FRONT_REFUSALS = [
         "unsupported_item",
         "item.role",
     ),
+    (  # pipecat's LLMMessagesAppendFrame: instructions are fixed, the log has no role (research §5.2)
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be brief."}]},
+        },
+        "unsupported_item",
+        "item.role",
+    ),
     (
         {
             "type": "conversation.item.create",
