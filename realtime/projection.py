@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from decider import PortFailure
 from engine_bridge.messages import ClientEvent
 from realtime import duplex
 from realtime.audio import encode_audio, render_output_audio
-from realtime.protocol import error_event, error_type_for, new_event_id, server_event
+from realtime.protocol import client_message, error_event, error_type_for, new_event_id, server_event
 from realtime.session_config import SessionConfig, session_object
 
 
@@ -60,6 +61,10 @@ _UNSEEN: Any = object()  # Projection._handlers: an engine event type not looked
 
 #: A response's GA terminal status from the log's finished_reason (and the engine's wire reason).
 CANCEL_REASON = {"barge_in": "turn_detected", "cancel": "client_cancelled"}
+
+TURN_FAILURE_CODES = frozenset(failure.code for failure in PortFailure)
+"""The ``error`` codes of a turn whose stage port refused or lost its request (``FailTurn``):
+the request an engine message names is then the open response's."""
 
 
 class Projection:
@@ -225,8 +230,12 @@ class Projection:
         return self._finish(r, "failed", {"type": "failed", "error": error}, metadata)
 
     def _on_error(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        """The GA ``error``; its message names client-facing ids only (:func:`client_message`:
+        a turn failure's engine request id becomes the open response's id)."""
         code = str(data.get("code", "internal_error"))
-        event = error_event(code, str(data.get("message", "")), event_id=data.get("event_id"), param=data.get("param"))
+        failed = self.active.response_id if self.active is not None and code in TURN_FAILURE_CODES else None
+        message = client_message(str(data.get("message", "")), failed)
+        event = error_event(code, message, event_id=data.get("event_id"), param=data.get("param"))
         self.last_error = {"type": error_type_for(code), "code": code, "message": event["error"]["message"]}
         return [event]
 

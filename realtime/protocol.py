@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import secrets
 from typing import Any
+
+from events import ids
 
 MAX_EVENT_BYTES = 15 * 2**20
 """GA's limit on one client event (an ``input_audio_buffer.append`` of at most 15 MiB)."""
@@ -104,6 +107,30 @@ def error_event(code: str, message: str, *, event_id: str | None = None, param: 
     """The GA error envelope; ``event_id`` is the client event's id that caused it (echoed)."""
     error = {"type": error_type_for(code), "code": code, "message": message, "param": param, "event_id": event_id}
     return server_event("error", error=error)
+
+
+_ENGINE_REQUEST_ID = re.compile(
+    rf"(?P<word>\brequest\s+)?(?P<quote>['\"]?){re.escape(ids.PREFIX)}(?:\.[A-Za-z0-9_-]+)+(?P=quote)"
+)
+"""An engine request id in a message (DOMAIN §1: ``duplex-s.<S>.i.<I>.e.<E>.r.<ROLE>``, and the
+legacy 6-part form), quoted or not, with the word ``request`` before it when there is one."""
+
+
+def client_message(message: str, response_id: str | None) -> str:
+    """An engine error's ``message`` as a client is told it: every engine request id (an
+    internal id, DOMAIN §1) is replaced by the client-facing id of what failed, the
+    ``response_id`` when the error is the failure of that response's turn (``request 'ID'``
+    -> ``request of response 'resp_…'``), else by no id at all (``request``, ``an engine
+    request``). Client error events name client-facing ids only (item, response, event ids),
+    as OpenAI's server does; the ledger's ``CommandRejected`` keeps the engine's own text."""
+
+    def rename(match: re.Match[str]) -> str:
+        owner = None if response_id is None else f"response {response_id!r}"
+        if match["word"]:
+            return "request" if owner is None else f"request of {owner}"
+        return "an engine request" if owner is None else f"the request of {owner}"
+
+    return _ENGINE_REQUEST_ID.sub(rename, message) if ids.PREFIX in message else message
 
 
 def client_event_id(event: dict[str, Any]) -> str | None:

@@ -95,7 +95,7 @@ async def test_disconnect_mid_response(long_engine, long_app, long_port, how, ca
         wire.check(all_done=False)
     session = long_engine.sessions[sid]
     await eventually(lambda: session.closed and not state.connections, timeout_s=15)
-    assert connection.feed_ended.is_set() and connection.sender_task.done()
+    assert connection.feed_ended.is_set() and connection.out.sender_task.done()
     assert connection.end_reason.startswith("client_closed_") or connection.end_reason == "send_failed"
     assert await settled_ledger(state, sid) == ["close"]
     history = [s.event for s in await long_engine.store.read_stream(sid)]

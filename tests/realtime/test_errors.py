@@ -10,9 +10,12 @@ import json
 
 import pytest
 
+from events import ids
 from realtime.connection import ConnectionOptions
-from tests.realtime.conftest import sdk_client
+from realtime.protocol import client_message
+from tests.realtime.conftest import REPLY, SHORT, fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
+from tests.realtime.server_fixture import make_app, serve_app
 from tests.realtime.test_conformance import one_turn, user_text
 from tests.realtime.wire import Wire
 
@@ -75,6 +78,14 @@ FRONT_REFUSALS = [
     ),
     (
         {"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", "content": []}},
+        "unsupported_item",
+        "item.role",
+    ),
+    (  # pipecat's LLMMessagesAppendFrame: instructions are fixed, the log has no role (research §5.2)
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be brief."}]},
+        },
         "unsupported_item",
         "item.role",
     ),
@@ -183,3 +194,52 @@ async def test_session_update_answers_the_effective_config(engine, port):
         assert updated["instructions"] == engine.config.system_prompt  # not pretended changed
         assert updated["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
         wire.check()
+
+
+async def test_a_failed_turn_names_the_response_never_the_engine_request_id(tmp_path):
+    """``prompt_too_long`` (the thinker's port refuses the prompt): the ``error`` and the
+    failed ``response.done`` name the response the client knows, never the engine's request
+    id (DOMAIN §1 grammar, ``duplex-s.…``), which stays in the ledger's ``CommandRejected``."""
+    failing = await fake_engine(tmp_path, SHORT, REPLY, max_model_len=3)
+    try:
+        app = make_app(failing)
+        async with serve_app(failing, app=app) as port:
+            async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "f"}) as c:
+                wire = Wire(c)
+                await wire.recv()
+                await wire.send(user_text("This prompt is far too long"))
+                await wire.send({"type": "response.create", "event_id": "rc"})
+                response_id = (await wire.until("response.created"))["response"]["id"]
+                error = (await wire.until("error"))["error"]
+                done = (await wire.until("response.done"))["response"]
+                wire.check()
+        told = [error["message"], done["status_details"]["error"]["message"]]
+        assert error["code"] == "prompt_too_long" and told[0] == told[1]
+        assert ids.PREFIX not in told[0] and f"response {response_id!r}" in told[0], told[0]
+        assert "over max_model_len 3" in told[0]  # the engine's reason is kept
+        rejected = [s.event for s in await failing.store.read_stream("f") if s.event.type == "CommandRejected"]
+        assert [e.error_code for e in rejected] == ["prompt_too_long"]
+        assert rejected[0].request_id is not None and rejected[0].request_id in rejected[0].message
+    finally:
+        await failing.aclose()
+
+
+@pytest.mark.parametrize(
+    ("message", "response_id", "told"),
+    [
+        (
+            "stage 0 (thinker) request 'duplex-s.Zg.i.0.e.2.r.stage0': engine dead",
+            "resp_1",
+            "stage 0 (thinker) request of response 'resp_1': engine dead",
+        ),
+        ("stage 1 (talker) request 'duplex-s.Zg.i.0.e.0.r.stage1_t3': lost", None, "stage 1 (talker) request: lost"),
+        (
+            "abort of duplex-s.Zg.e.1.r.stage0 and duplex-s.Zg.i.1.e.0.r.stage0 failed.",
+            None,
+            "abort of an engine request and an engine request failed.",
+        ),
+        ("nothing appended since the last commit", "resp_1", "nothing appended since the last commit"),
+    ],
+)
+def test_client_message_replaces_every_engine_request_id(message, response_id, told):
+    assert client_message(message, response_id) == told

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine_bridge.eager import run_eagerly
 from realtime.connection import ConnectionOptions, RealtimeConnection, RealtimeState
+from realtime.outbound import Outbound
 from tests.waiting import eventually
 
 
@@ -32,10 +33,13 @@ class PausableSocket:
         self.closed_with = code
 
 
-def connection(outbound_queue_max: int = 1024) -> tuple[RealtimeConnection, PausableSocket]:
+def connection(outbound_queue_max: int = 1024) -> tuple[RealtimeConnection, Outbound, PausableSocket]:
+    """A connection on the FAKE socket, and its outbound path with its sender started."""
     ws = PausableSocket()
     state = RealtimeState(SimpleNamespace(), ConnectionOptions(outbound_queue_max=outbound_queue_max))  # type: ignore[arg-type]
-    return RealtimeConnection(ws, state), ws  # type: ignore[arg-type]
+    conn = RealtimeConnection(ws, state)  # type: ignore[arg-type]
+    conn.out.start()
+    return conn, conn.out, ws
 
 
 def frames(ws: PausableSocket) -> list[int]:
@@ -45,33 +49,32 @@ def frames(ws: PausableSocket) -> list[int]:
 
 
 async def test_writes_go_out_in_the_producers_step_and_in_order_when_a_send_waits() -> None:
-    conn, ws = connection()
-    conn.sender_task = asyncio.create_task(conn._sender())
-    await eventually(lambda: conn._sender_idle)
-    conn.send_all([{"n": 0}, {"n": 1}])
+    _, out, ws = connection()
+    await eventually(lambda: out._sender_idle)
+    out.send_all([{"n": 0}, {"n": 1}])
     assert frames(ws) == [0, 1]  # sent without a wake-up of the sender
     ws.writable.clear()  # the transport pauses: the next send waits
-    conn.send_all([{"n": 2}, {"n": 3}])
-    conn.send_all([{"n": 4}])
-    assert frames(ws) == [0, 1] and conn.queued == 3
+    out.send_all([{"n": 2}, {"n": 3}])
+    out.send_all([{"n": 4}])
+    assert frames(ws) == [0, 1] and out.queued == 3
     ws.writable.set()
     await eventually(lambda: frames(ws) == [0, 1, 2, 3, 4])
-    assert conn.queued == 0
-    conn.send_all([{"n": 5}])
+    assert out.queued == 0
+    out.send_all([{"n": 5}])
     await eventually(lambda: frames(ws) == [0, 1, 2, 3, 4, 5])
-    conn.sender_task.cancel()
+    assert out.sender_task is not None
+    out.sender_task.cancel()
 
 
 async def test_events_held_behind_a_waiting_send_count_toward_the_bound() -> None:
-    conn, ws = connection(outbound_queue_max=3)
-    conn.sender_task = asyncio.create_task(conn._sender())
-    await eventually(lambda: conn._sender_idle)
+    conn, out, ws = connection(outbound_queue_max=3)
+    await eventually(lambda: out._sender_idle)
     ws.writable.clear()
-    conn.send_all([{"n": 0}, {"n": 1}])
-    conn.send_all([{"n": 2}])
-    assert conn.queued == 3 and not conn._overflowed
-    conn.send_all([{"n": 3}])  # a fourth event held: the client is too slow
-    assert conn._overflowed and conn.close_code == 1008 and conn.end_reason == "outbound_queue_full"
+    out.send_all([{"n": 0}, {"n": 1}])
+    out.send_all([{"n": 2}])
+    assert out.queued == 3 and not out.overflowed
+    out.send_all([{"n": 3}])  # a fourth event held: the client is too slow
+    assert out.overflowed and out.close_code == 1008 and conn.end_reason == "outbound_queue_full"
     await eventually(lambda: ws.closed_with == 1008)
 
 
