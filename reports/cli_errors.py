@@ -128,7 +128,9 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
     from reports.traces import TraceError
 
     if isinstance(exc, JsonlError):
-        return [*map(str, exc.errors), f"{len(exc.errors)} bad line(s); nothing was imported"]
+        summary = getattr(exc, "summary", None)  # reports.import_summary.ImportRefused: lines counted
+        refused = len({e.line for e in exc.errors})  # one line may carry several errors
+        return [*map(str, exc.errors), summary or f"{refused} bad line(s); nothing was imported"]
     if isinstance(exc, TraceError):
         return [*exc.problems, f"{len(exc.problems)} bad trace line(s); nothing was run"]
     if isinstance(exc, ValidationError):
