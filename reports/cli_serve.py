@@ -31,6 +31,7 @@ from events.store.url import redact
 from reports.cli_engine import DTYPE_HELP, MODEL_HELP, _prepare, engine_config, quiet_engines, start_ports
 from reports.cli_errors import checked_url, fail
 from reports.cli_errors import run as run_body
+from reports.cli_numbers import finite, range_help
 from reports.cli_projections import DB_HELP
 
 API_KEY_ENV = "DUPLEX_LEDGER_API_KEY"
@@ -107,9 +108,10 @@ def serve(
     idle_timeout_s: float = typer.Option(
         300.0,
         "--idle-timeout-s",
-        min=0.001,
+        parser=finite(0.001),
+        metavar="<float range>",
         help="Close a connection silent this long (s), no answer running, as a disconnect (an idle "
-        "socket must not hold a --max-sessions slot for ever; vLLM-Omni's default).",
+        "socket must not hold a --max-sessions slot for ever; vLLM-Omni's default). " + range_help(0.001),
     ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     served_model_name: str = typer.Option(
