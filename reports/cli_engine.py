@@ -41,6 +41,7 @@ from reports.cli_errors import run as run_body  # `run` is this module's command
 from reports.cli_numbers import finite, range_help
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
 from reports.escape import terminal
+from reports.ledger_check import open_first
 from reports.render_text import turn_log_messages
 from reports.trace_player import LineOutcome, RunProgress, TraceRunResult
 from reports.traces import Trace, TraceError, TraceLine, parse_traces
@@ -324,6 +325,7 @@ def _live_run(
         fail("--speed must be > 0")
     quiet_engines(verbose)
     url = checked_url(db)
+    open_first(url)  # a --db that cannot be used is said before any model work
     closed: list[str] = []
     try:
         thinker_dir = _prepare(model, err)

@@ -33,6 +33,7 @@ from reports.cli_errors import checked_url, fail
 from reports.cli_errors import run as run_body
 from reports.cli_numbers import finite, range_help
 from reports.cli_projections import DB_HELP
+from reports.ledger_check import open_first
 
 API_KEY_ENV = "DUPLEX_LEDGER_API_KEY"
 DEFAULT_MODEL_NAME = "duplex-ledger"
@@ -136,6 +137,7 @@ def serve(
         fail(str(exc))
     quiet_engines(verbose)
     url = checked_url(db)
+    open_first(url)  # a --db that cannot be used is said before any model work
     thinker_dir = _prepare(model, err)
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = dataclasses.replace(engine_config(model, max_tokens, talker_model), max_sessions=max_sessions)
