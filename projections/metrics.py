@@ -83,7 +83,6 @@ from events.types import (
     TurnCommitted,
     TurnCompleted,
 )
-from projections import metrics_requests
 from projections.dispatch import dispatch_table
 from projections.metrics_families import FAMILIES, OFFLINE_FAMILIES, UNKNOWN_MODEL, Family
 from projections.metrics_requests import RequestGauges, structs_of
@@ -111,6 +110,7 @@ __all__ = [
 
 _CLOSES = structs_of(SessionClosed)
 """``SessionClosed``'s struct: the event that fixes a session's rollup."""
+_OUTPUTS = structs_of(StageOutput)
 
 
 class MetricsFold:
@@ -201,8 +201,13 @@ class MetricsFold:
             self.session_gauges.settle(s, resources)
         # Running/waiting change only when an id starts or stops running or gives its first
         # output since its submit/forward: not on the other events (nor on every output).
-        if self.gauges_every_event or metrics_requests.may_move(etype, event, self._woke):
-            self.requests.update(sid, s.model_name, resources)
+        requests = self.requests
+        if (
+            self.gauges_every_event
+            or etype not in requests.quiet
+            or (etype in _OUTPUTS and (self._woke or event.finished))  # type: ignore[attr-defined]
+        ):
+            requests.update(sid, s.model_name, resources)
 
     def apply_all(self, events: Sequence[StoredEvent] | Any) -> MetricsFold:
         for stored in events:
