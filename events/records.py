@@ -87,6 +87,8 @@ def validate_row_json(
     (the reference path; raises UnknownEventType, FutureSchemaVersion, MissingUpcaster,
     ValidationError, or ValueError for a payload key overriding the envelope)."""
     cls = event_class(type_name)
+    if type(data_json) is not str:  # BLOB, or TEXT that is not UTF-8: only an edit leaves it
+        raise ValueError(f"{type_name} row {event_id}: data holds {data_json!r:.80}, not JSON text: the row was edited")
     if schema_version != cls.SCHEMA_VERSION:
         return from_record(type_name, schema_version, stream_id, event_id, ts_us, json.loads(data_json))
     body = data_json.strip()

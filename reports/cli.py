@@ -19,12 +19,14 @@ cuts an option's help or its default (a rich panel at 80 columns did).
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any
 
 import typer
 from typer import _click as click  # typer's own copy of click (typer >= 0.24)
 from typer.core import TyperGroup
 
-from reports.cli_errors import OPERATIONAL, REJECTED, say
+from reports.cli_errors import OPERATIONAL, REJECTED, closed_pipe, say
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("reports.cli_events", "Database schema: upgrade, downgrade, current, grant."),
@@ -66,6 +68,25 @@ class LazyCommands(TyperGroup):
         for name, command in typer.main.get_group(holder).commands.items():
             self.commands.setdefault(name, command)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Parse the top-level arguments (``--help`` prints here); see :meth:`invoke`."""
+        try:
+            return super().parse_args(ctx, args)
+        except BrokenPipeError:
+            raise typer.Exit(closed_pipe()) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a closed pipe on stdout/stderr ends it quietly with exit 141
+        (:data:`reports.cli_errors.PIPE_CLOSED`), before click's own handler would say 1."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise typer.Exit(closed_pipe()) from None
+        except SystemExit as exc:  # a plain rich Console's on_broken_pipe exits 1 while handling it
+            if isinstance(exc.__context__, BrokenPipeError):
+                raise typer.Exit(closed_pipe()) from None
+            raise
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The command list from :data:`COMMANDS` (nothing is imported to print it)."""
         rows = [
@@ -103,7 +124,8 @@ app.callback()(_no_options)  # the commands come from COMMANDS, so typer sees no
 def main() -> None:
     """Console-script entry point (``duplex-ledger``). A usage error (an unknown option, a value
     out of range) is one line on stderr and exit 2, like every other rejected input
-    (:mod:`reports.cli_errors`), not click's multi-line box."""
+    (:mod:`reports.cli_errors`), not click's multi-line box. A reader that closed the pipe
+    (``duplex-ledger audit | head -1``) ends the command quietly with exit 141, as git does."""
     try:
         result = app(standalone_mode=False)
     except typer.TyperException as exc:  # click's usage errors (typer's own copy of click)
@@ -114,6 +136,12 @@ def main() -> None:
         raise SystemExit(getattr(exc, "exit_code", REJECTED)) from None
     except typer.Abort:
         raise SystemExit(OPERATIONAL) from None
+    except BrokenPipeError:  # a usage error's line to a closed stderr
+        raise SystemExit(closed_pipe()) from None
+    try:
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+    except BrokenPipeError:
+        raise SystemExit(closed_pipe()) from None
     raise SystemExit(result if isinstance(result, int) else 0)
 
 

@@ -38,8 +38,10 @@ from events.store.url import redact
 from reports import cli_projections
 from reports.cli_errors import checked_url, fail, report
 from reports.cli_errors import run as run_body  # `run` is this module's command
+from reports.cli_numbers import finite, range_help
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
 from reports.escape import terminal
+from reports.ledger_check import open_first
 from reports.render_text import turn_log_messages
 from reports.trace_player import LineOutcome, RunProgress, TraceRunResult
 from reports.traces import Trace, TraceError, TraceLine, parse_traces
@@ -323,6 +325,7 @@ def _live_run(
         fail("--speed must be > 0")
     quiet_engines(verbose)
     url = checked_url(db)
+    open_first(url)  # a --db that cannot be used is said before any model work
     closed: list[str] = []
     try:
         thinker_dir = _prepare(model, err)
@@ -376,12 +379,24 @@ def demo(
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     model: str = typer.Option("smollm2", "--model", help=MODEL_HELP),
     talker_model: str = typer.Option("tiny", "--talker-model", help="Stage1 (talker) model; default tiny."),
-    speed: float = typer.Option(1.0, "--speed", help="Time scale of the traces (2 = twice as fast)."),
+    speed: float = typer.Option(
+        1.0,
+        "--speed",
+        parser=finite(0.0, low_open=True),
+        metavar="<float>",
+        help="Time scale of the traces (2 = twice as fast). " + range_help(0.0, low_open=True),
+    ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
-    metrics_linger_s: float = typer.Option(0.0, "--metrics-linger-s", min=0.0, max=86400.0, help=METRICS_LINGER_HELP),
+    metrics_linger_s: float = typer.Option(
+        0.0,
+        "--metrics-linger-s",
+        parser=finite(0.0, 86400.0),
+        metavar="<float range>",
+        help=f"{METRICS_LINGER_HELP} {range_help(0.0, 86400.0)}",
+    ),
 ) -> None:
     """Run the bundled example conversations on live vLLM engines; print tables and audit.
 
@@ -409,12 +424,24 @@ def run(
     log_stats: bool | None = typer.Option(
         None, "--log-stats/--no-log-stats", help="Override every session's log_stats (default: the trace's)."
     ),
-    speed: float = typer.Option(1.0, "--speed", help="Time scale of the trace (2 = twice as fast)."),
+    speed: float = typer.Option(
+        1.0,
+        "--speed",
+        parser=finite(0.0, low_open=True),
+        metavar="<float>",
+        help="Time scale of the trace (2 = twice as fast). " + range_help(0.0, low_open=True),
+    ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
-    metrics_linger_s: float = typer.Option(0.0, "--metrics-linger-s", min=0.0, max=86400.0, help=METRICS_LINGER_HELP),
+    metrics_linger_s: float = typer.Option(
+        0.0,
+        "--metrics-linger-s",
+        parser=finite(0.0, 86400.0),
+        metavar="<float range>",
+        help=f"{METRICS_LINGER_HELP} {range_help(0.0, 86400.0)}",
+    ),
 ) -> None:
     """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
 

@@ -18,6 +18,16 @@ Exit codes (the same error gives the same code from every command):
   the log's chain is broken, ``TAMPERED … position N`` is its first line, before the error
   the edited row caused (:func:`run`), and the exit is 1.
 
+* **141 — the reader went away**: stdout (or stderr) is a pipe whose reader closed it
+  (``duplex-ledger audit | head -1``). The command stops at once and quietly — no message, no
+  traceback — and exits 141, 128 + SIGPIPE: what ``git log | head`` and the coreutils report
+  (a shell with ``pipefail`` sees that the output was cut short; without it, the pipeline's
+  status is the reader's). Python's own ``json.tool`` exits 32 (EPIPE's errno) and click 1,
+  which reads as a failure of the command; ``rg`` exits 0, which hides that the output was
+  cut. The process does not take SIGPIPE's default action itself: a database socket that
+  breaks must still be an error line, not a silent death. ``reports.cli`` ends every command
+  this way (:func:`closed_pipe`), rich's consoles included (their own hook exits 1).
+
 Every message is one line per problem on stderr, printed without rich markup (user data such
 as ``--session '[/]'`` is text, not markup), with characters the terminal cannot encode
 escaped and any database password masked (:func:`events.store.url.scrub`).
@@ -28,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import os
+import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -45,6 +56,8 @@ MAX_IDLE_S = 366 * 86400.0  # --max-idle: a year; more is a typo, not a policy
 REJECTED = 2
 OPERATIONAL = 1
 TAMPERED = 1
+PIPE_CLOSED = 141
+"""Exit code when the reader of stdout/stderr closed the pipe: 128 + SIGPIPE (13), as git."""
 DEBUG_ENV = "DUPLEX_LEDGER_DEBUG"
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -128,7 +141,9 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
     from reports.traces import TraceError
 
     if isinstance(exc, JsonlError):
-        return [*map(str, exc.errors), f"{len(exc.errors)} bad line(s); nothing was imported"]
+        summary = getattr(exc, "summary", None)  # reports.import_summary.ImportRefused: lines counted
+        refused = len({e.line for e in exc.errors})  # one line may carry several errors
+        return [*map(str, exc.errors), summary or f"{refused} bad line(s); nothing was imported"]
     if isinstance(exc, TraceError):
         return [*exc.problems, f"{len(exc.problems)} bad trace line(s); nothing was run"]
     if isinstance(exc, ValidationError):
@@ -221,8 +236,8 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]], url: str | None = None) -
     every message."""
     try:
         return asyncio.run(coro_fn())
-    except (typer.Exit, KeyboardInterrupt):
-        raise
+    except (typer.Exit, KeyboardInterrupt, BrokenPipeError):
+        raise  # a closed pipe is no error of the log's: the CLI boundary ends quietly (closed_pipe)
     except Exception as exc:  # noqa: BLE001 - the CLI boundary: one line, one exit code
         if os.environ.get(DEBUG_ENV):
             raise
@@ -277,3 +292,17 @@ def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault |
         return asyncio.run(walk())
     except Exception:  # noqa: BLE001 - no verdict: the command's own error is reported as it is
         return None
+
+
+def closed_pipe() -> int:
+    """The reader of stdout (or stderr) went away: point both at ``/dev/null`` so that nothing
+    written later — the interpreter's final flush included — fails again, and return
+    :data:`PIPE_CLOSED`. Python's documented way ("Note on SIGPIPE", ``signal`` module)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):  # not a file (a test's capture): nothing to quiet
+            continue
+    os.close(devnull)
+    return PIPE_CLOSED

@@ -125,18 +125,27 @@ def events_import(
     with its line number and field, and then nothing is imported (exit 2). Lines whose
     event_id is already stored with the same content are skipped, so re-importing a file is
     harmless; a stored id with other content is a conflict naming the line (exit 2). A SQLite
-    file that does not exist yet is created as a new ledger (once every line passed)."""
+    file that does not exist yet is created as a new ledger (once every line passed). The last
+    line counts the lines read: imported, already present, refused (their numbers), blank."""
     from events import jsonl
     from events.store import EventStore
     from events.store.probe import undo_creation
     from events.store.url import missing_ancestor, missing_sqlite_file
+    from reports.import_summary import ImportRefused, LineCount, imported_line, refused_line
     from reports.progress import shows_progress, stderr_console, track_lines
 
     url = checked_url(db)
+    lines = LineCount()
 
     async def body() -> Any:
+        try:
+            return await _import()
+        except jsonl.JsonlError as exc:  # count the refused lines, not their errors
+            raise ImportRefused(exc.errors, refused_line(str(file), lines, exc.errors)) from exc
+
+    async def _import() -> Any:
         with file.open("rb") as fh:  # a byte bar while lines are checked (terminal only)
-            rows = jsonl.parse_lines(track_lines(fh, file.stat().st_size, f"checking {file.name}"))
+            rows = jsonl.parse_lines(lines.counted(track_lines(fh, file.stat().st_size, f"checking {file.name}")))
         new_file = missing_sqlite_file(url)
         created = missing_ancestor(new_file) if new_file is not None else None
         store = await EventStore.open(url, create=new_file is not None)
@@ -154,7 +163,7 @@ def events_import(
             await store.close()
 
     result = run(body, url)
-    typer.echo(f"imported {result.appended} event(s) from {file} ({result.skipped} already present)")
+    typer.echo(imported_line(str(file), lines, result.appended, result.skipped))
 
 
 @events_app.command("export")

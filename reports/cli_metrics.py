@@ -15,7 +15,8 @@ from engine_bridge.prometheus import LedgerMetrics
 from events.chain_walk import ChainFault, chain_fault
 from events.limits import MAX_POSITION, overflows
 from events.store.store import EventStore
-from reports.cli_errors import MAX_IDLE_S, checked_url, exit_if_tampered, run
+from reports.cli_errors import checked_url, exit_if_tampered, run
+from reports.cli_numbers import max_idle_option
 from reports.cli_projections import DB_HELP
 
 
@@ -44,9 +45,7 @@ def metrics(
     until_position: int | None = typer.Option(
         None, "--until-position", min=0, max=MAX_POSITION, help="Re-project as of this position (time travel)."
     ),
-    max_idle: float = typer.Option(
-        30.0, "--max-idle", min=0.0, max=MAX_IDLE_S, help="As audit --max-idle, for duplex_ledger:request_ids_leaked."
-    ),
+    max_idle: float = max_idle_option("As audit --max-idle, for duplex_ledger:request_ids_leaked."),
 ) -> None:
     """Print the Prometheus exposition (vllm_omni:* and duplex_ledger:* families) re-projected
     from the log: the samples the live engine's /metrics gives for the same events."""

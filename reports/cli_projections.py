@@ -33,7 +33,6 @@ from rich.console import Console
 
 from events.limits import MAX_POSITION
 from reports.cli_errors import (
-    MAX_IDLE_S,
     UnknownResponse,
     check_session,
     checked_url,
@@ -43,6 +42,7 @@ from reports.cli_errors import (
     run,
     say,
 )
+from reports.cli_numbers import max_idle_option
 from reports.escape import rich_text
 
 if TYPE_CHECKING:  # imported where used, so `--help` and the other commands start fast (issue 22)
@@ -154,9 +154,7 @@ def _findings_table(title: str, findings: list[Finding], replicas: dict[str, str
 def audit(
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     session: str | None = typer.Option(None, "--session", help="Only this session id."),
-    max_idle: float = typer.Option(
-        30.0, "--max-idle", min=0.0, max=MAX_IDLE_S, help="Seconds a submitted id may sit idle before it is an orphan."
-    ),
+    max_idle: float = max_idle_option("Seconds a submitted id may sit idle before it is an orphan."),
     until_position: int | None = typer.Option(
         None, "--until-position", min=0, max=MAX_POSITION, help="Audit the log as of this position (time travel)."
     ),

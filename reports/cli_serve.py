@@ -31,7 +31,9 @@ from events.store.url import redact
 from reports.cli_engine import DTYPE_HELP, MODEL_HELP, _prepare, engine_config, quiet_engines, start_ports
 from reports.cli_errors import checked_url, fail
 from reports.cli_errors import run as run_body
+from reports.cli_numbers import finite, range_help
 from reports.cli_projections import DB_HELP
+from reports.ledger_check import open_first
 
 API_KEY_ENV = "DUPLEX_LEDGER_API_KEY"
 DEFAULT_MODEL_NAME = "duplex-ledger"
@@ -107,9 +109,10 @@ def serve(
     idle_timeout_s: float = typer.Option(
         300.0,
         "--idle-timeout-s",
-        min=0.001,
+        parser=finite(0.001),
+        metavar="<float range>",
         help="Close a connection silent this long (s), no answer running, as a disconnect (an idle "
-        "socket must not hold a --max-sessions slot for ever; vLLM-Omni's default).",
+        "socket must not hold a --max-sessions slot for ever; vLLM-Omni's default). " + range_help(0.001),
     ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     served_model_name: str = typer.Option(
@@ -134,6 +137,7 @@ def serve(
         fail(str(exc))
     quiet_engines(verbose)
     url = checked_url(db)
+    open_first(url)  # a --db that cannot be used is said before any model work
     thinker_dir = _prepare(model, err)
     talker_dir = thinker_dir if talker_model.strip().lower() == model.strip().lower() else _prepare(talker_model, err)
     config = dataclasses.replace(engine_config(model, max_tokens, talker_model), max_sessions=max_sessions)

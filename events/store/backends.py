@@ -42,6 +42,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from events.chain import GENESIS
+from events.chain_walk import tolerant_text
 from events.store import schema
 from events.store.errors import ReadOnlyStore
 from events.store.probe import readonly_async_engine
@@ -217,11 +218,21 @@ class SqliteBackend(Backend):
         where_stream = () if stream_id is None else (stream_id,)
         if stream_id is not None:
             sql += " AND stream_id = ?"
+        query = (f"{sql} ORDER BY position LIMIT ?", (*params, *where_stream, limit))
         async with self.reader.connect() as conn:
             driver: Any = (await conn.get_raw_connection()).driver_connection
-            return list(
-                await driver.execute_fetchall(f"{sql} ORDER BY position LIMIT ?", (*params, *where_stream, limit))
-            )
+            try:
+                return list(await driver.execute_fetchall(*query))
+            except sqlite3.OperationalError as exc:
+                if "decode to UTF-8" not in str(exc):
+                    raise
+            # An edited row's TEXT that is not UTF-8 (verify names it edited): read the batch
+            # again keeping such a value's bytes (NotUtf8), so the row is still read as stored.
+            driver.text_factory = tolerant_text
+            try:
+                return list(await driver.execute_fetchall(*query))
+            finally:
+                driver.text_factory = str
 
     def _reader_kwargs(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000}}

@@ -126,8 +126,41 @@ def test_bad_lines_are_all_reported_and_nothing_is_imported(sqlite_cli: Cli, tmp
     assert "line 6: TurnCommitted.ts:" in out and "yesterday" in out
     assert "line 7: TurnCommitted.colour: Extra inputs are not permitted" in out
     assert "line 1:" not in out and "line 8:" not in out
-    assert "6 bad line(s); nothing was imported" in out
+    assert "0 imported, 0 already present, 6 refused (line(s) 2-7), 2 valid held back; nothing was imported" in out
     assert sqlite_cli("events", "export").output == ""
+
+
+def test_the_import_summary_counts_lines_not_errors(sqlite_cli: Cli, tmp_path: Path) -> None:
+    """A line with several errors is one refused line; every line read is accounted for
+    (hostile retest of issue 23: 19 lines were summed up as '150 bad line(s)')."""
+    sqlite_cli("db", "upgrade")
+    lines = [
+        json.dumps(GOOD[0]),
+        json.dumps({"t": 1, "session": "S1", "mode": "x", "type": "session.open"}),  # five errors, one line
+        "",
+        json.dumps(GOOD[1]),
+        json.dumps({"stream": "S1", "type": "Bogus", "ts": 1.0, "data": {}}),
+    ]
+    r = sqlite_cli("events", "import", str(write_jsonl(tmp_path / "bad.jsonl", lines)))
+    assert r.exit_code == 2
+    errors = [line for line in r.output.splitlines() if line.startswith("line 2:")]
+    assert len(errors) > 1  # the line's errors are still each named
+    last = r.output.splitlines()[-1]
+    assert last.startswith(f"5 line(s) read from {tmp_path / 'bad.jsonl'}: 0 imported, 0 already present, 2 refused")
+    assert "(line(s) 2, 5), 2 valid held back, 1 blank; nothing was imported" in last
+
+
+def test_a_clean_import_counts_its_lines(sqlite_cli: Cli, tmp_path: Path) -> None:
+    cli = sqlite_cli
+    cli("db", "upgrade")
+    src = write_jsonl(
+        tmp_path / "in.jsonl", [*map(json.dumps, with_ids(GOOD[:2])), "", *map(json.dumps, with_ids(GOOD)[2:])]
+    )
+    first = cli("events", "import", str(src))
+    assert first.exit_code == 0
+    assert f"imported 5 event(s) from {src} (0 already present, 0 refused; 6 line(s) read, 1 blank)" in first.output
+    again = cli("events", "import", str(src))
+    assert f"imported 0 event(s) from {src} (5 already present, 0 refused; 6 line(s) read, 1 blank)" in again.output
 
 
 def test_reimport_is_idempotent(cli: Cli, tmp_path: Path) -> None:

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from events.store.sqlite_schema import SQLITE_TRIGGERS
+from reports.cli import app
 from reports.printable import printable
 from tests.cli.conftest import Cli
 from tests.cli.test_cli_events import write_jsonl
@@ -67,11 +69,43 @@ def test_a_position_beyond_64_bits_is_a_usage_error(sqlite_cli: Cli, command: st
     assert sqlite_cli(command, option, str(2**63 - 1)).exit_code in (0, 1)  # accepted (1: audit's leaks)
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
-def test_max_idle_must_be_a_finite_duration(sqlite_cli: Cli, value: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("nan", "'nan' is not a finite number"),
+        ("inf", "'inf' is not a finite number"),
+        ("-inf", "'-inf' is not a finite number"),
+        ("1e400", "'1e400' is not a finite number"),
+        ("-1", "'-1' is not in the range 0<=x<=31622400"),
+        ("31622401", "'31622401' is not in the range 0<=x<=31622400"),
+    ],
+)
+@pytest.mark.parametrize("command", ["audit", "metrics"])
+def test_max_idle_must_be_a_finite_duration(sqlite_cli: Cli, command: str, value: str, says: str) -> None:
+    """A non-finite --max-idle is named as such, with the value as typed (hostile retest of
+    issue 23: 'nan' was told it 'should be less than or equal to 31622400')."""
     sqlite_cli("db", "upgrade")
-    r = sqlite_cli("audit", "--max-idle", value)
-    assert r.exit_code == 2 and "--max-idle" in r.output
+    r = sqlite_cli(command, "--max-idle", value)
+    assert r.exit_code == 2
+    assert f"Invalid value for '--max-idle': {says}" in r.output
+    assert "less than or equal" not in r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--speed", "nan"],
+        ["demo", "--speed", "0"],
+        ["demo", "--metrics-linger-s", "inf"],
+        ["serve", "--idle-timeout-s", "nan"],
+    ],
+)
+def test_other_durations_must_be_finite_too(tmp_path: Path, args: list[str]) -> None:
+    """Refused before anything starts (a nan --speed passed ``speed <= 0``)."""
+    r = CliRunner().invoke(app, [*args, "--db", f"sqlite+aiosqlite:///{tmp_path / 'never.db'}"])
+    assert r.exit_code == 2
+    assert f"Invalid value for '{args[1]}': '{args[2]}' is not" in r.output
+    assert not (tmp_path / "never.db").exists()
 
 
 @pytest.mark.parametrize(

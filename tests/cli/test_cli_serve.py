@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from typer.testing import CliRunner
 
 from reports.cli import app
@@ -33,3 +34,31 @@ def test_serve_is_a_command_with_the_run_style_options():
     assert result.exit_code == 0
     for option in ("--host", "--port", "--db", "--model", "--api-key", "--max-sessions", "--idle-timeout-s"):
         assert option in result.output, option
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "{tmp}/a-file/ledger.db",  # a folder that is a file: cannot be created
+        "{tmp}",  # a directory, not a ledger file
+        "/proc/ledger.db",  # a file system that refuses new files
+    ],
+)
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["demo"]])
+def test_an_unusable_db_is_refused_before_any_model_work(tmp_path, monkeypatch, command, where):
+    """Hostile retest of issue 23: serve checked --db only after preparing the models and
+    starting the engines. Now: exit 2, one line naming --db and its value, no model touched."""
+    from reports import cli_engine, cli_serve
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a model was prepared before the ledger was opened")
+
+    monkeypatch.setattr(cli_serve, "_prepare", must_not_run)
+    monkeypatch.setattr(cli_engine, "_prepare", must_not_run)
+    (tmp_path / "a-file").write_text("not a folder")
+    url = f"sqlite+aiosqlite:///{where.format(tmp=tmp_path)}"
+    result = CliRunner().invoke(app, [*command, "--db", url])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    assert errors[0].startswith(f"error: --db {url}: the ledger cannot be opened for writing: "), errors[0]

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from engine_bridge.prometheus import LedgerMetrics
 from events.records import StoredEvent
 from events.types import EventBase
-from projections import metrics as metrics_module
+from projections import metrics_requests
 from projections.metrics import MetricsFold, TallySink
 from projections.projector import Projector
 from tests.cases.field_support import FIELD_DIR, read_jsonl
@@ -89,8 +89,8 @@ def test_running_and_waiting_equal_a_recount_after_every_event_of_a_field_case(p
 def test_the_recount_check_catches_a_gauge_left_stale(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check can fail: with every event taken for one that cannot move the gauges, the
     counts fall behind on some field case."""
-    everything = metrics_module._classes(*_event_classes())
-    monkeypatch.setattr(metrics_module, "_GAUGES_QUIET", everything)
+    everything = metrics_requests.structs_of(*_event_classes())
+    monkeypatch.setattr(metrics_requests, "_GAUGES_QUIET", everything)
     caught = 0
     for path in FIELD_CASES:
         try:
