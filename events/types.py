@@ -106,6 +106,9 @@ def us_to_ts(us: int) -> float:
 
 
 _MAX_TS = MAX_TS_US / 1_000_000
+# Below this, a float's µs round within the D12 range and _in_range needs no adjustment (the
+# live write path's fast case: a time.time() reading).
+_SAFE_TS = (MAX_TS_US - 10_000_000) / 1_000_000
 
 
 def ts_to_datetime(ts: float) -> datetime:
@@ -177,6 +180,8 @@ class EventBase(LimitedModel):
     def _normalise_ts(cls, v: Any) -> float:
         if type(v) is float and 0 <= v <= _MAX_TS and (us := ts_to_us(v)) <= MAX_TS_US and us / 1_000_000 == v:
             return v  # already exact to the microsecond and in range (the store's read path)
+        if type(v) is float and 0 <= v <= _SAFE_TS:
+            return ts_to_us(v) / 1_000_000  # a clock's reading: what ts_from_any gives, in one step
         return ts_from_any(v)
 
     @field_validator("event_id", mode="before")
