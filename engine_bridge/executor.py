@@ -127,60 +127,75 @@ class StepExecutor:
         return await self.execute(decide(self.state, command), run)
 
     async def execute(self, steps: list[Step], run: Execution) -> Any:
+        """Carry out ``steps`` in order; returns the :class:`Reply`'s value (None without one).
+        The steps of every command and engine step (records, notices, the reply) are matched
+        by their type first; the rest in :meth:`_control`."""
         reply = None
         for step in steps:
-            match step:
-                case Record(events=events, durable=True, pipelined=True):
-                    self.log.emit_ahead(*events)  # the engine call follows; its outputs pass log.gated
-                case Record(events=events, durable=True):
-                    await self.log.emit(*events)
-                case Record(events=events) if run.command == "turn":
-                    self.log.emit_held(*events)  # a running turn's: with its next intent or at its end
-                case Record(events=events):
-                    self.log.emit_later(*events)
-                case Notify(type="error", data=data):
-                    self.client.send("error", **data, event_id=run.event_id)
-                case Notify(type=type_, data=data):
-                    self.client.send(type_, **data)
-                case Reply(value=value):
-                    reply = value
-                case Refuse(code=code, message=message, request_id=request_id, param=param):
-                    raise SessionError(code, message, session_id=self.session_id, request_id=request_id, param=param)
-                case Cleanup():
-                    await self._cleanup(step, run)
-                case BufferInput(action=action, text=text, is_speech=is_speech):
-                    self.conversation.buffer(action, text, is_speech)
-                case StartTurn(quiet=True):
-                    try:
-                        await self._start_turn(step, run)
-                    except SessionError:
-                        pass  # already logged and sent to the client
-                case StartTurn():
-                    await self._start_turn(step, run)
-                case HaltTurn():
-                    self.runner.halt(run.turn)
-                case StopTurn():
-                    await self.runner.stop(run.turn)
-                case ForgetStream():
-                    self.runner.stream.forget()
-                case CloseStream():
-                    await self.runner.stream.close()
-                case EndClient(reason=reason):
-                    await self.log.close()
-                    for failure in run.failures:
-                        self.client.send("error", code="cleanup_failed", message=failure, event_id=run.event_id)
-                    self.client.send("session.closed", reason=reason)
-                    self.client.end()
-                case Then(command=command, collect=collect):
-                    try:
-                        await self.run(dataclasses.replace(command, ts=time.time()), run)
-                    except CleanupFailed as exc:
-                        if not collect:
-                            raise
-                        run.failures.append(str(exc))
-                case _:
-                    raise TypeError(f"unknown step {step!r}")
+            if type(step) is Record:
+                self._record(step, run)
+                if step.durable and not step.pipelined:
+                    await self.log.emit(*step.events)
+            elif type(step) is Notify:
+                if step.type == "error":
+                    self.client.send("error", **step.data, event_id=run.event_id)
+                else:
+                    self.client.send(step.type, **step.data)
+            elif type(step) is Reply:
+                reply = step.value
+            else:
+                await self._control(step, run)
         return reply
+
+    def _record(self, step: Record, run: Execution) -> None:
+        """A Record that needs no wait: pipelined intents, a running turn's results (held),
+        everything else not durable (buffered). A durable one is awaited by the caller."""
+        if step.durable:
+            if step.pipelined:
+                self.log.emit_ahead(*step.events)  # the engine call follows; its outputs pass log.gated
+        elif run.command == "turn":
+            self.log.emit_held(*step.events)  # a running turn's: with its next intent or at its end
+        else:
+            self.log.emit_later(*step.events)
+
+    async def _control(self, step: Step, run: Execution) -> None:
+        match step:
+            case Refuse(code=code, message=message, request_id=request_id, param=param):
+                raise SessionError(code, message, session_id=self.session_id, request_id=request_id, param=param)
+            case Cleanup():
+                await self._cleanup(step, run)
+            case BufferInput(action=action, text=text, is_speech=is_speech):
+                self.conversation.buffer(action, text, is_speech)
+            case StartTurn(quiet=True):
+                try:
+                    await self._start_turn(step, run)
+                except SessionError:
+                    pass  # already logged and sent to the client
+            case StartTurn():
+                await self._start_turn(step, run)
+            case HaltTurn():
+                self.runner.halt(run.turn)
+            case StopTurn():
+                await self.runner.stop(run.turn)
+            case ForgetStream():
+                self.runner.stream.forget()
+            case CloseStream():
+                await self.runner.stream.close()
+            case EndClient(reason=reason):
+                await self.log.close()
+                for failure in run.failures:
+                    self.client.send("error", code="cleanup_failed", message=failure, event_id=run.event_id)
+                self.client.send("session.closed", reason=reason)
+                self.client.end()
+            case Then(command=command, collect=collect):
+                try:
+                    await self.run(dataclasses.replace(command, ts=time.time()), run)
+                except CleanupFailed as exc:
+                    if not collect:
+                        raise
+                    run.failures.append(str(exc))
+            case _:
+                raise TypeError(f"unknown step {step!r}")
 
     async def _cleanup(self, step: Cleanup, run: Execution) -> None:
         try:
