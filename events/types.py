@@ -28,7 +28,7 @@ import os
 import random
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
-from uuid import UUID
+from uuid import UUID, SafeUUID
 
 from pydantic import Field, SerializerFunctionWrapHandler, TypeAdapter, field_validator, model_serializer
 
@@ -123,10 +123,39 @@ _rng = random.Random(random.SystemRandom().getrandbits(128))
 os.register_at_fork(after_in_child=lambda: _rng.seed(random.SystemRandom().getrandbits(128)))
 
 
+class _EventId(UUID):
+    """A fresh event id: a UUID that formats its text once (every event's id is written out
+    as text twice on the live path, for its row and its struct; ~1.2 µs each time)."""
+
+    __slots__ = ("_text",)
+    _text: str
+
+    def __str__(self) -> str:
+        try:
+            return self._text
+        except AttributeError:
+            text = UUID.__str__(self)
+            object.__setattr__(self, "_text", text)
+            return text
+
+    def __repr__(self) -> str:
+        return f"UUID({str(self)!r})"
+
+
+# The variant (RFC 4122) and version (4) bits, as uuid.UUID(int=..., version=4) sets them.
+_V4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+_V4_SET = (0x8000 << 48) | (4 << 76)
+_UNKNOWN_SAFETY = SafeUUID.unknown
+
+
 def new_event_id() -> UUID:
     """A random (version 4) UUID from a PRNG seeded from the OS at import: event ids need
-    uniqueness, not secrecy, and ``uuid4()`` costs a system call per event (~20 µs here)."""
-    return UUID(int=_rng.getrandbits(128), version=4)
+    uniqueness, not secrecy, and ``uuid4()`` costs a system call per event (~20 µs here).
+    Equal to ``UUID(int=bits, version=4)`` of the same bits; its text is formatted once."""
+    event_id = object.__new__(_EventId)
+    object.__setattr__(event_id, "int", (_rng.getrandbits(128) & _V4_CLEAR) | _V4_SET)
+    object.__setattr__(event_id, "is_safe", _UNKNOWN_SAFETY)
+    return event_id
 
 
 class Fence(LimitedModel):
