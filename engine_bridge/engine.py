@@ -245,7 +245,9 @@ class SessionEngine:
         log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
         me = self.replica.me
         try:
-            await log.emit(
+            # Committed with the reservation start() makes: one append, durable before the
+            # client hears ``session.created`` (and before any engine call of the session).
+            log.emit_later(
                 SessionOpened(
                     session_id=session_id,
                     ts=time.time(),
@@ -261,6 +263,7 @@ class SessionEngine:
                     connection_id=connection_id,
                 )
             )
+            await session.start()
         except StreamTakenOver:  # another replica opened it between our read and our append
             life = lifecycle_of(session_id, (e.event for e in await self.store.read_stream(session_id)))
             if life is None:
@@ -269,7 +272,6 @@ class SessionEngine:
                 raise SessionError("session_exists", "session is already open", session_id=session_id) from None
             raise SessionOwnedElsewhere(session_id, life.owner) from None
         self.sessions[session_id] = session
-        await session.start()
         return session
 
     def _projector_for(self, session_id: str, version: int) -> Projector:
