@@ -17,6 +17,9 @@ wall ratio is printed next to the A/A ratio (shown, not judged).
 for its intent's commit, ``SessionLog.pipelined = False``), to weigh the pipelined intents in
 the same rounds. ``--profile`` runs cProfile on the loop thread during the ledger arm and
 prints the top duplex-ledger frames (its timings are then inflated: profile in a run of its own).
+After the warm-up the process's heap (vLLM, torch, the engines) is frozen as ``duplex-ledger
+serve`` freezes it once started (:mod:`engine_bridge.heap`); ``--no-freeze`` leaves it to every
+full collection pass.
 
 Targets (issue 15): added commit -> add_request p50 <= 1 ms, p99 <= 5 ms; output -> client p50
 <= 0.5 ms; frontend CPU <= 2 ms per turn; steps within ±2 %; turn p50 within +5 ms.
@@ -200,7 +203,9 @@ async def main(
     flush_s: float,
     profile_path: str | None = None,
     strict: bool = False,
+    freeze: bool = True,
 ) -> None:
+    from engine_bridge.heap import freeze_startup_heap
     from engine_bridge.messages import EngineConfig
     from engine_bridge.vllm_port import VllmStagePort
     from reports.model_prep import resolve_model
@@ -219,6 +224,8 @@ async def main(
     profile = cProfile.Profile() if profile_path else None
     try:
         await run_plain(ports, config, Arm())  # warm-up (not counted)
+        if freeze:
+            freeze_startup_heap()  # as duplex-ledger serve does once started (every arm: one process)
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
                 names = list(arms)
@@ -355,7 +362,21 @@ if __name__ == "__main__":
         help="a fourth arm, ledger-strict: the engine call "
         "waits for its intent's commit (SessionLog.pipelined = False)",
     )
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="the process's startup heap not frozen after the warm-up (engine_bridge.heap; serve freezes it)",
+    )
     args = parser.parse_args()
     asyncio.run(
-        main(args.model, args.rounds, args.synchronous, args.dtype, args.flush_interval, args.profile, args.strict_arm)
+        main(
+            args.model,
+            args.rounds,
+            args.synchronous,
+            args.dtype,
+            args.flush_interval,
+            args.profile,
+            args.strict_arm,
+            freeze=not args.no_freeze,
+        )
     )

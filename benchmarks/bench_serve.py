@@ -33,6 +33,8 @@ live request ids on the ports (all must be empty; "audit clean").
 Goals (issue 21): ledger CPU per turn within 1.2x of plain; p99 first delta within +5 ms.
 ``--quick``: 2 sessions x 1 turn, 1 round (the smoke test's run; not a measurement).
 ``--no-deflate``: both arms without permessage-deflate, to weigh the compression both pay.
+``--no-freeze``: the server's startup heap is not frozen (``duplex-ledger serve`` freezes it
+once listening, :mod:`engine_bridge.heap`); the GC column shows what the collector took per turn.
 ``--profile PATH``: cProfile of the server's loop thread during the ledger arm only
 (``--profile-arm plain``: the plain arm's instead, to set the two side by side).
 """
@@ -58,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PROMPTS = ["What is the capital of France?", "And of Italy?", "Which one is bigger?", "Tell me a fun fact."]
 FAKE_MAX_TOKENS = 16
 NO_DEFLATE_ENV = "BENCH_SERVE_NO_DEFLATE"  # "1": both arms refuse permessage-deflate (--no-deflate)
+NO_FREEZE_ENV = "BENCH_SERVE_NO_FREEZE"  # "1": the server's startup heap is not frozen (--no-freeze)
 RECV_TIMEOUT_S = 60.0
 
 
@@ -177,15 +180,28 @@ def _own_stdout() -> None:
     os.dup2(2, 1)
 
 
+_gc_seconds = [0.0, 0.0]  # total, start of the collection running now
+
+
+def _gc_timer(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_seconds[1] = time.perf_counter()
+    else:
+        _gc_seconds[0] += time.perf_counter() - _gc_seconds[1]
+
+
 async def serve_child(model: str, db_path: str, profile_path: str | None = None) -> None:
     """Both arms on one set of ports; prints ``{"plain": port, "ledger": port}``; then answers
     stdin lines ``audit`` (a JSON line), ``profile on`` / ``profile off`` (cProfile of the
     event-loop thread, dumped to ``profile_path`` at the end; answers ``{}``) and ``quit``."""
     import cProfile
+    import gc
 
+    gc.callbacks.append(_gc_timer)
     _own_stdout()
     from benchmarks.serve_plain import build_plain_app
     from engine_bridge.engine import SessionEngine
+    from engine_bridge.heap import freeze_startup_heap
 
     if model == "tiny":
         from engine_bridge.messages import EngineConfig
@@ -197,6 +213,8 @@ async def serve_child(model: str, db_path: str, profile_path: str | None = None)
     engine = await SessionEngine.open(f"sqlite+aiosqlite:///{db_path}", ports, config=config)
     plain, plain_task, plain_port = await _serve(build_plain_app(ports, config))
     ledger, ledger_task, ledger_port = await _serve(ledger_app(engine))
+    if os.environ.get(NO_FREEZE_ENV) != "1":
+        freeze_startup_heap()  # as ``duplex-ledger serve`` does once listening (both arms: one process)
     _answer({"plain": plain_port, "ledger": ledger_port, "max_tokens": config.max_tokens})
     loop = asyncio.get_running_loop()
     profile = cProfile.Profile()
@@ -208,6 +226,8 @@ async def serve_child(model: str, db_path: str, profile_path: str | None = None)
             elif line == "settle":  # the arm's sessions closed (bounded), so their closes count to it
                 await _settled(engine)
                 _answer({})
+            elif line == "gc":  # seconds the collector has run so far
+                _answer({"gc_s": _gc_seconds[0]})
             elif line in ("profile on", "profile off"):
                 profile.enable() if line == "profile on" else profile.disable()
                 _answer({})
@@ -238,6 +258,7 @@ class ArmRun:
     errors: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
     loop_cpu_s: float = 0.0  # of which the server's main (event-loop) thread
+    gc_s: float = 0.0  # of which the server's cyclic garbage collector (wall, any thread; perf_counter)
     wall_s: float = 0.0
 
 
@@ -305,6 +326,7 @@ async def run_arm(url: str, arm: str, sessions: int, turns: int, child: Child, m
     drops = max(1, math.ceil(sessions * 0.1))
     nonce = secrets.token_hex(3)
     proc = psutil.Process(child.proc.pid)
+    g0 = (await asyncio.to_thread(child.ask, "gc"))["gc_s"]
     c0, m0 = proc.cpu_times(), _main_thread_cpu_s(proc)
     t0 = time.perf_counter()
     results = await asyncio.gather(
@@ -319,6 +341,7 @@ async def run_arm(url: str, arm: str, sessions: int, turns: int, child: Child, m
     c1, m1 = proc.cpu_times(), _main_thread_cpu_s(proc)
     run.cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
     run.loop_cpu_s = m1 - m0
+    run.gc_s = (await asyncio.to_thread(child.ask, "gc"))["gc_s"] - g0
     for r in results:
         if isinstance(r, BaseException):
             run.errors.append(repr(r))
@@ -426,6 +449,7 @@ def summarize(n: int, runs: dict[str, Any], turns: int) -> dict[str, Any]:
             "p99_ms": pct(lat, 0.99),
             "cpu_ms_per_turn": sum(r.cpu_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
             "loop_cpu_ms_per_turn": sum(r.loop_cpu_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
+            "gc_ms_per_turn": sum(r.gc_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
             "lost": sum(r.lost for r in rs),
             "errors": [e for r in rs for e in r.errors][:5],
         }
@@ -442,14 +466,14 @@ def report(results: dict[str, Any], turns: int, rounds: int, model: str) -> list
         f"workload: {model} ports, {turns} text turns per session, {rounds} round(s) of arms plain/ledger "
         f"rotated, 10 % of clients drop mid-answer on their last turn; server CPU = server process user+sys"
     )
-    head = f"{'sessions':>8s} {'arm':>7s} {'held':>5s} {'1st delta p50':>14s} {'p99 (ms)':>9s} {'CPU/turn (ms)':>14s} {'loop thread':>12s} {'lost':>5s}"
+    head = f"{'sessions':>8s} {'arm':>7s} {'held':>5s} {'1st delta p50':>14s} {'p99 (ms)':>9s} {'CPU/turn (ms)':>14s} {'loop thread':>12s} {'GC':>6s} {'lost':>5s}"
     print(head)
     for s in rows:
         for arm in ("plain", "ledger"):
             a = s[arm]
             print(
                 f"{s['sessions']:>8d} {arm:>7s} {a['held']:>5d} {a['p50_ms']:>14.2f} {a['p99_ms']:>9.2f} "
-                f"{a['cpu_ms_per_turn']:>14.3f} {a['loop_cpu_ms_per_turn']:>12.3f} {a['lost']:>5d}"
+                f"{a['cpu_ms_per_turn']:>14.3f} {a['loop_cpu_ms_per_turn']:>12.3f} {a['gc_ms_per_turn']:>6.3f} {a['lost']:>5d}"
             )
         audit = s["audit"]
         print(
@@ -485,6 +509,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         action="store_true",
         help="both arms without permessage-deflate (the product, like uvicorn, offers it by default)",
     )
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="the server's startup heap not frozen (engine_bridge.heap; duplex-ledger serve freezes it)",
+    )
     parser.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -493,6 +522,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         return []
     if args.no_deflate:
         os.environ[NO_DEFLATE_ENV] = "1"  # the server child inherits it
+    if args.no_freeze:
+        os.environ[NO_FREEZE_ENV] = "1"
     sessions = [2] if args.quick else [int(x) for x in args.sessions.split(",")]
     turns, rounds = (1, 1) if args.quick else (args.turns, args.rounds)
     results = asyncio.run(bench(sessions, turns, rounds, args.model, args.profile, args.profile_arm))

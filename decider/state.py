@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, cast
 
 from events import ids
@@ -19,6 +20,13 @@ from events.structs import struct_type
 from events.types import Fence, SessionOpened
 from projections.resource_state import Binding, SessionResources, StaleId, stale_before_submit
 from projections.resources import ResourcesFold
+
+
+@lru_cache(maxsize=4096)
+def fence_of(incarnation: int, epoch: int, turn_id: int) -> Fence:
+    """The (frozen) fence of these counters, built once: a session reads its fence several
+    times a turn (every intent and result carries it), the same value until it moves."""
+    return Fence(incarnation=incarnation, epoch=epoch, turn_id=turn_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +52,7 @@ class TurnRef:
 
     @property
     def fence(self) -> Fence:
-        return Fence(incarnation=self.incarnation, epoch=self.epoch, turn_id=self.turn_id)
+        return fence_of(self.incarnation, self.epoch, self.turn_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +96,7 @@ class SessionState:
     @property
     def fence(self) -> Fence:
         r = self.resources
-        return Fence(incarnation=r.incarnation, epoch=r.epoch, turn_id=r.turn_id)
+        return fence_of(r.incarnation, r.epoch, r.turn_id)
 
     def stage0_id(self) -> str:
         """The Stage0 id the current fence mints: the resident placeholder ``stage0`` or the

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,16 +26,18 @@ from engine_bridge.messages import EngineConfig, SessionError, StreamTakenOver
 from engine_bridge.plugin import ModelPlugin, TextPlugin
 from engine_bridge.ports import StagePort
 from engine_bridge.prometheus import LedgerMetrics
+from engine_bridge.recovery import claimable_history, recover_dead_sessions
 from engine_bridge.replicas import Replica, ReplicaConfig, SessionOwnedElsewhere
 from engine_bridge.session import Session
 from engine_bridge.session_log import FlushTicker, SessionLog
 from engine_bridge.takeover import RecoveryReport
+from engine_bridge.turn_printer import TurnPrinter
+from events.records import StoredEvent
 from events.store.backends import Synchronous
 from events.store.owners import lifecycle_of
 from events.store.store import EventStore
 from events.types import SessionOpened
 from projections.projector import Projector
-from projections.shell.runner import project_as_of
 from projections.turn_tables import TurnTables
 
 __all__ = ["RecoveryReport", "SessionEngine"]
@@ -85,11 +86,11 @@ class SessionEngine:
         self._closing = False  # aclose has begun
         self._opening = 0  # open_session calls in flight
         self._opens_done = asyncio.Event()  # set whenever none is in flight
-        self.printed: deque[TurnTables] = deque(maxlen=self.config.printed_turns_kept)  # the last ones only
-        self._on_turn = on_turn
-        self._stats_renderer = stats_renderer
+        self.printer = TurnPrinter(
+            self.config.printed_turns_kept, self.config.stats_logger_name, on_turn=on_turn, renderer=stats_renderer
+        )
+        self.printed = self.printer.printed  # the last finalized tables only
         self._owns_store = owns_store
-        self._logger = logging.getLogger(self.config.stats_logger_name)
         self._ticker = FlushTicker(self.config.flush_interval_s)
         # Prometheus families (issue 16): one fold fed every event the sessions emit.
         self.model_name = model_name or default_model_name(self.ports)
@@ -240,11 +241,13 @@ class SessionEngine:
             log_stats=log_stats,
         )
         if log_stats:  # M14: nothing of a log_stats-off session's tables is printed or held for printing
-            log.on_turn = lambda turn: self._print_turn(session, turn)
+            log.on_turn = lambda turn: self.printer.print_turn(session, turn)
         log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
         me = self.replica.me
         try:
-            await log.emit(
+            # Committed with the reservation start() makes: one append, durable before the
+            # client hears ``session.created`` (and before any engine call of the session).
+            log.emit_later(
                 SessionOpened(
                     session_id=session_id,
                     ts=time.time(),
@@ -260,6 +263,7 @@ class SessionEngine:
                     connection_id=connection_id,
                 )
             )
+            await session.start()
         except StreamTakenOver:  # another replica opened it between our read and our append
             life = lifecycle_of(session_id, (e.event for e in await self.store.read_stream(session_id)))
             if life is None:
@@ -268,7 +272,6 @@ class SessionEngine:
                 raise SessionError("session_exists", "session is already open", session_id=session_id) from None
             raise SessionOwnedElsewhere(session_id, life.owner) from None
         self.sessions[session_id] = session
-        await session.start()
         return session
 
     def _projector_for(self, session_id: str, version: int) -> Projector:
@@ -299,18 +302,6 @@ class SessionEngine:
             raise SessionError("unknown_session", "no such session", session_id=session_id)
         return session
 
-    def _print_turn(self, session: Session, turn: TurnTables) -> None:
-        """Live --log-stats: each table as its own log message (DOMAIN §5.2), only with
-        log_stats on (M14)."""
-        if not session.log_stats:
-            return
-        self.printed.append(turn)
-        if self._stats_renderer is not None and self._logger.isEnabledFor(logging.INFO):  # only when someone reads
-            for message in self._stats_renderer(turn):
-                self._logger.info(message)
-        if self._on_turn is not None:
-            self._on_turn(session, turn)
-
     def serves(self, session_id: str) -> bool:
         """Whether this engine still answers for ``session_id``: opened here and not fenced out
         (a session fenced by a takeover or by this replica's own lost lease is left to
@@ -318,43 +309,12 @@ class SessionEngine:
         session = self.sessions.get(session_id)
         return session is not None and not session.taken_over
 
-    async def _claimable_history(self, session_id: str) -> list:  # type: ignore[type-arg]
-        """The stream, once it is closed: an open session of a dead owner is taken over first;
-        one of a live owner raises SessionOwnedElsewhere (this replica: ``session_exists``)."""
-        history = await self.store.read_stream(session_id)
-        life = lifecycle_of(session_id, (e.event for e in history))
-        if life is None or not life.open:
-            return history
-        if life.owner == self.replica.me:
-            raise SessionError("session_exists", "session is open in the log (recover first)", session_id=session_id)
-        judge = await self.replica.judge()
-        if judge.dead_reason(life.owner) is None:
-            raise SessionOwnedElsewhere(session_id, life.owner)
-        await self.replica.take_over(session_id, judge, RecoveryReport())
-        return await self._claimable_history(session_id)
+    async def _claimable_history(self, session_id: str) -> list[StoredEvent]:
+        """The stream, once it is closed (:func:`claimable_history`)."""
+        return await claimable_history(self.store, self.replica, session_id)
 
     # ------------------------------------------------------------------ crash recovery
     async def recover(self) -> RecoveryReport:
-        """Reconcile the log with the live engines after a crash (issue 14: only what is dead).
-        Every session left open or holding ids whose owner is dead (lease expired, released or
-        superseded, process gone, or no owner recorded) is taken over
-        (:mod:`engine_bridge.takeover`): ``SessionTakenOver`` and ``SessionClosed`` with reason
-        ``recovered_after_crash``; its ids still live on an engine (or on engines shared with
-        the owner) are aborted on every pool; ids no engine has are recorded as lost
-        (``StageRequestLost``); reserved keys are released. Sessions of live replicas are
-        listed in ``skipped`` and not touched. A session whose recovery fails is listed in
-        ``failed`` (and logged); the others are still recovered and the engine still starts."""
-        report = RecoveryReport()
-        projector = await project_as_of(self.store)
-        judge = await self.replica.judge()
-        for sid, state in projector.sessions_resources():
-            if self.serves(sid):
-                continue
-            if state.closed_at is not None and not state.holds_anything():  # keys, or an abort unanswered
-                continue
-            try:
-                await self.replica.take_over(sid, judge, report)
-            except Exception as exc:  # noqa: BLE001 - one session's failure never stops a start
-                logger.warning("recovery of session %r failed: %s: %s", sid, type(exc).__name__, exc)
-                report.failed.append(f"{sid}: {type(exc).__name__}: {exc}")
-        return report
+        """Reconcile the log with the live engines after a crash (:func:`recover_dead_sessions`:
+        issue 14, only what is dead). Sessions this engine serves are not touched."""
+        return await recover_dead_sessions(self.store, self.replica, serves=self.serves)

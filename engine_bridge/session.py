@@ -1,85 +1,44 @@
 """One full-duplex session driven against the stage ports (DOMAIN §2–§4): the hand that
 executes the session's rules.
 
-Each command (append, commit, response.create, the cancels, close) is handed to
-:func:`decider.decide` together with the session's folded state and what
-the process observes (time, whether response work runs, the input buffer); the steps it
-returns are executed in order: events recorded (write-ahead: an abort's or release's intent is
-durable before the engine call; a submit's or forward's intent is pipelined, durable before any
-output of its call is handed on — ``SessionLog.emit_ahead`` and ``gated``; results after the
-call), ids released or aborted on the stage ports, turns started on the
-:class:`~engine_bridge.turn_runner.TurnRunner`, client events sent. Epoch, turn and bindings
-change only by folding the recorded events (the session's projector, the same folds the
-offline audit runs). Nothing here decides a rule.
+Each command (append, commit, response.create, the cancels, close) is built here from what
+the process observes (time, whether response work runs, the input buffer) and handed, under
+the session's lock, to :func:`decider.decide` together with the session's folded state; the
+steps it returns are carried out by :class:`~engine_bridge.executor.StepExecutor`. Epoch,
+turn and bindings change only by folding the recorded events (the session's projector, the
+same folds the offline audit runs). Nothing here decides a rule.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
-import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn
-
-from pydantic import ValidationError
+from typing import Any
 
 from decider import (
     Append,
-    BufferInput,
     CancelResponse,
-    Cleanup,
-    CleanupRefused,
     ClearInput,
     Close,
-    CloseStream,
     Commit,
     CreateResponse,
-    EndClient,
-    ForgetStream,
-    HaltTurn,
-    Notify,
-    PrepareSubmit,
     PromoteDeferred,
-    Record,
-    Refuse,
-    Reply,
     Reserve,
     SessionRules,
     SessionState,
-    StartTurn,
-    Step,
-    StopTurn,
-    Submit,
-    SubmitAbandoned,
-    Then,
-    decide,
 )
-from decider.decide import error_notice
-from engine_bridge.cleanup import CleanupFailed, cleanup_id
 from engine_bridge.client_feed import ClientFeed
 from engine_bridge.conversation import Conversation
-from engine_bridge.messages import ClientEvent, EngineConfig, SessionError
+from engine_bridge.executor import Execution, StepExecutor
+from engine_bridge.inputs import audio_input_fields, text_input_fields
+from engine_bridge.messages import ClientEvent, EngineConfig
 from engine_bridge.plugin import ModelPlugin
 from engine_bridge.ports import StagePort
 from engine_bridge.session_log import SessionLog
-from engine_bridge.turn_runner import TurnRun, TurnRunner
+from engine_bridge.turn_run import TurnRun
 from events.types import Fence
-
-
-@dataclass
-class _Execution:
-    """One command's execution: its name, the response work it concerns, the client's
-    ``event_id`` of the command (echoed in every ``error`` it causes; None outside a client
-    command) and the cleanup failures collected on the way (close reports them at the end)."""
-
-    command: str
-    turn: TurnRun | None
-    event_id: str | None = None
-    failures: list[str] = field(default_factory=list)
 
 
 class Session:
@@ -110,6 +69,7 @@ class Session:
         self.ports = ports
         self.plugin = plugin
         self.capabilities = plugin.capabilities()
+        self.resident = self.capabilities.supports_core_resumable_request  # one resident Stage0 stream
         self.auto_response = auto_response
         self.log_stats = log_stats
         self.taken_over = False  # fenced: another replica owns the session now (issue 14); never in the log
@@ -122,23 +82,22 @@ class Session:
         )
         self.client = ClientFeed(session_id)
         self.conversation = Conversation(config.system_prompt)
-        self.runner = TurnRunner(
+        self.executor = StepExecutor(
+            session_id,
+            state=self.state,
             log=log,
             ports=ports,
+            plugin=plugin,
             config=config,
-            feed=self.client,
+            client=self.client,
             conversation=self.conversation,
             resident=self.resident,
-            run=lambda command, turn: self._run(command, _Execution("turn", turn)),
             on_done=self._promote_deferred,
         )
+        self.runner = self.executor.runner
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ queries
-    @property
-    def resident(self) -> bool:
-        return self.capabilities.supports_core_resumable_request
-
     @property
     def incarnation(self) -> int:
         return self.state.incarnation
@@ -193,7 +152,7 @@ class Session:
     # ------------------------------------------------------------------ commands
     async def start(self) -> None:
         """Open: the Stage0 id of fence turn 0 is reserved, durably with ``SessionOpened``."""
-        await self._run(Reserve(time.time()), _Execution("open", None))
+        await self.executor.run(Reserve(time.time()), Execution("open", None))
         await self.log.flush()
         self.client.send(
             "session.created",
@@ -209,7 +168,7 @@ class Session:
         client last saw; a stale one raises SessionError ``stale_fence`` (param ``fence``). A
         text that cannot be stored (a lone surrogate) raises SessionError ``invalid_input``
         naming the field (D12)."""
-        fields = dict(input_kind="text", text=text, size_bytes=len(text.encode("utf-8", "surrogatepass")))
+        fields = text_input_fields(text)
         await self._command("append", lambda: Append(time.time(), fields, text, is_speech, fence), event_id)
 
     async def append_audio(
@@ -231,23 +190,13 @@ class Session:
         what the text model hears. ``fence`` as in :meth:`append_text`. A rate that is not > 0
         raises SessionError ``invalid_input`` (param ``sample_rate_hz``)."""
         if isinstance(sample_rate_hz, bool) or not isinstance(sample_rate_hz, int) or sample_rate_hz <= 0:
-            self._refuse(
+            self.executor.refuse(
                 "invalid_input",
                 f"append: sample_rate_hz must be an integer > 0, got {sample_rate_hz!r}",
                 event_id,
                 param="sample_rate_hz",
             )
-        duration_ms = len(pcm) / 2 / sample_rate_hz * 1000.0 if audio_format == "pcm16" else None
-        fields = dict(
-            input_kind="audio",
-            text=transcript,
-            audio_format=audio_format,
-            sample_rate_hz=sample_rate_hz,
-            duration_ms=duration_ms,
-            size_bytes=len(pcm),
-            digest_sha256=hashlib.sha256(pcm).hexdigest(),
-            payload_b64=base64.b64encode(pcm).decode() if store_payload else None,
-        )
+        fields = audio_input_fields(pcm, sample_rate_hz, audio_format, transcript, store_payload=store_payload)
         await self._command("append", lambda: Append(time.time(), fields, transcript or "", is_speech, fence), event_id)
 
     async def clear_input(self, *, event_id: str | None = None) -> None:
@@ -368,134 +317,24 @@ class Session:
         if not self.conversation.deferred or self.runner.active is not None or self.closed:
             return
         async with self._lock:
-            await self._run(
+            await self.executor.run(
                 PromoteDeferred(
                     time.time(), bool(self.conversation.deferred), self.runner.active is not None, secrets.token_hex(4)
                 ),
-                _Execution("commit", None),
+                Execution("commit", None),
             )
 
     # ------------------------------------------------------------------ execution
-    def _refuse(self, code: str, message: str, event_id: str | None, *, param: str | None = None) -> NoReturn:
-        """Refuse a command the rules never saw: its one ``error`` event, then SessionError."""
-        self.client.send("error", **error_notice(code, message, param).data, event_id=event_id)
-        raise SessionError(code, message, session_id=self.session_id, param=param)
-
     async def _command(self, name: str, command: Callable[[], Any], event_id: str | None = None) -> Any:
-        """Decide and execute one client command under the session's lock. ``command`` builds
-        it inside the lock (what it observes is current); ``event_id`` is echoed in every
-        ``error`` the command causes. A cleanup the command needed that failed refuses it
-        (``runtime_append_failed``, R3). Input that cannot be stored (a lone surrogate in a
-        text, DOMAIN §5.7 D12) raises SessionError ``invalid_input`` naming the field (param:
-        the first field); nothing is recorded (the events are built before any is applied).
-        Every refusal: exactly one ``error`` client event, then SessionError; once the stream
-        ended (``session.closed``) only the SessionError (the client was told, CASE-35)."""
+        """Decide and execute one client command under the session's lock
+        (:meth:`StepExecutor.command`). Every refusal: exactly one ``error`` client event, then
+        SessionError; once the stream ended (``session.closed``) only the SessionError (the
+        client was told, CASE-35)."""
         if self.taken_over:
-            self._refuse("session_taken_over", f"{name}: the session was taken over by another replica", event_id)
+            self.executor.refuse(
+                "session_taken_over", f"{name}: the session was taken over by another replica", event_id
+            )
         if self.superseded:
-            self._refuse("session_closed", f"{name} on a closed session", event_id)
+            self.executor.refuse("session_closed", f"{name} on a closed session", event_id)
         async with self._lock:
-            run = _Execution(name, self.runner.active, event_id)
-            try:
-                return await self._run(command(), run)
-            except ValidationError as exc:  # the client's input cannot be an event (D12): refused
-                errors = exc.errors()
-                fields = "; ".join(f"field {'.'.join(map(str, e['loc']))!r}: {e['msg']}" for e in errors)
-                param = ".".join(map(str, errors[0]["loc"])) if errors and errors[0]["loc"] else None
-                self._refuse("invalid_input", f"{name}: {fields}", event_id, param=param)
-            except CleanupFailed as exc:
-                return await self._run(CleanupRefused(time.time(), name, exc.request_id, str(exc)), run)
-
-    async def _run(self, command: Any, run: _Execution) -> Any:
-        """Execute what the rules decide for ``command`` now; returns its reply."""
-        return await self._execute(decide(self.state, command), run)
-
-    async def _execute(self, steps: list[Step], run: _Execution) -> Any:
-        reply = None
-        for step in steps:
-            match step:
-                case Record(events=events, durable=True, pipelined=True):
-                    self.log.emit_ahead(*events)  # the engine call follows; its outputs pass log.gated
-                case Record(events=events, durable=True):
-                    await self.log.emit(*events)
-                case Record(events=events) if run.command == "turn":
-                    self.log.emit_held(*events)  # a running turn's: with its next intent or at its end
-                case Record(events=events):
-                    self.log.emit_later(*events)
-                case Notify(type="error", data=data):
-                    self.client.send("error", **data, event_id=run.event_id)
-                case Notify(type=type_, data=data):
-                    self.client.send(type_, **data)
-                case Reply(value=value):
-                    reply = value
-                case Refuse(code=code, message=message, request_id=request_id, param=param):
-                    raise SessionError(code, message, session_id=self.session_id, request_id=request_id, param=param)
-                case Cleanup():
-                    await self._cleanup(step, run)
-                case BufferInput(action=action, text=text, is_speech=is_speech):
-                    self.conversation.buffer(action, text, is_speech)
-                case StartTurn(quiet=True):
-                    try:
-                        await self._start_turn(step, run)
-                    except SessionError:
-                        pass  # already logged and sent to the client
-                case StartTurn():
-                    await self._start_turn(step, run)
-                case HaltTurn():
-                    self.runner.halt(run.turn)
-                case StopTurn():
-                    await self.runner.stop(run.turn)
-                case ForgetStream():
-                    self.runner.stream.forget()
-                case CloseStream():
-                    await self.runner.stream.close()
-                case EndClient(reason=reason):
-                    await self.log.close()
-                    for failure in run.failures:
-                        self.client.send("error", code="cleanup_failed", message=failure, event_id=run.event_id)
-                    self.client.send("session.closed", reason=reason)
-                    self.client.end()
-                case Then(command=command, collect=collect):
-                    try:
-                        await self._run(dataclasses.replace(command, ts=time.time()), run)
-                    except CleanupFailed as exc:
-                        if not collect:
-                            raise
-                        run.failures.append(str(exc))
-                case _:
-                    raise TypeError(f"unknown step {step!r}")
-        return reply
-
-    async def _cleanup(self, step: Cleanup, run: _Execution) -> None:
-        try:
-            await cleanup_id(self.log, self.ports, step.request_id, cause=step.cause, force_abort=step.force_abort)
-        except CleanupFailed as exc:
-            if step.release_turn:
-                # The id still runs and its keys are restored (R3). The turn's task is not
-                # cancelled: closing vLLM's iterator would abort the request behind the log's
-                # back. It drains the outputs silently (halted); close retries the abort (R7).
-                self.runner.release(run.turn)
-            if not step.collect:
-                raise
-            run.failures.append(str(exc))
-
-    async def _start_turn(self, step: StartTurn, run: _Execution) -> None:
-        """Take the turn's text, clean up before the submit (may refuse the command), submit
-        write-ahead, and hand the turn to the runner."""
-        text = self.conversation.take(step.take)
-        command = "commit"  # a refused submit is the commit's refusal, whichever command started it
-        speak = step.speak if step.speak is not None else self.plugin.decide(text) == "speak"
-        try:
-            try:
-                await self._run(PrepareSubmit(time.time()), run)
-            except CleanupFailed as exc:
-                await self._run(CleanupRefused(time.time(), command, exc.request_id, str(exc)), run)
-        except SessionError:
-            await self._run(SubmitAbandoned(time.time(), step.response_id, step.announced), run)
-            raise
-        prompt, num_tokens_in = self.conversation.prompt(self.ports[0], text, resident=self.resident)
-        now = time.time()
-        turn, kind = await self._run(
-            Submit(now, step.response_id, step.commit_ts, num_tokens_in, self.runner.stream.request_id), run
-        )
-        self.runner.start(turn, kind, text=text, speak=speak, prompt=prompt, num_tokens_in=num_tokens_in, submit_ts=now)
+            return await self.executor.command(name, command, event_id)

@@ -11,8 +11,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from decider import (
@@ -20,7 +19,6 @@ from decider import (
     EngineAborted,
     FailTurn,
     FirstOutput,
-    Forward,
     Listen,
     Stage0Done,
     TurnRef,
@@ -30,47 +28,15 @@ from engine_bridge.conversation import Conversation
 from engine_bridge.eager import start_eagerly
 from engine_bridge.messages import EngineConfig
 from engine_bridge.outputs import OutputCoalescer
-from engine_bridge.ports import GenerationParams, StageChunk, StagePort, StagePortError, StreamSegment, port_failure
+from engine_bridge.ports import StageChunk, StagePort, StagePortError, StreamSegment, port_failure
 from engine_bridge.resident_stream import ResidentStream
 from engine_bridge.segments import SegmentRecorder
 from engine_bridge.session_log import SessionLog
-from events.types import StageMetricsReported, StageRequestFinished, TransferTx
+from engine_bridge.stage0_batches import stage0_batches
+from engine_bridge.talker import talk
+from engine_bridge.turn_run import TurnRun, generation_params
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TurnRun:
-    """The response work of one committed turn (``ref``: its ids and fence)."""
-
-    ref: TurnRef
-    user_text: str
-    speak: bool
-    task: asyncio.Task[None] | None = None
-    cancelled: bool = False
-    # What the resident pump routes to the turn: a chunk, the stream's failure, or None (ended).
-    chunks: asyncio.Queue[StageChunk | Exception | None] = field(default_factory=asyncio.Queue)
-    text: list[str] = field(default_factory=list)
-    outputs: OutputCoalescer | None = None  # the stage currently streaming
-    # The Stage0 engine call, started eagerly by TurnRunner.start (inside the command's step):
-    # the ephemeral request's output stream and its first item, or the resident open/update.
-    stage0: AsyncIterator[StageChunk] | None = None
-    first: asyncio.Future[Any] | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self.ref.request_id
-
-    def answer(self) -> str:
-        return "".join(self.text)
-
-
-def generation_params(config: EngineConfig, max_tokens: int, stage_id: int = 0) -> GenerationParams:
-    """Sampling of one stage request (Stage1 may override ``ignore_eos``)."""
-    ignore_eos = config.ignore_eos
-    if stage_id >= 1 and config.talker_ignore_eos is not None:
-        ignore_eos = config.talker_ignore_eos
-    return GenerationParams(max_tokens=max_tokens, temperature=config.temperature, ignore_eos=ignore_eos)
 
 
 class TurnRunner:
@@ -211,7 +177,8 @@ class TurnRunner:
             if not turn.speak:
                 await self._run(Listen(time.time(), turn.ref), turn)
                 return
-            await self._talk(turn)
+            if len(self.ports) >= 2:  # without a Stage1 port the turn ends at Stage0
+                await talk(turn, port1=self.ports[1], config=self.config, log=self.log, feed=self.feed, run=self._run)
             self.conversation.remember(turn.user_text, turn.answer())
             await self._run(EndTurn(time.time(), turn.ref, turn.answer(), finish_reason), turn)
         except Exception as exc:  # noqa: BLE001 - any failure ends the turn on D14's error path
@@ -246,48 +213,6 @@ class TurnRunner:
                     text=turn.answer(),
                 )
 
-    async def _stage0_batches(self, turn: TurnRun) -> AsyncIterator[list[StageChunk]]:
-        """The outputs of the Stage0 call :meth:`_call_stage0` made, one list per delivery
-        (issue 23 step 4): an ephemeral request's item is one engine step's output (vLLM merges
-        what queued for a lagging reader into one); the resident pump's chunks waiting in the
-        turn's queue travel together, up to the segment's end or the stream's failure."""
-        if turn.stage0 is not None and turn.first is not None:
-            try:
-                first = await turn.first
-            except StopAsyncIteration:
-                return
-            yield [first]
-            async for chunk in turn.stage0:
-                yield [chunk]
-            return
-        if turn.first is not None:
-            await turn.first  # the resident update (raises what update_stream raised)
-        while True:
-            routed = await turn.chunks.get()
-            batch: list[StageChunk] = []
-            failure: Exception | None = None
-            ended = False
-            while True:
-                if routed is None:
-                    ended = True
-                    break
-                if isinstance(routed, Exception):
-                    failure = routed  # the resident stream failed (prompt too long, engine dead)
-                    break
-                batch.append(routed)
-                if routed.segment_done or routed.finished:
-                    ended = True
-                    break
-                if turn.chunks.empty():
-                    break
-                routed = turn.chunks.get_nowait()
-            if batch:
-                yield batch
-            if failure is not None:
-                raise failure
-            if ended:
-                return
-
     def _record(self, turn: TurnRun, recorder: SegmentRecorder, batch: list[StageChunk]) -> None:
         """Record one delivery: the segment's receipts and one coalescer call."""
         for chunk in batch:
@@ -307,7 +232,7 @@ class TurnRunner:
     async def _consume_stage0(self, turn: TurnRun, recorder: SegmentRecorder) -> str | None:
         finish_reason = None
         turn.outputs = OutputCoalescer(self.log, 0, turn.request_id, window_s=self.config.flush_interval_s)
-        async for batch in self._stage0_batches(turn):
+        async for batch in stage0_batches(turn):
             if turn.cancelled:
                 continue
             if turn.speak and turn.ref.response_id is None:
@@ -334,93 +259,3 @@ class TurnRunner:
             finish_reason = batch[-1].finish_reason
         turn.outputs.flush()
         return finish_reason
-
-    async def _talk(self, turn: TurnRun) -> None:
-        """Forward Stage0's text to Stage1 under the same id (key (1, X)); its tokens stand for
-        audio codec frames. Without a Stage1 port the turn ends at Stage0."""
-        if len(self.ports) < 2:
-            return
-        port1, config, sid = self.ports[1], self.config, self.log.session_id
-        text = turn.answer()
-        payload_bytes = len(text.encode())
-        n_text_tokens = max(1, port1.count_tokens(text) if text else 1)
-        budget = max(1, min(config.talker_max_tokens, round(n_text_tokens * config.talker_tokens_per_text_token)))
-        if turn.cancelled:
-            raise asyncio.CancelledError  # a cancel won the race: nothing is forwarded for a cancelled turn
-        tx_start = time.perf_counter()
-        forwarded_ts = time.time()
-        await self._run(Forward(forwarded_ts, turn.ref), turn)
-        stream = self.log.gated(
-            port1.generate(turn.request_id, text or " ", generation_params(config, budget, stage_id=1))
-        )
-        tx_ms = (time.perf_counter() - tx_start) * 1000.0
-        self.log.emit_held(
-            TransferTx(
-                session_id=sid,
-                ts=time.time(),
-                from_stage=0,
-                to_stage=1,
-                request_id=turn.request_id,
-                size_bytes=payload_bytes,
-                tx_time_ms=tx_ms,
-            )
-        )
-        recorder = SegmentRecorder(
-            stage_id=1,
-            submit_ts=forwarded_ts,
-            num_prompt_tokens=n_text_tokens,
-            frames_per_token=config.frames_per_talker_token,
-            sample_rate_hz=config.audio_sample_rate_hz,
-            rx_bytes=payload_bytes,
-        )
-        last: StageChunk | None = None
-        turn.outputs = OutputCoalescer(
-            self.log,
-            1,
-            turn.request_id,
-            window_s=config.flush_interval_s,
-            frames_per_token=config.frames_per_talker_token,
-        )
-        async for chunk in stream:  # one engine step's output per item: a batch of one
-            if turn.cancelled:
-                continue
-            recorder.add(chunk)
-            turn.outputs.add(chunk)
-            frames = len(chunk.new_token_ids) * config.frames_per_talker_token
-            if frames:
-                self.feed.send_batch(
-                    "response.audio.delta",
-                    (
-                        {
-                            "response_id": turn.ref.response_id,
-                            "frames": frames,
-                            "sample_rate_hz": config.audio_sample_rate_hz,
-                        },
-                    ),
-                )
-            last = chunk
-        turn.outputs.flush()
-        if turn.cancelled or (last is not None and last.finish_reason == "abort"):
-            raise asyncio.CancelledError
-        stats, stamps = recorder.stats(port1.pop_finished_stats(turn.request_id))
-        now = time.time()
-        self.log.emit_held(
-            StageMetricsReported(
-                session_id=sid,
-                ts=now,
-                stage_id=1,
-                request_id=turn.request_id,
-                stats=stats,
-                stage_submit_ts=forwarded_ts,
-                **stamps,
-            ),
-            StageRequestFinished(
-                session_id=sid,
-                ts=now,
-                stage_id=1,
-                request_id=turn.request_id,
-                finish_reason=last.finish_reason if last else None,
-                model_turn_id=turn.ref.turn_id,
-                end_of_turn=True,
-            ),
-        )

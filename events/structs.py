@@ -137,6 +137,10 @@ def struct_type(model: type[BaseModel]) -> type[Any]:
         frozen=True,
         kw_only=True,
         forbid_unknown_fields=True,
+        # Not tracked by the cyclic GC: an event is a tree of immutable values and can hold no
+        # cycle; untracked, the structs a live turn or a rebuild makes by the thousand start no
+        # collection of their own (the live loop spent ~0.1-0.3 ms a turn in GC, issue 23).
+        gc=False,
     )
     globals()[model.__name__] = struct
     _BY_MODEL[model] = struct

@@ -56,6 +56,7 @@ async def _serve(
 ) -> str | None:
     """Start the engines, serve until a signal, shut down; returns the signal's name."""
     from engine_bridge.engine import SessionEngine
+    from engine_bridge.heap import freeze_startup_heap
     from realtime.app import build_app
     from realtime.connection import ConnectionOptions
     from realtime.server import serve
@@ -72,6 +73,7 @@ async def _serve(
             app = build_app(engine, options=options, api_key=api_key)
 
             def started(bound: int) -> None:
+                freeze_startup_heap()  # the startup heap out of the collector's passes (engine_bridge.heap)
                 base = f"{host}:{bound}"
                 err.print(
                     f"serving ws://{base}/v1/realtime (model {served_model_name!r}"
