@@ -382,7 +382,7 @@ def walker_of(found: Sequence[Segment], head: int) -> ChainWalker | None:
     if not found or not all(s.intact for s in found):
         return None
     walker = ChainWalker()
-    last = max(found, key=lambda s: s.hi)
+    last = max(found, key=lambda s: (s.hi, s.hi - s.lo))  # an empty range ending there too: the one with rows
     walker.previous, walker.next_position = last.last_hash, head + 1
     walker.rows, walker.head_recorded_at_us = sum(s.rows for s in found), last.last_recorded_at_us
     for s in found:
