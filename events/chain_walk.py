@@ -390,6 +390,21 @@ def walker_of(found: Sequence[Segment], head: int) -> ChainWalker | None:
     return walker
 
 
+def _digest_if_intact(db_path: str, until_position: int | None) -> Digest | None:
+    """The digest of rows 1..``until_position`` (None: the head) of a SQLite ledger file when
+    :func:`check_sqlite_segment` finds their chain intact (the digest :func:`walk_sqlite`'s
+    walker gives then), else None."""
+    hi = until_position
+    if hi is None:
+        conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            hi = int(conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0])
+        finally:
+            conn.close()
+    found = check_sqlite_segment(db_path, 1, hi)
+    return Digest(hi, found.last_hash, found.last_recorded_at_us) if found.intact else None
+
+
 async def walk_log(
     store: Any, batch_size: int = 10_000, until_position: int | None = None
 ) -> tuple[Digest, ChainFault | None]:
@@ -399,6 +414,11 @@ async def walk_log(
     the fault first."""
     path = sqlite_file(store)
     if path is not None:  # plain sqlite3: a value the store never writes is named, not a driver error
+        # First the links alone (no walker, no row object); a chain that is not intact is
+        # walked in order, which names its first fault.
+        intact = await asyncio.to_thread(_digest_if_intact, path, until_position)
+        if intact is not None:
+            return intact, None
         walker = await asyncio.to_thread(walk_sqlite, path, until_position, (), batch_size)
         return walker.digest(), walker.finish()
     walker = ChainWalker()

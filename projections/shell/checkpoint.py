@@ -198,12 +198,13 @@ class _Encoder:
             )
         kind, name = found
         if kind == "D":
-            frozen = v.__dataclass_params__.frozen
+            names, frozen = _dataclass_shape(type(v))
             if not frozen:
                 self._once(v)
             self.in_value += frozen
             try:
-                return ["D", name, {f.name: self.enc(getattr(v, f.name)) for f in dataclasses.fields(v)}]
+                enc = self.enc
+                return ["D", name, {f: enc(getattr(v, f)) for f in names}]
             finally:
                 self.in_value -= frozen
         if kind == "O":
@@ -212,6 +213,12 @@ class _Encoder:
         plain = v.model_dump(exclude_unset=True) if kind == "P" else msgspec.to_builtins(v)
         self.keep.append(plain)
         return [kind, name, self.enc(plain)]
+
+
+@functools.cache
+def _dataclass_shape(cls: type) -> tuple[tuple[str, ...], bool]:
+    """A dataclass's field names, in order, and whether it is frozen (read once per class)."""
+    return tuple(f.name for f in dataclasses.fields(cls)), bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
 
 
 def encode_state(state: Any) -> bytes:
