@@ -198,7 +198,7 @@ class _Encoder:
             )
         kind, name = found
         if kind == "D":
-            names, frozen = _dataclass_shape(type(v))
+            names, frozen = _dataclass_shape(cast(Any, type(v)))
             if not frozen:
                 self._once(v)
             self.in_value += frozen
@@ -216,9 +216,9 @@ class _Encoder:
 
 
 @functools.cache
-def _dataclass_shape(cls: type) -> tuple[tuple[str, ...], bool]:
+def _dataclass_shape(cls: Any) -> tuple[tuple[str, ...], bool]:
     """A dataclass's field names, in order, and whether it is frozen (read once per class)."""
-    return tuple(f.name for f in dataclasses.fields(cls)), bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
+    return tuple(f.name for f in dataclasses.fields(cls)), bool(cls.__dataclass_params__.frozen)
 
 
 def encode_state(state: Any) -> bytes:
@@ -258,9 +258,9 @@ class _Decoder:
         if tag == "d":
             if len(v) % 2 != 1:
                 raise CheckpointRefused("a dict with an odd number of items")
-            items = iter(v)
-            next(items)
-            return {dec(k): dec(x) for k, x in zip(items, items)}
+            pairs = iter(v)
+            next(pairs)
+            return {dec(k): dec(x) for k, x in zip(pairs, pairs)}
         if len(v) != 3 or type(v[1]) is not str:
             raise CheckpointRefused(f"malformed {tag!r} entry")
         found = self.reg.by_name.get(v[1])
