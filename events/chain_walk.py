@@ -22,6 +22,7 @@ A :class:`Digest` is what ``duplex-ledger digest`` prints for the operator to ke
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sqlite3
 import struct
@@ -300,6 +301,8 @@ class Segment:
 
 
 _SEGMENT_COLUMNS = ROW_COLUMNS
+_QI, _I4, _QQQI = struct.Struct(">qI").pack, struct.Struct(">I").pack, struct.Struct(">qqqI").pack
+"""The packs of :func:`events.chain.canonical_bytes` (its definition, fixed forever)."""
 _SEGMENT_SQL = (
     f"SELECT {', '.join(_SEGMENT_COLUMNS)} FROM events WHERE position >= ? AND position <= ? ORDER BY position"
 )
@@ -323,17 +326,36 @@ def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = 
             if first is None or first[0] != lo - 1 or not _valid(first[9]):
                 return Segment(lo, hi, False, 0, b"", 0, {})
             previous = bytes(first[9])
+        # events.chain.row_hash inlined (the same canonical bytes, one SHA-256 of the joined
+        # bytes): this loop is the chain check of verify and of every reader. A hash read by
+        # plain sqlite3 is valid (``_valid``) when it is a 32-byte blob.
+        qi, i4, qqqi, sha256, join = _QI, _I4, _QQQI, hashlib.sha256, b"".join
         try:
             while batch := cursor.fetchmany(20_000):
                 for position, sid, version, eid, type_, schema, ts_us, recorded_us, data, stored in batch:
+                    if position != expected or type(stored) is not bytes or len(stored) != 32:
+                        return Segment(lo, hi, False, rows, previous, recorded, watched)
+                    s, e, t, d = sid.encode(), eid.encode(), type_.encode(), data.encode()
                     if (
-                        position != expected
-                        or not _valid(stored)
-                        or row_hash(previous, position, sid, version, eid, type_, schema, ts_us, recorded_us, data)
+                        sha256(
+                            join(
+                                (
+                                    previous,
+                                    qi(position, len(s)),
+                                    s,
+                                    qi(version, len(e)),
+                                    e,
+                                    i4(len(t)),
+                                    t,
+                                    qqqi(schema, ts_us, recorded_us, len(d)),
+                                    d,
+                                )
+                            )
+                        ).digest()
                         != stored
                     ):
                         return Segment(lo, hi, False, rows, previous, recorded, watched)
-                    previous, expected, recorded = bytes(stored), expected + 1, recorded_us
+                    previous, expected, recorded = stored, expected + 1, recorded_us
                     rows += 1
                     if position in watch:
                         watched[position] = previous
