@@ -25,6 +25,7 @@ async def run(path: Path, rounds: int) -> tuple[int, list[float], list[float], l
     """``rounds`` alternating repeats of (reader with the check, reader without, check alone)."""
     from events.chain_walk import chain_fault
     from events.store.store import EventStore
+    from projections.shell import checked as checked_module
     from projections.shell import runner as runner_module
 
     async def no_check(_store: object, _until: int) -> None:
@@ -36,11 +37,11 @@ async def run(path: Path, rounds: int) -> tuple[int, list[float], list[float], l
         await runner_module.ProjectionRunner(store, note=lambda _m: None).checked_catch_up()  # audited copy
         for _ in range(rounds):
             for checked, out in ((True, with_s), (False, without_s)):
-                runner_module.chain_fault = chain_fault if checked else no_check  # type: ignore[assignment]
+                checked_module.chain_fault = chain_fault if checked else no_check  # type: ignore[assignment]
                 start = time.perf_counter()
                 await runner_module.ProjectionRunner(store, note=lambda _m: None).checked_catch_up()
                 out.append(time.perf_counter() - start)
-            runner_module.chain_fault = chain_fault
+            checked_module.chain_fault = chain_fault
             start = time.perf_counter()
             assert await chain_fault(store, head) is None
             alone_s.append(time.perf_counter() - start)

@@ -3,7 +3,8 @@ to the checkpoint, read models and checkpoint compared — on the synthetic log 
 bench_rebuild (default 300 sessions x 36 turns, ~300,000 events), against the ceiling
 measured in the same run: the same rows read and JSON-decoded by plain ``sqlite3``. Also
 prints the chain walk alone (``digest``) and the CPU per event of verify (every process: the
-chain check runs in a worker process) and of the ceiling. Target (issue 23): verify >= 0.5x.
+log is folded by the partition processes, each checking the chain links of one range of
+positions beside its fold) and of the ceiling. Target (issue 23): verify >= 0.5x.
 
     .venv/bin/python benchmarks/bench_verify.py [--sessions 300] [--turns 36] [--db PATH]
 """

@@ -22,6 +22,7 @@ A :class:`Digest` is what ``duplex-ledger digest`` prints for the operator to ke
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sqlite3
 import struct
@@ -300,6 +301,8 @@ class Segment:
 
 
 _SEGMENT_COLUMNS = ROW_COLUMNS
+_QI, _I4, _QQQI = struct.Struct(">qI").pack, struct.Struct(">I").pack, struct.Struct(">qqqI").pack
+"""The packs of :func:`events.chain.canonical_bytes` (its definition, fixed forever)."""
 _SEGMENT_SQL = (
     f"SELECT {', '.join(_SEGMENT_COLUMNS)} FROM events WHERE position >= ? AND position <= ? ORDER BY position"
 )
@@ -323,17 +326,36 @@ def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = 
             if first is None or first[0] != lo - 1 or not _valid(first[9]):
                 return Segment(lo, hi, False, 0, b"", 0, {})
             previous = bytes(first[9])
+        # events.chain.row_hash inlined (the same canonical bytes, one SHA-256 of the joined
+        # bytes): this loop is the chain check of verify and of every reader. A hash read by
+        # plain sqlite3 is valid (``_valid``) when it is a 32-byte blob.
+        qi, i4, qqqi, sha256, join = _QI, _I4, _QQQI, hashlib.sha256, b"".join
         try:
             while batch := cursor.fetchmany(20_000):
                 for position, sid, version, eid, type_, schema, ts_us, recorded_us, data, stored in batch:
+                    if position != expected or type(stored) is not bytes or len(stored) != 32:
+                        return Segment(lo, hi, False, rows, previous, recorded, watched)
+                    s, e, t, d = sid.encode(), eid.encode(), type_.encode(), data.encode()
                     if (
-                        position != expected
-                        or not _valid(stored)
-                        or row_hash(previous, position, sid, version, eid, type_, schema, ts_us, recorded_us, data)
+                        sha256(
+                            join(
+                                (
+                                    previous,
+                                    qi(position, len(s)),
+                                    s,
+                                    qi(version, len(e)),
+                                    e,
+                                    i4(len(t)),
+                                    t,
+                                    qqqi(schema, ts_us, recorded_us, len(d)),
+                                    d,
+                                )
+                            )
+                        ).digest()
                         != stored
                     ):
                         return Segment(lo, hi, False, rows, previous, recorded, watched)
-                    previous, expected, recorded = bytes(stored), expected + 1, recorded_us
+                    previous, expected, recorded = stored, expected + 1, recorded_us
                     rows += 1
                     if position in watch:
                         watched[position] = previous
@@ -382,12 +404,27 @@ def walker_of(found: Sequence[Segment], head: int) -> ChainWalker | None:
     if not found or not all(s.intact for s in found):
         return None
     walker = ChainWalker()
-    last = max(found, key=lambda s: s.hi)
+    last = max(found, key=lambda s: (s.hi, s.hi - s.lo))  # an empty range ending there too: the one with rows
     walker.previous, walker.next_position = last.last_hash, head + 1
     walker.rows, walker.head_recorded_at_us = sum(s.rows for s in found), last.last_recorded_at_us
     for s in found:
         walker.watched.update(s.watched)
     return walker
+
+
+def _digest_if_intact(db_path: str, until_position: int | None) -> Digest | None:
+    """The digest of rows 1..``until_position`` (None: the head) of a SQLite ledger file when
+    :func:`check_sqlite_segment` finds their chain intact (the digest :func:`walk_sqlite`'s
+    walker gives then), else None."""
+    hi = until_position
+    if hi is None:
+        conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            hi = int(conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0])
+        finally:
+            conn.close()
+    found = check_sqlite_segment(db_path, 1, hi)
+    return Digest(hi, found.last_hash, found.last_recorded_at_us) if found.intact else None
 
 
 async def walk_log(
@@ -399,6 +436,11 @@ async def walk_log(
     the fault first."""
     path = sqlite_file(store)
     if path is not None:  # plain sqlite3: a value the store never writes is named, not a driver error
+        # First the links alone (no walker, no row object); a chain that is not intact is
+        # walked in order, which names its first fault.
+        intact = await asyncio.to_thread(_digest_if_intact, path, until_position)
+        if intact is not None:
+            return intact, None
         walker = await asyncio.to_thread(walk_sqlite, path, until_position, (), batch_size)
         return walker.digest(), walker.finish()
     walker = ChainWalker()

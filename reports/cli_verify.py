@@ -3,10 +3,10 @@ it is unaltered?
 
 ``verify`` recomputes the hash chain (:mod:`events.chain_walk`) and folds the events up to
 the checkpoint position, then compares the read models and the checkpoint with that fresh
-fold (:mod:`projections.shell.consistency`). A small or PostgreSQL log, or any log on one CPU, is read once, in position order; a large
-SQLite log has its chain checked by a worker process with plain ``sqlite3`` while it is
-folded (here, in order, with plain ``sqlite3``; by the runner's partition workers on
-``PARALLEL_MIN_CPUS`` CPUs or more), and is walked in order only to name a fault.
+fold (:mod:`projections.shell.consistency`). A small or PostgreSQL log, or any log on one
+CPU, is read once, in position order; a large SQLite log is folded by the runner's partition
+processes, each of which checks the chain links of one range of positions beside its fold
+(plain ``sqlite3``), and is walked in order only to name a fault.
 With ``--digest`` (the JSON ``digest`` printed earlier, kept elsewhere) it also catches a
 truncated tail and a history rewritten and rehashed. It never writes to the ledger.
 
@@ -35,7 +35,7 @@ from events.chain_walk import (
     ChainWalker,
     Digest,
     Segment,
-    check_sqlite_segment_plain,
+    check_sqlite_segment,
     sqlite_file,
     walk_log,
     walk_sqlite,
@@ -48,17 +48,12 @@ from events.store.integrity import IndexFault
 from events.store.migrate import missing_guards
 from events.store.store import EventStore
 from events.store.url import sqlite_path
-from projections.shell import consistency, parallel
-from projections.shell.runner import FOLD_VERSION, ProjectionRunner
+from projections.shell import consistency, parallel, partitions
+from projections.shell.runner import FOLD_VERSION
 from reports.cli_errors import describe, say
 from reports.cli_projections import DB_HELP
 
 BATCH = 10_000
-PARALLEL_MIN_CPUS = 4
-"""CPUs from which ``verify`` folds a large SQLite log in the runner's partition workers; on
-2 or 3 the fold runs in this process, in order, while one worker process checks the chain
-(on 2 busy cores the partition workers scan the table twice and cost more CPU than they save:
-measured 18.5 against 14.9 µs of CPU an event, 301,595 events)."""
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -170,29 +165,21 @@ async def _walk_and_fold(store: EventStore, head: int, walker: ChainWalker, fres
 async def _walk_and_fold_in_parallel(
     store: EventStore, head: int, until: int, watch: list[int]
 ) -> tuple[ChainWalker | None, consistency.FreshFold]:
-    """A large SQLite log: the chain checked in a worker process with plain ``sqlite3``
-    (:func:`events.chain_walk.check_sqlite_segment`) while the log is folded to ``until``:
-    here, in order, with plain ``sqlite3`` (:func:`projections.shell.parallel.fold_in_order`),
-    or, with ``PARALLEL_MIN_CPUS`` CPUs or more, by the runner's partition workers
-    (:meth:`ProjectionRunner.fresh_fold`). The walker is None when the chain is not intact
-    (the caller then walks in order to name the fault)."""
+    """A large SQLite log: folded to ``until`` by the runner's partition processes (worker
+    processes and a thread here, plain ``sqlite3``), each of which also checks the hash-chain
+    links of one range of positions 1..``head`` beside its fold
+    (:func:`projections.shell.partitions.checked_fresh_fold`): the chain walk is spread over the
+    same processes as the fold instead of running in series with it. The walker is None when
+    the chain is not intact (the caller then walks in order to name the fault)."""
     path = str(sqlite_path(store.url).resolve())
-    loop = asyncio.get_running_loop()
-    with parallel.pool(1) as chain_pool:
-        chain = loop.run_in_executor(chain_pool, check_sqlite_segment_plain, path, 1, head, watch)
-        try:
-            if parallel.default_workers() >= PARALLEL_MIN_CPUS:
-                fresh = await ProjectionRunner(store).fresh_fold(until)
-            else:
-                with gc_paused():
-                    projector, turn_rows = await asyncio.to_thread(parallel.fold_in_order, path, until)
-                fresh = consistency.FreshFold(until, projector, turn_rows)
-        except Exception:
-            if Segment(*await chain).intact:
-                raise
-            return None, consistency.FreshFold(until)  # an edited row failed the fold: named in order
-        found = Segment(*await chain)
-    return walker_of([found], head), fresh
+    try:
+        fresh, segments = await partitions.checked_fresh_fold(path, parallel.default_workers(), until, head, watch)
+    except Exception:
+        # An edited row that fails the fold: named by the ordered walk, unless the chain holds.
+        if (await asyncio.to_thread(check_sqlite_segment, path, 1, head, watch)).intact:
+            raise
+        return None, consistency.FreshFold(until)
+    return walker_of([Segment(*found) for found in segments], head), fresh
 
 
 async def head_digest(store: EventStore) -> tuple[Digest, ChainFault | None]:

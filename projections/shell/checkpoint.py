@@ -198,12 +198,13 @@ class _Encoder:
             )
         kind, name = found
         if kind == "D":
-            frozen = v.__dataclass_params__.frozen
+            names, frozen = _dataclass_shape(cast(Any, type(v)))
             if not frozen:
                 self._once(v)
             self.in_value += frozen
             try:
-                return ["D", name, {f.name: self.enc(getattr(v, f.name)) for f in dataclasses.fields(v)}]
+                enc = self.enc
+                return ["D", name, {f: enc(getattr(v, f)) for f in names}]
             finally:
                 self.in_value -= frozen
         if kind == "O":
@@ -212,6 +213,12 @@ class _Encoder:
         plain = v.model_dump(exclude_unset=True) if kind == "P" else msgspec.to_builtins(v)
         self.keep.append(plain)
         return [kind, name, self.enc(plain)]
+
+
+@functools.cache
+def _dataclass_shape(cls: Any) -> tuple[tuple[str, ...], bool]:
+    """A dataclass's field names, in order, and whether it is frozen (read once per class)."""
+    return tuple(f.name for f in dataclasses.fields(cls)), bool(cls.__dataclass_params__.frozen)
 
 
 def encode_state(state: Any) -> bytes:
@@ -226,28 +233,34 @@ def seal(body: bytes, *, fold_version: int, position: int, log_hash: bytes) -> b
 
 
 # ------------------------------------------------------------------ decode
+_SCALARS = frozenset((str, int, float, bool, bytes))
+_PLAIN_ITEMS = _SCALARS | {type(None)}
+_COLLECTIONS: dict[str, Callable[[list[Any]], Any]] = {"l": list, "t": tuple, "s": set, "f": frozenset}
+
+
 class _Decoder:
     def __init__(self) -> None:
         self.reg = registry()
 
     def dec(self, v: Any) -> Any:
-        if v is None or type(v) in (str, int, float, bool, bytes):
+        if v is None or type(v) in _SCALARS:
             return v
         if type(v) is not list or not v or type(v[0]) is not str:
             raise CheckpointRefused(f"unexpected {type(v).__name__} in the state")
         tag = v[0]
-        if tag == "l":
-            return [self.dec(x) for x in v[1:]]
-        if tag == "t":
-            return tuple(self.dec(x) for x in v[1:])
-        if tag == "s":
-            return {self.dec(x) for x in v[1:]}
-        if tag == "f":
-            return frozenset(self.dec(x) for x in v[1:])
+        dec = self.dec
+        if tag in _COLLECTIONS:
+            items = v[1:]
+            # Scalars alone (ids, positions): taken as they are, in C; else item by item.
+            if not set(map(type, items)) <= _PLAIN_ITEMS:
+                items = [dec(x) for x in items]
+            return items if tag == "l" else _COLLECTIONS[tag](items)
         if tag == "d":
             if len(v) % 2 != 1:
                 raise CheckpointRefused("a dict with an odd number of items")
-            return {self.dec(v[i]): self.dec(v[i + 1]) for i in range(1, len(v), 2)}
+            pairs = iter(v)
+            next(pairs)
+            return {dec(k): dec(x) for k, x in zip(pairs, pairs)}
         if len(v) != 3 or type(v[1]) is not str:
             raise CheckpointRefused(f"malformed {tag!r} entry")
         found = self.reg.by_name.get(v[1])
@@ -259,24 +272,26 @@ class _Decoder:
         if tag == "O":
             return self._plain(cls, v[2])
         if tag == "P":
-            return cast(type[BaseModel], cls).model_validate(self.dec(v[2]))
-        return msgspec.convert(self.dec(v[2]), cls)
+            return cast(type[BaseModel], cls).model_validate(dec(v[2]))
+        return msgspec.convert(dec(v[2]), cls)
 
     def _fields(self, cls: type, table: Any, names: Sequence[str]) -> dict[str, Any]:
-        if type(table) is not dict or sorted(table) != sorted(names):
+        if type(table) is not dict or table.keys() != _name_set(names):
             got = sorted(table) if type(table) is dict else type(table).__name__
             raise CheckpointRefused(f"{_name(cls)}: fields {got} instead of {sorted(names)}")
-        return {k: self.dec(x) for k, x in table.items()}
+        dec = self.dec
+        return {k: dec(x) for k, x in table.items()}
 
     def _dataclass(self, cls: type, table: Any) -> Any:
-        values = self._fields(cls, table, [f.name for f in dataclasses.fields(cls)])
-        hints = _hints(cls)
+        names, checks = _dataclass_checks(cls)
+        values = self._fields(cls, table, names)
         obj: Any = object.__new__(cls)
+        setattr_ = object.__setattr__
         for name, value in values.items():
-            hint = hints.get(name)
-            if hint is not None and not _conforms(value, hint):
-                raise CheckpointRefused(f"{_name(cls)}.{name}: {type(value).__name__} does not fit {hint}")
-            object.__setattr__(obj, name, value)
+            check = checks[name]
+            if check is not None and not check(value):
+                raise CheckpointRefused(f"{_name(cls)}.{name}: {type(value).__name__} does not fit {_hints(cls)[name]}")
+            setattr_(obj, name, value)
         return obj
 
     def _plain(self, cls: type, table: Any) -> Any:
@@ -301,44 +316,100 @@ def _hints(cls: type) -> dict[str, Any]:
         return {}
 
 
+_name_sets: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def _name_set(names: Sequence[str]) -> frozenset[str]:
+    key = tuple(names)
+    found = _name_sets.get(key)
+    if found is None:
+        found = _name_sets[key] = frozenset(key)
+    return found
+
+
+@functools.cache
+def _dataclass_checks(cls: type) -> tuple[tuple[str, ...], dict[str, Callable[[Any], bool] | None]]:
+    """A dataclass's field names and, per field, the check of its annotation (None: none)."""
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    hints = _hints(cls)
+    return names, {name: (_checker(hints[name]) if hints.get(name) is not None else None) for name in names}
+
+
+def _yes(value: Any) -> bool:
+    return True
+
+
+def _checker(hint: Any) -> Callable[[Any], bool]:
+    """:func:`_conforms` with ``hint`` fixed, compiled once per hint (the decoder runs it on
+    every field of every object)."""
+    try:
+        found = _checkers.get(hint)
+    except TypeError:  # an unhashable annotation: compiled each time
+        return _compile(hint)
+    if found is None:
+        found = _checkers[hint] = _compile(hint)
+    return found
+
+
+_checkers: dict[Any, Callable[[Any], bool]] = {}
+
+
+def _compile(hint: Any) -> Callable[[Any], bool]:
+    if hint is Any or isinstance(hint, typing.TypeVar):
+        return _yes
+    if hint is None or hint is type(None):
+        return lambda value: value is None
+    origin = get_origin(hint)
+    if origin is None:
+        if not isinstance(hint, type):
+            return _yes
+        if hint in registry().by_type or issubclass(hint, (BaseModel, msgspec.Struct)):
+            by_type = registry().by_type
+            return lambda value: type(value) in by_type
+        if hint is float:
+            return lambda value: type(value) in (float, int)
+        return lambda value: isinstance(value, hint)
+    args = get_args(hint)
+    if origin in (Union, types.UnionType):
+        alternatives = [_checker(a) for a in args]
+        return lambda value: any(check(value) for check in alternatives)
+    if origin is Literal:
+        return lambda value: value in args
+    if origin is typing.Annotated:
+        return _checker(args[0])
+    if not isinstance(origin, type):
+        return _yes
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            item = _checker(args[0])
+            return lambda value: isinstance(value, tuple) and all(item(x) for x in value)
+        each = [_checker(a) for a in args]
+        return lambda value: (
+            isinstance(value, tuple)
+            and (not args or (len(args) == len(value) and all(check(x) for x, check in zip(value, each))))
+        )
+    key = _checker(args[0]) if args else _yes
+    val = _checker(args[1]) if len(args) > 1 else _yes
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, origin):
+            return False
+        if isinstance(value, Mapping):
+            return not args or all(key(k) and val(x) for k, x in value.items())
+        if args and isinstance(value, (list, set, frozenset)):
+            return all(key(x) for x in value)
+        return True
+
+    return check
+
+
 def _conforms(value: Any, hint: Any) -> bool:
     """Whether ``value`` fits the annotation ``hint``: scalars, ``None``, ``Literal``, unions
     and the container kinds (tuple/list/dict/set/frozenset/Mapping, elements included) are
     checked; a class of the registry stands for any registered object (fold state holds a
     model's struct, or an accumulator, where a model is annotated); ``Any`` and other typing
     forms accept everything."""
-    if hint is Any or isinstance(hint, typing.TypeVar):
-        return True
-    if hint is None or hint is type(None):
-        return value is None
-    origin = get_origin(hint)
-    if origin is None:
-        if not isinstance(hint, type):
-            return True
-        if hint in registry().by_type or issubclass(hint, (BaseModel, msgspec.Struct)):
-            return type(value) in registry().by_type
-        if hint is float:
-            return type(value) in (float, int)
-        return isinstance(value, hint)
-    args = get_args(hint)
-    if origin in (Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if origin is Literal:
-        return value in args
-    if origin is typing.Annotated:
-        return _conforms(value, args[0])
-    if not isinstance(origin, type) or not isinstance(value, origin):
-        return not isinstance(origin, type)
-    if origin is tuple:
-        assert isinstance(value, tuple)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_conforms(x, args[0]) for x in value)
-        return not args or (len(args) == len(value) and all(_conforms(x, a) for x, a in zip(value, args)))
-    if isinstance(value, Mapping):
-        return not args or all(_conforms(k, args[0]) and _conforms(x, args[1]) for k, x in value.items())
-    if args and isinstance(value, (list, set, frozenset)):
-        return all(_conforms(x, args[0]) for x in value)
-    return True
+    return _checker(hint)(value)
 
 
 def decode_state(body: bytes) -> Any:

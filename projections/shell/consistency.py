@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from events.gc_pause import gc_paused
 from events.store.rows import StoredRow, decode_rows
 from projections.projector import Projector
 from projections.shell import checkpoint, readmodels
@@ -97,6 +98,8 @@ def _diff_rows(
         return out
 
     have, want = keyed(found), keyed(fresh)
+    if have == want:  # the common case, compared in bulk (C): rows are searched only when not
+        return None
     for key in sorted(have.keys() | want.keys(), key=repr):
         shown = "(" + ", ".join(map(str, key)) + ")"
         if key not in want:
@@ -124,6 +127,15 @@ def compare(
     ``log_hash``: the log's chain hash at the checkpoint position. The checkpoint row itself
     is checked first (:func:`_checkpoint_fault`), so a deleted, moved or swapped checkpoint is
     named as the checkpoint, not as the read-model rows a fold at its position disagrees with."""
+    # The collector paused (events.gc_pause): decoding the checkpoint builds the whole fold state
+    # anew, and its passes walked every object of both states.
+    with gc_paused():
+        return _compare(found, fresh, fold_version=fold_version, log_hash=log_hash, max_idle_s=max_idle_s)
+
+
+def _compare(
+    found: StoredModels, fresh: FreshFold, *, fold_version: int, log_hash: bytes, max_idle_s: float
+) -> Mismatch | None:
     if found.checkpoint is not None and found.checkpoint[1] != fold_version:
         # Derived state that does not match this build (or a version number edited to make a
         # reader skip the comparison): the rows are compared all the same, and the version is

@@ -66,8 +66,6 @@ _SELECT = (
     "ORDER BY position"
 )
 
-_SELECT_ALL = f"SELECT {', '.join(_COLUMNS)} FROM events WHERE position <= ? ORDER BY position"
-
 RESULT_MAGIC = "duplex-ledger-partition"
 """First item of a worker's result (:func:`encode_result`)."""
 
@@ -116,12 +114,15 @@ def default_workers() -> int:
 @dataclass(frozen=True, slots=True)
 class PartitionResult:
     """A worker's projector, and the file its finalized turn rows were spooled to (so neither
-    the worker nor the caller holds every turn table in memory)."""
+    the worker nor the caller holds every turn table in memory); ``segment``: what the chain
+    check of a range of positions beside the fold found (:func:`fold_partition_checked`, as
+    :func:`events.chain_walk.check_sqlite_segment_plain` values), None when none was asked."""
 
     projector: Projector
     turns_path: str
     turns: int
     events: int
+    segment: tuple[Any, ...] | None = None
 
 
 def encode_result(result: PartitionResult) -> bytes:
@@ -204,6 +205,36 @@ def fold_partition(
         return encode_result(folded_partition(db_path, part, sessions, until_position, spool_dir, batch_size))
 
 
+def fold_partition_checked(
+    db_path: str,
+    part: int,
+    sessions: Sequence[str],
+    until_position: int,
+    spool_dir: str,
+    chain: tuple[int, int],
+    watch: Sequence[int] = (),
+    batch_size: int = WORKER_BATCH,
+) -> tuple[bytes, tuple[Any, ...]]:
+    """Worker: :func:`fold_partition`, and the hash chain's links of rows ``chain`` = (lo, hi)
+    checked beside it (:func:`events.chain_walk.check_sqlite_segment_plain`: each link depends
+    on two stored rows only, so the ranges of all partitions together check the whole chain).
+    ``watch``: positions whose stored hash to hand back. Both as plain data."""
+    from events.chain_walk import check_sqlite_segment_plain
+
+    folded = fold_partition(db_path, part, sessions, until_position, spool_dir, batch_size)
+    return folded, check_sqlite_segment_plain(db_path, *chain, watch)
+
+
+def chain_ranges(head: int, parts: int) -> list[tuple[int, int]]:
+    """Positions 1..``head`` cut into ``parts`` consecutive ranges (lo, hi) of nearly equal
+    length, one per partition of a checked fold, in partition order (an empty range is
+    (lo, lo - 1)). ``parts`` must be >= 1 (ValueError otherwise)."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    bounds = [head * i // parts for i in range(parts + 1)]
+    return [(bounds[i] + 1, bounds[i + 1]) for i in range(parts)]
+
+
 def folded_partition(
     db_path: str,
     part: int,
@@ -241,26 +272,6 @@ def folded_partition(
             conn.close()
             spool.close()
     return PartitionResult(projector, spool_path, n_turns, events)
-
-
-def fold_in_order(
-    db_path: str, until_position: int, batch_size: int = WORKER_BATCH
-) -> tuple[Projector, list[dict[str, Any]]]:
-    """The whole log of a SQLite ledger file up to ``until_position`` folded here, in position
-    order, read with plain ``sqlite3`` (read-only): the projector and its turn rows (as the
-    runner writes them). What ``verify`` folds while another process checks the chain. Raises
-    what decoding raises."""
-    projector = Projector()
-    turn_rows: list[dict[str, Any]] = []
-    conn = _read_only(db_path)
-    try:
-        with gc_paused():
-            cursor = conn.execute(_SELECT_ALL, (until_position,))
-            while rows := cursor.fetchmany(batch_size):
-                turn_rows += fold_batch(projector, decode_tuples(rows))[0]
-    finally:
-        conn.close()
-    return projector, turn_rows
 
 
 def spooled_turn_values(paths: list[str]) -> Iterator[tuple[Any, ...]]:

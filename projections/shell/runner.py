@@ -9,8 +9,13 @@ a synchronous core).
   (at-least-once readers are harmless).
 * :meth:`ProjectionRunner.rebuild` — drop the read models and run from position 0.
 * :meth:`ProjectionRunner.follow` — live: catch up, then fold the subscription.
+* :meth:`ProjectionRunner.checked_catch_up` — a reader's catch-up that trusts no derived state
+  found in the file (the check itself: :mod:`projections.shell.checked`).
 * :func:`project_as_of` — time travel in memory (no writes): the log up to a position and/or
   a time.
+
+The partitioned fold of a large SQLite log (worker processes) is driven from
+:mod:`projections.shell.partitions`.
 
 A checkpoint found in the database is untrusted (a copied file): it is decoded into
 allow-listed classes only, and used only when its format and fold version are ours and the
@@ -26,20 +31,18 @@ its close point (``ResourcesFold.closed_sessions``, DOMAIN §5.7 D18).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from events.chain_walk import ChainFault, chain_fault
+from events.chain_walk import ChainFault
 from events.gc_pause import gc_paused
 from events.records import StoredEvent
 from events.store.store import EventStore
-from events.store.url import sqlite_path
 from events.types import ts_to_us
 from projections.projector import Projector
-from projections.shell import checkpoint, consistency, parallel, readmodels
+from projections.shell import checked, checkpoint, consistency, parallel, partitions, readmodels
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
@@ -119,19 +122,12 @@ class ProjectionRunner:
         logs always rebuild sequentially."""
         self.projector, self.position = Projector(), 0
         head = await self.store.head_position()
-        workers = self._workers_for(head, workers)
+        workers = partitions.workers_for(self.store, head, workers)
         if workers > 1:
             return await self._rebuild_parallel(head, workers, progress)
         await self._run_write(readmodels.clear_read_models)
         with gc_paused():
             return await self._catch_up(head, progress)
-
-    def _workers_for(self, head: int, workers: int | None) -> int:
-        if self.store.backend_name != "sqlite" or head == 0:
-            return 1
-        if workers is None:
-            return parallel.default_workers() if head >= parallel.PARALLEL_MIN_EVENTS else 1
-        return workers
 
     async def _rebuild_parallel(self, head: int, workers: int, progress: Callable[[int, int], None] | None) -> int:
         """Drop the read-model rows and write them again from worker processes (see
@@ -139,12 +135,12 @@ class ProjectionRunner:
         workers fold (the delete, and the WAL checkpoint a previous rebuild's rows leave
         due, can take seconds on a large log); the new rows and the checkpoint are written
         after it, in one transaction."""
-        path = str(sqlite_path(self.store.url).resolve())
+        path = partitions.db_path(self.store)
         clearing = asyncio.ensure_future(self._run_write(readmodels.clear_read_models))
         with tempfile.TemporaryDirectory(prefix="duplex-ledger-rebuild-") as spool_dir:
             try:
-                plan = parallel.plan_partitions(await asyncio.to_thread(parallel.session_sizes, path), workers)
-                results = await self._fold_partitions(path, plan, head, spool_dir, progress)
+                plan = await partitions.plan(path, workers)
+                results = await partitions.fold_partitions(path, plan, head, spool_dir, progress)
             finally:
                 # A transaction on the write thread is never cut short: wait for it either way.
                 await asyncio.gather(clearing, return_exceptions=True)
@@ -171,35 +167,6 @@ class ProjectionRunner:
         self.projector, self.position = projector, head
         return head
 
-    async def _fold_partitions(
-        self, path: str, plan: list[list[str]], head: int, spool_dir: str, progress: Callable[[int, int], None] | None
-    ) -> list[parallel.PartitionResult]:
-        loop = asyncio.get_running_loop()
-        results: list[parallel.PartitionResult] = []
-        here = len(plan) - 1  # the last partition is folded on a thread of this process
-        with parallel.pool(here) if here else contextlib.nullcontext() as pool:
-            pending: list[asyncio.Future[Any]] = [
-                loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir)
-                for part, sessions in enumerate(plan[:here])
-            ]
-            pending.append(
-                asyncio.ensure_future(
-                    asyncio.to_thread(parallel.folded_partition, path, here, plan[here], head, spool_dir)
-                )
-            )
-            try:
-                for done in asyncio.as_completed(pending):
-                    found = await done
-                    results.append(
-                        found if isinstance(found, parallel.PartitionResult) else parallel.decode_result(found)
-                    )
-                    if progress is not None:
-                        progress(head * len(results) // len(plan), head)
-            finally:
-                # A failed partition: the others still end before their spool folder goes.
-                await asyncio.gather(*pending, return_exceptions=True)
-        return results
-
     async def catch_up(
         self, progress: Callable[[int, int], None] | None = None, *, until_position: int | None = None
     ) -> int:
@@ -214,7 +181,7 @@ class ProjectionRunner:
         if self.position == 0 and head > 0:
             # No checkpoint yet (a copied file, a first audit): a full projection, in parallel
             # when the log is large enough (see rebuild).
-            workers = self._workers_for(head, None)
+            workers = partitions.workers_for(self.store, head, None)
             if workers > 1:  # rows without a checkpoint: none to keep
                 return await self._rebuild_parallel(head, workers, progress)
         with gc_paused():
@@ -223,75 +190,39 @@ class ProjectionRunner:
     async def checked_catch_up(self, progress: Callable[[int, int], None] | None = None) -> int:
         """:meth:`catch_up` for a reader of a ledger file, which trusts no derived state found in
         it: the read models and the checkpoint found are compared with a fresh fold of the log
-        up to the checkpoint position (:func:`projections.shell.consistency.compare`); the fresh fold,
-        never the stored state, is what the runner continues from. When they differ (an edited
-        or deleted read-model row, a forged checkpoint…) ``note`` says what differs and nothing
-        is written: the whole log is folded in memory and the file keeps its evidence for
-        ``verify``. The log's hash chain is checked first (:func:`events.chain_walk.chain_fault`,
-        every row folded): on a fault (kept in :attr:`chain_fault` for the caller to report)
-        nothing is written either. Returns the new position (the head)."""
-        found = await self.store.run_read(consistency.load_models)
-        head = await self.store.head_position()
-        # Every row folded below is chain-checked first (one walk, events.chain_walk): a file
-        # whose events were edited is served, in memory, as the edited log's account, and the
-        # caller reports ``chain_fault`` (exit 1, as ``verify``).
-        # The walk (a thread, SQLite) runs while the fold to the checkpoint is done (worker
-        # processes for a large SQLite log); nothing is written before its verdict.
-        checking = asyncio.ensure_future(chain_fault(self.store, head))
-        at = min(found.checkpoint[0], head) if found.checkpoint is not None else 0
-        try:
-            fresh = await self.fresh_fold(at)
-        finally:
-            self.chain_fault = await checking
-        log_hash = await self.store.run_read(readmodels.log_hash_at, at) if at else b""
-        # A checkpoint of another fold version is compared like any other (consistency.compare
-        # names it): its version never leads to a rewrite or a skipped comparison.
-        mismatch = consistency.compare(
-            found, fresh, fold_version=FOLD_VERSION, log_hash=log_hash or b"", max_idle_s=self.max_idle_s
+        up to the checkpoint position (:func:`projections.shell.checked.checked_fold`); the fresh
+        fold, never the stored state, is what the runner continues from. When they differ (an
+        edited or deleted read-model row, a forged checkpoint…) ``note`` says what differs and
+        nothing is written: the whole log is folded in memory and the file keeps its evidence
+        for ``verify``. The log's hash chain is checked meanwhile (every row folded): on a fault
+        (kept in :attr:`chain_fault` for the caller to report) nothing is written either.
+        Returns the new position (the head)."""
+        found = await checked.checked_fold(
+            self.store, fold_version=FOLD_VERSION, max_idle_s=self.max_idle_s, batch_size=self.batch_size
         )
-        if mismatch is None and found.checkpoint is not None and found.checkpoint[0] > head:
-            mismatch = consistency.Mismatch(
-                "checkpoint", "", f"position {found.checkpoint[0]} is beyond the log's head {head}"
-            )
-        self.projector, self.position = fresh.projector, at
-        if mismatch is not None or self.chain_fault is not None:
+        self.chain_fault = found.chain_fault
+        self.projector, self.position = found.fresh.projector, found.at
+        if found.mismatch is not None or found.chain_fault is not None:
             # Evidence is kept: the file is left as found, and what is served is a fold of the
             # log in memory.
-            if mismatch is not None:
+            if found.mismatch is not None:
                 self.note(
-                    f"derived state in the ledger differs from its log: {mismatch}; it is ignored and left "
+                    f"derived state in the ledger differs from its log: {found.mismatch}; it is ignored and left "
                     "as found (evidence: run `duplex-ledger verify`; `rebuild` rewrites it); served from a "
                     "fresh fold of the log"
                 )
-            whole = consistency.FreshFold(head, fresh.projector, fresh.turn_rows)  # on from `at`, in memory
-            async for rows in self.store.read_row_batches(at + 1, until_position=head, batch_size=self.batch_size):
-                whole.feed(rows)
-            self.projector, self.position, self.served_turn_rows = whole.projector, head, whole.turn_rows
-            return head
-        if at == 0:
+            whole = await checked.fold_rest(self.store, found, self.batch_size)
+            self.projector, self.position, self.served_turn_rows = whole.projector, found.head, whole.turn_rows
+            return found.head
+        if found.at == 0:
             return await self.catch_up(progress)  # nothing to keep: a full projection, parallel when large
         with gc_paused():
-            return await self._catch_up(head, progress)
+            return await self._catch_up(found.head, progress)
 
     async def fresh_fold(self, until: int) -> consistency.FreshFold:
-        """The log folded from position 1 to ``until`` in memory, ignoring any checkpoint, with
-        the turn rows the runner would have written: in worker processes for a SQLite log of
-        at least ``PARALLEL_MIN_EVENTS`` events (:mod:`projections.shell.parallel`), else here."""
-        workers = self._workers_for(until, None)
-        if workers <= 1:
-            fresh = consistency.FreshFold(until)
-            with gc_paused():
-                async for rows in self.store.read_row_batches(1, until_position=until, batch_size=self.batch_size):
-                    fresh.feed(rows)
-            return fresh
-        path = str(sqlite_path(self.store.url).resolve())
-        with tempfile.TemporaryDirectory(prefix="duplex-ledger-fold-") as spool_dir:
-            plan = parallel.plan_partitions(await asyncio.to_thread(parallel.session_sizes, path), workers)
-            results = await self._fold_partitions(path, plan, until, spool_dir, None)
-            with gc_paused():
-                projector = Projector.merged(r.projector for r in results)
-            turn_rows = list(parallel.spooled_turn_rows(sorted(r.turns_path for r in results)))
-        return consistency.FreshFold(until, projector, turn_rows)
+        """The log folded from position 1 to ``until`` in memory, ignoring any checkpoint
+        (:func:`projections.shell.partitions.fresh_fold`)."""
+        return await partitions.fresh_fold(self.store, until, self.batch_size)
 
     async def _catch_up(self, head: int, progress: Callable[[int, int], None] | None) -> int:
         batches = self.store.read_batches(self.position + 1, until_position=head, batch_size=self.batch_size)

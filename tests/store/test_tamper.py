@@ -284,25 +284,24 @@ async def test_no_false_checkpoint_difference_for_a_session_forgotten_then_given
         await store.close()
 
 
-@pytest.mark.parametrize("min_cpus", [1, 99], ids=["partition-workers", "fold-here"])
+@pytest.mark.parametrize("in_range", [0, 1], ids=["in-the-workers-range", "in-this-process-range"])
 async def test_the_parallel_check_of_a_large_sqlite_log(
-    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, min_cpus: int
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, in_range: int
 ) -> None:
-    """A SQLite log at or over PARALLEL_MIN_EVENTS has its chain checked by a worker process
-    with plain sqlite3 while it is folded (by partition workers from PARALLEL_MIN_CPUS CPUs;
-    here, in order, below); an intact log passes, and an edit is still named by position
-    and kind (the ordered walk names it)."""
+    """A SQLite log at or over PARALLEL_MIN_EVENTS is folded by partition processes (a worker
+    and a thread here), each of which checks the chain links of one range of positions beside
+    its fold; an intact log passes, and an edit in either range is still named by position and
+    kind (the ordered walk names it)."""
     monkeypatch.setattr(parallel, "PARALLEL_MIN_EVENTS", 10)
     monkeypatch.setattr(parallel, "default_workers", lambda: 2)
-    monkeypatch.setattr(cli_verify, "PARALLEL_MIN_CPUS", min_cpus)
-    folded_here: list[int] = []
-    fold_in_order = parallel.fold_in_order
+    ranges: list[list[tuple[int, int]]] = []
+    chain_ranges = parallel.chain_ranges
 
     def spied(*args):  # type: ignore[no-untyped-def]
-        folded_here.append(1)
-        return fold_in_order(*args)
+        ranges.append(chain_ranges(*args))
+        return ranges[-1]
 
-    monkeypatch.setattr(parallel, "fold_in_order", spied)
+    monkeypatch.setattr(parallel, "chain_ranges", spied)
     taken: list[int] = []
     original = cli_verify._walk_and_fold_in_parallel
 
@@ -311,18 +310,23 @@ async def test_the_parallel_check_of_a_large_sqlite_log(
         return await original(*args)
 
     monkeypatch.setattr(cli_verify, "_walk_and_fold_in_parallel", counted)
+    history = generate_history(random.Random(5), 3)  # three sessions: two partitions
     store = await EventStore.open(sqlite_url, create=True)
     try:
-        await jsonl.import_rows(store, jsonl.parse_lines(LOG.read_text(encoding="utf-8").splitlines()))
-        await ProjectionRunner(store, batch_size=5, note=pytest.fail).catch_up(until_position=20)
+        await jsonl.import_rows(store, jsonl.parse_lines(history.log.jsonl().splitlines()))
+        head = await store.head_position()
+        until = head - 3
+        await ProjectionRunner(store, batch_size=5, note=pytest.fail).catch_up(until_position=until)
         v = await verdict(store)
-        assert (v.fault, v.mismatch, v.compared_at, v.events) == (None, None, 20, 26)
-        assert v.head.hash == (await head_digest(store))[0].hash and taken == [1]
-        assert folded_here == ([1] if min_cpus > 2 else [])
+        assert (v.fault, v.mismatch, v.compared_at, v.events) == (None, None, until, head)
+        digest = (await head_digest(store))[0]
+        assert (v.head.hash, v.head.recorded_at_us) == (digest.hash, digest.recorded_at_us) and taken == [1]
+        assert ranges == [[(1, head // 2), (head // 2 + 1, head)]]
         await sql(store, "DELETE FROM rm_audit_findings WHERE finding_no = 1")
         assert (await verdict(store)).mismatch.what == "rm_audit_findings"
-        await sql(store, *lift(store, "update"), "UPDATE events SET ts_us = ts_us + 1 WHERE position = 11")
+        edited = ranges[0][in_range][0] + 2
+        await sql(store, *lift(store, "update"), f"UPDATE events SET ts_us = ts_us + 1 WHERE position = {edited}")
         v = await verdict(store)
-        assert (v.fault.position, v.fault.kind) == (11, "edited"), v.fault
+        assert (v.fault.position, v.fault.kind) == (edited, "edited"), v.fault
     finally:
         await store.close()
