@@ -13,6 +13,11 @@ def row(stream: str, eid: str, version: int | None = None) -> NewRow:
     return NewRow(stream, eid, "TurnCommitted", 1, 1, "{}", version=version)
 
 
+def encoded(stream: str, eid: str) -> NewRow:
+    """A row as :meth:`EventStore.append` hands it on: its chain pieces encoded."""
+    return row(stream, eid).check()
+
+
 def test_calls_in_one_batch_see_each_other() -> None:
     state = BatchState(head=10, versions={"A": 2})
     r1 = plan_call(state, AppendCall([row("A", "a3")], "A", 2), now_us=5)
@@ -28,15 +33,16 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
     in the batch), a foreign id, several rows, no version check, bulk."""
     stored = {"old": Existing("A", 2, 7, "TurnCommitted", 1, 1, "{}")}
     calls = [
-        AppendCall([row("A", "a3")], "A", 2),
-        AppendCall([row("A", "a4")], "A", 2),  # stale: ConcurrencyError
-        AppendCall([row("A", "a3")], "A", 3),  # re-sent within the batch, version matching: its position
-        AppendCall([row("B", "old")], "B", 0),  # stored in another stream: EventIdConflict
-        AppendCall([row("A", "old")], "A", 3),  # stored: original position, nothing written
-        AppendCall([row("B", "b1")], "B", None),
-        AppendCall([row("B", "b2"), row("B", "b3")], "B", 1),
+        AppendCall([encoded("A", "a3")], "A", 2),
+        AppendCall([encoded("A", "a4")], "A", 2),  # stale: ConcurrencyError
+        AppendCall([encoded("A", "a3")], "A", 3),  # re-sent within the batch, version matching: its position
+        AppendCall([encoded("B", "old")], "B", 0),  # stored in another stream: EventIdConflict
+        AppendCall([encoded("A", "old")], "A", 3),  # stored: original position, nothing written
+        AppendCall([encoded("B", "b1")], "B", None),
+        AppendCall([row("B", "b1p")], "B", 1),  # pieces not encoded (a row built by hand)
+        AppendCall([encoded("B", "b2"), encoded("B", "b3")], "B", 2),
         AppendCall([row("C", "c1"), row("A", "a5", version=4)], bulk=True),
-        AppendCall([row("A", "a6")], "A", 4),
+        AppendCall([encoded("A", "a6")], "A", 4),
     ]
 
     def fresh() -> BatchState:
@@ -45,7 +51,8 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
     one_by_one, expected = fresh(), []
     for call in calls:
         try:
-            expected.append(plan_call(one_by_one, call, now_us=5))
+            result = plan_call(one_by_one, call, now_us=5)
+            expected.append(result if call.bulk else result.positions)  # the value its caller gets
         except (ConcurrencyError, EventIdConflict) as exc:
             expected.append(exc)
     batched = fresh()
@@ -55,14 +62,19 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
         return type(o).__name__ if isinstance(o, Exception) else o
 
     assert [shape(o) for o in outcomes] == [shape(o) for o in expected]
-    assert [shape(o) for o in outcomes][:5] == [
-        CallResult([8], 1),
+    assert [shape(o) for o in outcomes] == [
+        [8],
         "ConcurrencyError",
-        CallResult([8], 0),
+        [8],
         "EventIdConflict",
-        CallResult([7], 0),
+        [7],
+        [9],
+        [10],
+        [11, 12],
+        CallResult([13, 14], 2),
+        [15],
     ]
-    assert batched.inserts == one_by_one.inserts and len(batched.inserts) == 7
+    assert batched.inserts == one_by_one.inserts and len(batched.inserts) == 8
     assert (batched.head, batched.head_hash, batched.versions) == (
         one_by_one.head,
         one_by_one.head_hash,
