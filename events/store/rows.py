@@ -37,6 +37,9 @@ from events.types import EventBase, ts_to_us
 _SHORT_STREAM_ID = MAX_STREAM_ID_BYTES // 4
 _SHORT_REQUEST_ID = MAX_REQUEST_ID_BYTES // 4
 _new_tuple = tuple.__new__  # a NamedTuple built without its generated __new__'s Python frame
+_I = struct.Struct(">I").pack
+_I36 = _I(36)  # the length of a UUID's text
+_QQ = struct.Struct(">qq").pack
 _ENVELOPE = {"type", "event_id", "session_id", "ts", "schema_version"}
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
@@ -105,7 +108,11 @@ class NewRow(NamedTuple):
                 uid, stream_id, type_ = event.event_id, event.session_id, event.type  # type: ignore[attr-defined]
                 schema_version, ts = event.schema_version, event.ts
             # a UUID's text as pydantic writes it (the same as str(), in Rust: ~0.3 µs less)
-            event_id = _to_json(uid)[1:-1].decode() if type(uid) is UUID else str(uid)
+            if type(uid) is UUID:
+                event_id_utf8 = _to_json(uid)[1:-1]
+                event_id = event_id_utf8.decode()
+            else:
+                event_id_utf8, event_id = None, str(uid)
             ts_us = ts_to_us(ts)
             data_utf8 = event.__pydantic_serializer__.to_json(event, exclude=_ENVELOPE)  # as payload_json
             data = data_utf8.decode()
@@ -123,7 +130,15 @@ class NewRow(NamedTuple):
         if not MIN_TS_US <= ts_us <= MAX_TS_US or "\x00" in stream_id:
             return cls(stream_id, event_id, type_, schema_version, ts_us, data).check()  # its own error
         try:  # the serializer's UTF-8 bytes are the hash's payload bytes: the text is built once
-            pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data, data_utf8)
+            if event_id_utf8 is None:
+                pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data, data_utf8)
+            else:  # row_pieces' three runs, the id's bytes as pydantic wrote them (a test checks they agree)
+                s, t = stream_id.encode(), type_.encode()
+                pieces = (
+                    _I(len(s)) + s,
+                    b"".join((_I36, event_id_utf8, _I(len(t)), t, _QQ(schema_version, ts_us))),
+                    _I(len(data_utf8)) + data_utf8,
+                )
         except (struct.error, UnicodeEncodeError):
             pieces = None
         return _new_tuple(cls, (stream_id, event_id, type_, schema_version, ts_us, data, None, None, pieces))

@@ -6,6 +6,7 @@ import pytest
 
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call, plan_calls
+from events.chain import row_pieces
 from events.store.rows import NewRow
 
 
@@ -148,10 +149,15 @@ def test_checked_row_is_from_event_then_check_and_refuses_alike() -> None:
         StageOutput(session_id="S", ts=1757000000.25, stage_id=0, request_id="r", text_delta="é [x]"),
         TurnCommitted(session_id="S", ts=1.5, turn_id=3),
         StageMetricsReported(session_id="S", ts=2.0, stage_id=1, request_id="r"),
+        TurnCommitted(session_id="séance-ü-𝄞", ts=1757000000.000001, turn_id=0),  # non-ASCII stream id
+        TurnCommitted(session_id="S", ts=3.0, turn_id=1, event_id="0f0e0d0c-0b0a-4908-8706-050403020100"),
+        TurnCommitted.model_construct(session_id="S", ts=4.0, turn_id=2, event_id="not-a-uuid"),  # text id
     ]
     for event in events:
         one, two = NewRow.checked(event), NewRow.from_event(event).check()
         assert one == two and one.pieces == two.pieces and one.pieces is not None
+        assert one.event_id == str(event.event_id)
+        assert one.pieces == row_pieces(one.stream_id, one.event_id, one.type, 1, one.ts_us, one.data)
     bad = [
         TurnCommitted.model_construct(session_id="S", ts=-1.0, turn_id=0),  # ts before 1970
         TurnCommitted.model_construct(session_id="S\x00T", ts=1.0, turn_id=0),  # NUL in the stream id
