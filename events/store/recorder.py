@@ -158,11 +158,11 @@ class AggregateRecorder:
         if head != self._versions_head or len(versions) > _MAX_CACHED_STREAMS:
             versions.clear()
         self._versions_head = None
-        streams = {c[1] for c in calls}
+        streams: set[str | None] = {c[1] for c in calls}
         if None in streams:  # bulk calls: their rows' streams
             streams.discard(None)
             streams.update(r.stream_id for c in calls if c.bulk for r in c.rows)
-        missing = [s for s in streams if s not in versions]
+        missing = [s for s in streams if s is not None and s not in versions]
         for chunk in _chunks(sorted(missing)):
             versions.update(backend.select_versions(conn, chunk))
         state = BatchState(head=head, head_hash=head_hash, versions=versions)  # type: ignore[arg-type]

@@ -101,7 +101,9 @@ class WriterThread:
         As :class:`~events.store.writer.GroupCommitWriter`, a call whose caller gave up before
         its batch began is not handled: the items, their futures and that check in one pass."""
         handler, loop, get_nowait, bound = first.handler, first.loop, self._inbox.get_nowait, self.max_group_size
-        futures, items, size, pending = [], [], first.size, None
+        futures: list[asyncio.Future[Any]] = []
+        items: list[Any] = []
+        size, pending = first.size, None
         add_future, add_item = futures.append, items.append
         if not first.future.cancelled():
             add_future(first.future)
