@@ -13,8 +13,10 @@ returns only once durable). Rows, all in one run on the same prepared events:
 * ``bare group commit``: the ceiling of W (:mod:`benchmarks.group_commit_ceiling`): 32
   producers, one writer thread, plain sqlite3, ``BEGIN IMMEDIATE`` + ``executemany`` of what is
   queued, each producer awaiting its own commit. The store's row is printed as a ratio to it,
-  both the median of ``--repeats`` alternating runs in this process; next to it the process
-  CPU per event (all threads), which a loaded machine distorts less than wall time.
+  both the median of ``--repeats`` alternating runs in this process, with the spread of the
+  per-repeat ratios (lowest–highest); next to it the process CPU per event (all threads),
+  which a loaded machine distorts less than wall time, and its split into the event loop's
+  thread and the writer thread (each thread's own CPU clock).
 * read-back: ``EventStore.read_all`` decoding every event into its pydantic model, as a ratio
   to plain sqlite3 reading the rows plus ``json.loads`` of each payload (alternating, median).
 
@@ -51,6 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import group_commit_ceiling, guard_variants
+from benchmarks.group_commit_ceiling import Sample
 from events.store import EventStore
 from events.store.migrate import upgrade
 from events.store.rows import NewRow
@@ -84,12 +87,18 @@ def fresh_url(root: Path, name: str) -> tuple[str, Path]:
     return f"sqlite+aiosqlite:///{path}", path
 
 
+class _NoChain:
+    """Stands for ``hashlib.sha256`` in the planner when the chain is off: a constant digest."""
+
+    def __init__(self, _data: bytes) -> None:
+        pass
+
+    def digest(self) -> bytes:
+        return bytes(32)
+
+
 def _no_chain(*_args: object) -> bytes:
     return bytes(32)
-
-
-def _no_pieces(*_args: object) -> None:
-    return None
 
 
 async def bench_store(
@@ -99,11 +108,12 @@ async def bench_store(
     sync: str,
     chain: bool = True,
     trigger: bool | None = None,
-) -> tuple[float, float, float, str]:
-    """(events/s, process CPU µs/event, writer-thread CPU µs/event, URL). ``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, no
-    pieces encoded before the lock, the SQLite ``events_no_replace`` trigger dropped), for
-    --chain-cost. ``trigger`` (default: as ``chain``) keeps or drops the trigger alone."""
-    from events.store import planning, rows
+) -> tuple[Sample, str]:
+    """(the run's :class:`~benchmarks.group_commit_ceiling.Sample`, the store's URL).
+    ``chain=False``: the chain's cost taken out (a constant instead of the SHA-256 link, the
+    SQLite ``events_no_replace`` trigger dropped; the pieces encoded on the caller's side,
+    ~0.3 µs an event, stay), for --chain-cost. ``trigger`` (default: as ``chain``) keeps or drops the trigger alone."""
+    from events.store import planning
 
     url, path = fresh_url(root, f"store-{sync}-{per_call}-{'chain' if chain else 'plain'}")
     if path.exists():
@@ -112,29 +122,21 @@ async def bench_store(
     if not (chain if trigger is None else trigger):
         with sqlite3.connect(path) as conn:
             conn.execute("DROP TRIGGER events_no_replace")
-    saved = planning.link, planning.row_pieces, rows.row_pieces
+    saved = planning._sha256, planning.link
     if not chain:
-        planning.link, planning.row_pieces, rows.row_pieces = _no_chain, _no_pieces, _no_pieces  # type: ignore[assignment]
+        planning._sha256, planning.link = _NoChain, _no_chain  # type: ignore[assignment]
     try:
         return await _bench_store_threads(url, events, per_call, sync)
     finally:
-        planning.link, planning.row_pieces, rows.row_pieces = saved
-
-
-async def _bench_store(
-    url: str, events: dict[str, list[EventBase]], per_call: int, sync: str
-) -> tuple[float, float, str]:
-    """(events/s, process CPU µs per event, the store's URL)."""
-    rate, cpu_us, _, url = await _bench_store_threads(url, events, per_call, sync)
-    return rate, cpu_us, url
+        planning._sha256, planning.link = saved
 
 
 async def _bench_store_threads(
     url: str, events: dict[str, list[EventBase]], per_call: int, sync: str
-) -> tuple[float, float, float, str]:
-    """(events/s, process CPU µs per event, the SQLite writer thread's CPU µs per event, the
-    store's URL). The writer thread plans, links and inserts: the chain's whole cost lands
-    there, away from the loop thread's noise."""
+) -> tuple[Sample, str]:
+    """(the run's Sample, the store's URL). The writer thread plans, links and inserts: the
+    chain's whole cost lands there, away from the loop thread's noise. Its CPU is the
+    thread's whole life (it starts with the store's first write)."""
     # tolerate_missing: the "no guard" arms drop events_no_replace on purpose
     store = await EventStore.open(url, synchronous=sync, tolerate_missing=True)  # type: ignore[arg-type]
     total = sum(len(v) for v in events.values())
@@ -143,13 +145,14 @@ async def _bench_store_threads(
         for k in range(0, len(evs), per_call):
             await store.append(sid, evs[k : k + per_call], expected_version=k)
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0, loop0 = time.perf_counter(), time.process_time(), time.thread_time()
     await asyncio.gather(*(session(sid, evs) for sid, evs in events.items()))
-    elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    elapsed, cpu_s, loop_s = time.perf_counter() - t0, time.process_time() - cpu0, time.thread_time() - loop0
     writer_s = _thread_cpu_s(store)
     assert await store.head_position() == total, "events lost"
     await store.close()
-    return total / elapsed, cpu_s / total * 1e6, writer_s / total * 1e6, url
+    per_event = 1e6 / total
+    return Sample(total / elapsed, cpu_s * per_event, loop_s * per_event, writer_s * per_event), url
 
 
 def _thread_cpu_s(store: EventStore) -> float:
@@ -265,9 +268,7 @@ def bare_rows(events: dict[str, list[EventBase]]) -> dict[str, list[group_commit
     return out
 
 
-async def bench_bare(
-    root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int, sync: str
-) -> tuple[float, float]:
+async def bench_bare(root: Path, rows: dict[str, list[group_commit_ceiling.Row]], per_call: int, sync: str) -> Sample:
     url, path = fresh_url(root, f"bare-{sync}-{per_call}")
     if path.exists():
         path.unlink()
@@ -277,24 +278,26 @@ async def bench_bare(
 
 def paired(
     root: Path, events: dict[str, list[EventBase]], per_call: int, sync: str, repeats: int
-) -> tuple[tuple[float, float], tuple[float, float], str]:
-    """((bare ceiling ev/s, CPU µs/ev), (store ev/s, CPU µs/ev), a store URL): medians of
-    ``repeats`` alternating runs."""
+) -> tuple[Sample, Sample, str, tuple[float, float]]:
+    """(bare ceiling, store, a store URL, the spread of the store/bare throughput ratio over the
+    repeats as (lowest, highest)): each :class:`Sample` the medians of ``repeats`` alternating
+    runs, field by field; each repeat's ratio is its store run against its bare run."""
     rows = bare_rows(events)
-    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "store": []}
+    runs: dict[str, list[Sample]] = {"bare": [], "store": []}
     url = ""
     for r in range(repeats):
         for which in ("bare", "store") if r % 2 == 0 else ("store", "bare"):
             if which == "bare":
                 runs["bare"].append(asyncio.run(bench_bare(root, rows, per_call, sync)))
             else:
-                rate, cpu_us, _, url = asyncio.run(bench_store(root, events, per_call, sync))
-                runs["store"].append((rate, cpu_us))
+                sample, url = asyncio.run(bench_store(root, events, per_call, sync))
+                runs["store"].append(sample)
 
-    def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
-        return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    def medians(samples: list[Sample]) -> Sample:
+        return Sample(*(statistics.median(s[i] for s in samples) for i in range(len(Sample._fields))))
 
-    return medians(runs["bare"]), medians(runs["store"]), url
+    ratios = [s.rate / b.rate for s, b in zip(runs["store"], runs["bare"])]
+    return medians(runs["bare"]), medians(runs["store"]), url, (min(ratios), max(ratios))
 
 
 def main() -> None:
@@ -324,7 +327,10 @@ def main() -> None:
         f"{args.sessions} sessions x {args.events} events, payload ~{size:.0f} bytes/event; "
         f"store vs bare group commit: median of {args.repeats} alternating repeats"
     )
-    print(f"{'row':48} {'events/s':>12} {'ratio':>7} {'CPU µs/ev':>10} {'ratio':>7}")
+    print(
+        f"{'row':48} {'events/s':>12} {'ratio':>7} {'spread':>11} {'CPU µs/ev':>10} {'ratio':>7} "
+        f"{'loop µs':>8} {'writer µs':>9}"
+    )
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         read_url = None
@@ -335,19 +341,20 @@ def main() -> None:
                     f"{bench_sqlite_ceiling(root, events, sync):12,.0f}"
                 )
             for pc in per_calls:
-                (bare, bare_cpu), (rate, cpu), url = paired(root, events, pc, sync, args.repeats)
+                bare, store, url, (low, high) = paired(root, events, pc, sync, args.repeats)
                 read_url = read_url or url
                 print(
-                    f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare:12,.0f} {1.0:7.2f} "
-                    f"{bare_cpu:10.1f} {1.0:7.2f}"
+                    f"{f'bare group commit (ceiling) {sync}, {pc}/call':48} {bare.rate:12,.0f} {1.0:7.2f} {'':>11} "
+                    f"{bare.cpu_us:10.1f} {1.0:7.2f} {bare.loop_us:8.1f} {bare.writer_us:9.1f}"
                 )
                 print(
-                    f"{f'duplex-ledger store {sync}, {pc}/call':48} {rate:12,.0f} {rate / bare:7.2f} "
-                    f"{cpu:10.1f} {bare_cpu / cpu:7.2f}"
+                    f"{f'duplex-ledger store {sync}, {pc}/call':48} {store.rate:12,.0f} {store.rate / bare.rate:7.2f} "
+                    f"{f'{low:.2f}–{high:.2f}':>11} {store.cpu_us:10.1f} {bare.cpu_us / store.cpu_us:7.2f} "
+                    f"{store.loop_us:8.1f} {store.writer_us:9.1f}"
                 )
                 if not args.no_peer:
                     es = bench_eventsourcing(root, events, pc, sync)
-                    print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f} {es / bare:7.2f}")
+                    print(f"{f'eventsourcing SQLite recorder {sync}, {pc}/call':48} {es:12,.0f} {es / bare.rate:7.2f}")
         assert read_url is not None
         ceiling, ours = read_back(read_url, args.repeats)
         print(f"{'read-back ceiling: sqlite3 rows + json.loads':48} {ceiling:12,.0f} {1.0:7.2f}")
@@ -409,15 +416,15 @@ def chain_cost(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for sync in args.sync.split(","):
             for pc in (int(x) for x in args.per_call.split(",")):
-                runs: dict[str, list[tuple[float, float, float, str]]] = {name: [] for name in CHAIN_ARMS}
+                runs: dict[str, list[Sample]] = {name: [] for name in CHAIN_ARMS}
                 names = list(CHAIN_ARMS)
                 for r in range(args.rounds):
                     for name in names[r % len(names) :] + names[: r % len(names)]:
                         chain, trigger = CHAIN_ARMS[name]
-                        runs[name].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain, trigger)))
-                rate = {n: statistics.median(x[0] for x in runs[n]) for n in names}
-                cpu = {n: statistics.median(x[1] for x in runs[n]) for n in names}
-                writer = {n: statistics.median(x[2] for x in runs[n]) for n in names}
+                        runs[name].append(asyncio.run(bench_store(Path(tmp), events, pc, sync, chain, trigger))[0])
+                rate = {n: statistics.median(x.rate for x in runs[n]) for n in names}
+                cpu = {n: statistics.median(x.cpu_us for x in runs[n]) for n in names}
+                writer = {n: statistics.median(x.writer_us for x in runs[n]) for n in names}
                 for n in names:
                     print(
                         f"{f'duplex-ledger store {sync}, {pc}/call':34} {n:14} {cpu[n]:10.1f} {rate[n]:9,.0f} "

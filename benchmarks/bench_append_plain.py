@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.group_commit_ceiling import resolve_futures, take_batch  # noqa: E402
+from benchmarks.group_commit_ceiling import resolve_futures, take_batch, thread_cpu_s  # noqa: E402
 from events.store import EventStore
 from events.types import EventBase, StageOutput
 
@@ -67,13 +67,6 @@ def make_events(streams: int, per_stream: int) -> dict[str, list[EventBase]]:
         ]
         for s in range(streams)
     }
-
-
-def thread_cpu_s(thread: threading.Thread | None) -> float:
-    """CPU seconds a started thread has used so far (NaN without one)."""
-    if thread is None or thread.ident is None:
-        return float("nan")
-    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
 def _plain_writer(path: Path, sync: str, inbox: queue.SimpleQueue[Any], loop: asyncio.AbstractEventLoop) -> None:

@@ -16,13 +16,30 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 INSERT = (
     "INSERT INTO events (position, stream_id, version, event_id, type, schema_version, ts_us,"
     " recorded_at_us, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 Row = tuple[str, int, str, str, int, int, str]  # stream_id, version, event_id, type, schema_version, ts_us, data
+
+
+class Sample(NamedTuple):
+    """One run: events per second (wall), CPU µs per event of the whole process (all threads),
+    of the event loop's thread and of the writer thread (each thread's own clock)."""
+
+    rate: float
+    cpu_us: float
+    loop_us: float
+    writer_us: float
+
+
+def thread_cpu_s(thread: threading.Thread | None) -> float:
+    """CPU seconds a started thread has used so far (NaN without one)."""
+    if thread is None or thread.ident is None:
+        return float("nan")
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
 def _writer(path: Path, sync: str, inbox: queue.SimpleQueue[Any], loop: asyncio.AbstractEventLoop) -> None:
@@ -68,10 +85,9 @@ def resolve_futures(futures: list[asyncio.Future[None]]) -> None:
             f.set_result(None)
 
 
-async def run(path: Path, sync: str, streams: dict[str, list[Row]], per_call: int) -> tuple[float, float]:
-    """(events per second, process CPU µs per event — all threads) for ``streams`` appended
-    ``per_call`` rows at a time by one producer per stream, each awaiting its commit; ``path``
-    holds an empty ``events`` table."""
+async def run(path: Path, sync: str, streams: dict[str, list[Row]], per_call: int) -> Sample:
+    """The :class:`Sample` of ``streams`` appended ``per_call`` rows at a time by one producer
+    per stream, each awaiting its commit; ``path`` holds an empty ``events`` table."""
     loop = asyncio.get_running_loop()
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     thread = threading.Thread(target=_writer, args=(path, sync, inbox, loop), daemon=True)
@@ -83,10 +99,11 @@ async def run(path: Path, sync: str, streams: dict[str, list[Row]], per_call: in
             inbox.put((rows[k : k + per_call], future))
             await future
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0, loop0, writer0 = time.perf_counter(), time.process_time(), time.thread_time(), thread_cpu_s(thread)
     await asyncio.gather(*(producer(rows) for rows in streams.values()))
-    elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    elapsed, cpu_s, loop_s = time.perf_counter() - t0, time.process_time() - cpu0, time.thread_time() - loop0
+    writer_s = thread_cpu_s(thread) - writer0
     inbox.put(None)
     await asyncio.to_thread(thread.join)
     total = sum(len(r) for r in streams.values())
-    return total / elapsed, cpu_s / total * 1e6
+    return Sample(total / elapsed, cpu_s / total * 1e6, loop_s / total * 1e6, writer_s / total * 1e6)

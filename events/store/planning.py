@@ -23,7 +23,9 @@ Position, version and recorded_at are the store's, not content (:func:`content_d
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -32,7 +34,8 @@ from events.chain import GENESIS, link, row_pieces
 from events.store.errors import ConcurrencyError, EventIdConflict, StoreError
 from events.store.rows import NewRow
 
-_new_tuple = tuple.__new__  # a NamedTuple built without its generated __new__'s frame
+_sha256 = hashlib.sha256
+_Q = struct.Struct(">q").pack
 
 
 class Existing(NamedTuple):
@@ -93,10 +96,16 @@ class AppendCall(NamedTuple):
 
 
 class CallResult(NamedTuple):
-    """One call's outcome (a NamedTuple: one per append, built on the writer thread)."""
+    """One call's outcome (a NamedTuple)."""
 
     positions: list[int]  # one per row of the call, in order
     appended: int  # rows written (the rest were already stored)
+
+
+Settled = list[int] | CallResult
+"""What a call's caller gets once its batch committed (:func:`plan_calls`): a plain append's
+positions (so that :meth:`EventStore.append` hands its future back as it is, issue 23 step 6),
+a bulk call's :class:`CallResult` (positions and the count appended)."""
 
 
 @dataclass(slots=True)
@@ -145,48 +154,49 @@ def plan_call(state: BatchState, call: AppendCall, now_us: int) -> CallResult:
     return CallResult(positions, len(positions))
 
 
-def plan_calls(state: BatchState, calls: Sequence[AppendCall], now_us: int) -> list[CallResult | StoreError]:
-    """:func:`plan_call` for each of ``calls`` in queue order: its CallResult, or the StoreError
-    it alone failed with (state untouched by that call). The live path's call (one new event,
-    version as expected) is decided inline, with :func:`_accept`'s steps and no frame of its
-    own (issue 23 step 6: ~1 µs a row on the writer thread); every other call goes through
-    :func:`plan_call`, so the decisions are the same."""
-    outcomes: list[CallResult | StoreError] = []
-    existing, planned, versions, inserts = state.existing, state.planned, state.versions, state.inserts
+def plan_calls(state: BatchState, calls: Sequence[AppendCall], now_us: int) -> list[Settled | StoreError]:
+    """:func:`plan_call` for each of ``calls`` in queue order: the value its caller gets
+    (:data:`Settled`: a plain call's positions, a bulk call's CallResult), or the StoreError it
+    alone failed with (state untouched by that call). The live path's call (one new event,
+    version as expected, its chain pieces encoded) is decided inline, in one pass with locals
+    only and the link computed here (:func:`events.chain.link`'s bytes, without its frame):
+    issue 23 step 6. Every other call goes through :func:`plan_call`, so the decisions are the
+    same (``tests/store/test_planning.py`` checks the two agree call by call)."""
+    outcomes: list[Settled | StoreError] = []
+    settle = outcomes.append
+    existing, planned, versions = state.existing, state.planned, state.versions
+    insert = state.inserts.append
+    head, head_hash = state.head, state.head_hash
+    sha256, pack_q, join = _sha256, _Q, b"".join
     for call in calls:
-        rows, stream = call.rows, call.stream_id
-        if len(rows) == 1 and not call.bulk and stream is not None:
+        rows, stream, expected, bulk = call
+        if not bulk and len(rows) == 1:
             stream_id, event_id, type_, schema_version, ts_us, data, _, recorded_at_us, pieces = rows[0]
-            version = versions.get(stream, 0) + 1
-            expected = call.expected_version
-            if (expected is None or expected == version - 1) and event_id not in existing and event_id not in planned:
-                position = state.head = state.head + 1
-                versions[stream] = version
-                if recorded_at_us is None:
-                    recorded_at_us = now_us
-                if pieces is None:
-                    pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data)
-                head_hash = state.head_hash = link(state.head_hash, position, version, recorded_at_us, pieces)
-                row = (
-                    position,
-                    stream_id,
-                    version,
-                    event_id,
-                    type_,
-                    schema_version,
-                    ts_us,
-                    recorded_at_us,
-                    data,
-                    head_hash,
-                )
-                inserts.append(row)
+            version = versions.get(stream, 0) + 1  # type: ignore[arg-type]
+            if (
+                (expected is None or expected == version - 1)
+                and pieces is not None
+                and recorded_at_us is None
+                and event_id not in existing
+                and event_id not in planned
+            ):
+                head += 1
+                versions[stream] = version  # type: ignore[index]
+                a, b, c = pieces
+                head_hash = sha256(join((head_hash, pack_q(head), a, pack_q(version), b, pack_q(now_us), c))).digest()
+                row = (head, stream_id, version, event_id, type_, schema_version, ts_us, now_us, data, head_hash)
+                insert(row)
                 planned[event_id] = row
-                outcomes.append(_new_tuple(CallResult, ([position], 1)))
+                settle([head])
                 continue
+        state.head, state.head_hash = head, head_hash
         try:
-            outcomes.append(plan_call(state, call, now_us))
+            result = plan_call(state, call, now_us)
+            settle(result if bulk else result.positions)
         except StoreError as exc:
-            outcomes.append(exc)
+            settle(exc)
+        head, head_hash = state.head, state.head_hash
+    state.head, state.head_hash = head, head_hash
     return outcomes
 
 

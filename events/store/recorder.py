@@ -39,14 +39,14 @@ from sqlalchemy.engine import Connection
 from events.gc_pause import gc_paused
 from events.store.backends import HEAD, Backend
 from events.store.errors import ConcurrencyError, StoreError
-from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_calls
+from events.store.planning import AppendCall, BatchState, Existing, Settled, plan_calls
 from events.store.rows import StoredRow
 from events.store.schema import events
 
 _is_bulk = operator.itemgetter(3)  # AppendCall.bulk
 _IN_CHUNK = 900  # bound on parameters per IN (...) list
 _MAX_CACHED_STREAMS = 100_000
-Outcome = CallResult | StoreError
+Outcome = Settled | StoreError
 
 
 class OptimisticConflict(Exception):
@@ -73,8 +73,9 @@ class AggregateRecorder:
 
     # --- writing -----------------------------------------------------------------------
     async def write_batch(self, calls: Sequence[AppendCall]) -> list[Outcome]:
-        """Run ``calls`` in one durable transaction; one outcome per call (a CallResult, or
-        the StoreError that call alone failed with). Lock contention (``database is locked``,
+        """Run ``calls`` in one durable transaction; one outcome per call (the value its
+        caller gets, :data:`~events.store.planning.Settled`, or the StoreError that call alone
+        failed with). Lock contention (``database is locked``,
         deadlock) is retried here for up to ``retry_deadline_s`` and never reaches a caller
         before that; any other database error propagates (nothing committed)."""
         deadline, delay = time.monotonic() + self.retry_deadline_s, 0.005
@@ -114,6 +115,7 @@ class AggregateRecorder:
     def write_in(self, conn: Connection, calls: Sequence[AppendCall], optimistic: bool = False) -> list[Outcome]:
         """Lock, plan and insert ``calls`` inside the open transaction on the sync ``conn``
         (commit is the caller's job). Tests holding a transaction open call it directly.
+        One outcome per call: the value its caller gets (:data:`Settled`) or its StoreError.
 
         ``optimistic`` (no bulk call in the batch): plan without looking up the event ids,
         since a new event's id is not stored yet — one query less per batch. A call refused
@@ -126,6 +128,7 @@ class AggregateRecorder:
         now_us = time.time_ns() // 1000
         state, outcomes = self._plan(conn, calls, now_us, lookup=not optimistic)
         if optimistic and ConcurrencyError in map(type, outcomes):  # C-level scans: per row
+            self._forget_versions()  # planned in place: the stored versions are read again
             state, outcomes = self._plan(conn, calls, now_us, lookup=True)
             optimistic = False
         if state.inserts:
@@ -135,7 +138,7 @@ class AggregateRecorder:
                 if optimistic and isinstance(exc, (sa.exc.IntegrityError, sqlite3.IntegrityError)):
                     raise OptimisticConflict("an event id of the batch is already stored") from exc
                 raise
-        self._remember_versions(state)
+        self._versions_head = state.head  # the cache now holds the versions this commit leaves
         return outcomes
 
     def _plan(
@@ -145,26 +148,29 @@ class AggregateRecorder:
         return state, plan_calls(state, calls, now_us)
 
     def _load_state(self, conn: Connection, calls: Sequence[AppendCall], *, lookup: bool = True) -> BatchState:
+        """The batch's state, planned in place on the version cache: the cache is marked stale
+        (``_versions_head = None``) until :meth:`write_in` has inserted the batch, so a batch
+        that fails (or is rolled back) leaves a cache the next batch clears. The streams are
+        the calls' own (a plain call's rows are all of its stream), a bulk call's its rows'."""
         backend = self.backend
         head, head_hash = backend.select_tip(conn)
-        if head != self._versions_head:
-            self._versions.clear()
-        streams = {r.stream_id for c in calls for r in c.rows}
-        state = BatchState(
-            head=head, head_hash=head_hash, versions={s: self._versions[s] for s in streams if s in self._versions}
-        )
-        for chunk in _chunks(sorted(streams - state.versions.keys())):
-            state.versions.update(backend.select_versions(conn, chunk))
-        for chunk in _chunks([r.event_id for c in calls for r in c.rows] if lookup else []):
-            for eid, *stored in backend.select_existing(conn, chunk):
-                state.existing[eid] = Existing(*stored)
+        versions = self._versions
+        if head != self._versions_head or len(versions) > _MAX_CACHED_STREAMS:
+            versions.clear()
+        self._versions_head = None
+        streams: set[str | None] = {c[1] for c in calls}
+        if None in streams:  # bulk calls: their rows' streams
+            streams.discard(None)
+            streams.update(r.stream_id for c in calls if c.bulk for r in c.rows)
+        missing = [s for s in streams if s is not None and s not in versions]
+        for chunk in _chunks(sorted(missing)):
+            versions.update(backend.select_versions(conn, chunk))
+        state = BatchState(head=head, head_hash=head_hash, versions=versions)  # type: ignore[arg-type]
+        if lookup:
+            for chunk in _chunks([r.event_id for c in calls for r in c.rows]):
+                for eid, *stored in backend.select_existing(conn, chunk):
+                    state.existing[eid] = Existing(*stored)
         return state
-
-    def _remember_versions(self, state: BatchState) -> None:
-        if len(self._versions) > _MAX_CACHED_STREAMS:
-            self._versions.clear()
-        self._versions.update(state.versions)
-        self._versions_head = state.head
 
     def _forget_versions(self) -> None:
         self._versions.clear()

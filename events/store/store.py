@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from events.records import StoredEvent
 from events.store.backends import Synchronous, check_synchronous, make_backend
+from events.store.errors import StoreClosed
 from events.store.migrate import check_revision, upgrade
 from events.store.planning import AppendCall, CallResult
 from events.store.probe import read_sqlite
@@ -55,12 +56,13 @@ class EventStore:
         thread = recorder.backend.writer_thread
         if thread is not None:
             thread.max_group_size = max_batch_rows
-        self._writer: GroupCommitWriter | ThreadGroupCommit = (
-            GroupCommitWriter(recorder.write_batch, max_batch_rows=max_batch_rows)
-            if thread is None
-            else ThreadGroupCommit(thread, recorder.write_batch_blocking, recorder.committed.fire)
-        )
-        self._submit = self._writer.submit
+        self._writer: GroupCommitWriter | ThreadGroupCommit
+        if thread is None:
+            self._writer = GroupCommitWriter(recorder.write_batch, max_batch_rows=max_batch_rows)
+            self._submit: Callable[[AppendCall, int], Awaitable[Any]] = _unsized(self._writer.submit)
+        else:
+            self._writer = ThreadGroupCommit(thread, recorder.write_batch_blocking, recorder.committed.fire)
+            self._submit = self._writer.submit_sized
 
     @classmethod
     async def open(
@@ -143,15 +145,21 @@ class EventStore:
                 raise ValueError(f"append to {stream_id!r}: no events given")
             if expected_version is not None and expected_version < 0:
                 raise ValueError(f"expected_version must be >= 0 or None, got {expected_version}")
-            rows = [_checked(e) for e in events]
-            for row in rows:
-                if row.stream_id != stream_id:
-                    raise ValueError(
-                        f"event {row.event_id} has session_id {row.stream_id!r}, not the stream {stream_id!r}"
-                    )
-            if len(rows) > 1:
-                _check_unique_ids(rows)
-            return self._submit(_new_tuple(AppendCall, (rows, stream_id, expected_version, False)))  # type: ignore[return-value]
+            if type(events) is list and len(events) == 1:  # the live path: no comprehension, no scan
+                row = _checked(events[0])
+                if row[0] != stream_id:
+                    raise ValueError(f"event {row[1]} has session_id {row[0]!r}, not the stream {stream_id!r}")
+                rows = [row]
+            else:
+                rows = [_checked(e) for e in events]
+                for row in rows:
+                    if row.stream_id != stream_id:
+                        raise ValueError(
+                            f"event {row.event_id} has session_id {row.stream_id!r}, not the stream {stream_id!r}"
+                        )
+                if len(rows) > 1:
+                    _check_unique_ids(rows)
+            return self._submit(_new_tuple(AppendCall, (rows, stream_id, expected_version, False)), len(rows))
         except Exception as exc:  # raised where the append is awaited, as from a coroutine
             return _raising(exc)
 
@@ -294,6 +302,7 @@ class EventStore:
 
     async def close(self) -> None:
         """Let queued appends commit, then release every connection. Idempotent."""
+        self._submit = _refuse_closed
         await self._writer.close()
         await self.recorder.close()
 
@@ -304,6 +313,20 @@ def _check_unique_ids(rows: Sequence[NewRow]) -> None:
         if row.event_id in seen:
             raise ValueError(f"event id {row.event_id} appears twice in one append")
         seen.add(row.event_id)
+
+
+def _unsized(submit: Callable[[AppendCall], Awaitable[Any]]) -> Callable[[AppendCall, int], Awaitable[Any]]:
+    """``submit(call)`` as the ``(call, size)`` hand-off :meth:`EventStore.append` calls."""
+
+    def submit_sized(call: AppendCall, _size: int) -> Awaitable[Any]:
+        return submit(call)
+
+    return submit_sized
+
+
+def _refuse_closed(call: AppendCall, size: int) -> Awaitable[Any]:
+    """The hand-off of a closed store (raised where the append is awaited)."""
+    raise StoreClosed("the event store is closed")
 
 
 async def _raising(exc: BaseException) -> list[int]:

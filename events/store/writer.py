@@ -26,20 +26,11 @@ from functools import partial
 from typing import Any
 
 from events.store.errors import AppendFailed, StoreClosed, StoreError
-from events.store.planning import AppendCall, CallResult
+from events.store.planning import AppendCall, Settled
 from events.store.writer_thread import WriterThread
 
 WriteBatch = Callable[[Sequence[AppendCall]], Awaitable[list[Any]]]
 BlockingWriteBatch = Callable[[Sequence[AppendCall]], list[Any]]
-Settled = list[int] | CallResult
-"""What a submitted call's future resolves to: a plain append's positions (so that
-:meth:`EventStore.append` hands the future back as it is, with no coroutine of its own around
-it: issue 23 step 6), a bulk call's :class:`CallResult` (positions and the count appended)."""
-
-
-def settled(call: AppendCall, result: CallResult) -> Settled:
-    """The value ``call``'s future resolves to (:data:`Settled`)."""
-    return result if call.bulk else result.positions
 
 
 class GroupCommitWriter:
@@ -100,13 +91,13 @@ class GroupCommitWriter:
             if not future.done():
                 future.set_exception(exc if isinstance(exc, StoreError) else append_failed(exc))
             return
-        for (call, f), outcome in zip(batch, outcomes):
+        for (_, f), outcome in zip(batch, outcomes):
             if f.done():
                 continue
             if isinstance(outcome, BaseException):
                 f.set_exception(outcome)
             else:
-                f.set_result(settled(call, outcome))
+                f.set_result(outcome)
 
     async def close(self) -> None:
         """Stop accepting calls, let queued ones commit, stop the task."""
@@ -126,20 +117,16 @@ def append_failed(exc: BaseException) -> AppendFailed:
     return failed
 
 
-def commit_isolated(write_batch: BlockingWriteBatch, calls: list[AppendCall]) -> list[tuple[bool, Any]]:
-    """``write_batch(calls)`` as ``(ok, value)`` per call, the value a call's :data:`Settled`
-    result or its exception; when the database refuses the whole batch, each call runs alone
-    so that only the call at fault fails (module doc)."""
+def commit_isolated(write_batch: BlockingWriteBatch, calls: list[AppendCall]) -> list[Any]:
+    """``write_batch(calls)``: per call its :data:`Settled` value or its exception (the
+    protocol of :meth:`WriterThread.group`'s handlers); when the database refuses the whole
+    batch, each call runs alone so that only the call at fault fails (module doc)."""
     try:
-        outcomes = write_batch(calls)
+        return write_batch(calls)
     except Exception as exc:
         if len(calls) > 1:
             return [result for call in calls for result in commit_isolated(write_batch, [call])]
-        return [(False, exc if isinstance(exc, StoreError) else append_failed(exc))]
-    return [
-        (False, o) if isinstance(o, BaseException) else (True, o if call.bulk else o.positions)
-        for call, o in zip(calls, outcomes)
-    ]
+        return [exc if isinstance(exc, StoreError) else append_failed(exc)]
 
 
 class ThreadGroupCommit:
@@ -147,9 +134,10 @@ class ThreadGroupCommit:
     the loop after each batch (the commit signal)."""
 
     def __init__(self, thread: WriterThread, write_batch: BlockingWriteBatch, after: Callable[[], None]) -> None:
-        self._group = thread.group
-        self._handle = partial(commit_isolated, write_batch)  # one object: the thread groups by it
-        self._after = after
+        # one handler object: the thread groups the items queued for it
+        self.submit_sized = thread.grouper(partial(commit_isolated, write_batch), after)
+        """``submit_sized(call, len(call.rows))``: :meth:`submit` without its frame or the
+        closed check (:meth:`EventStore.append` does that check; issue 23 step 6)."""
         self._closed = False
 
     def submit(self, call: AppendCall) -> Awaitable[Settled]:
@@ -158,7 +146,7 @@ class ThreadGroupCommit:
         when closed."""
         if self._closed:
             raise StoreClosed("the event store is closed")
-        return self._group(self._handle, call, len(call.rows), self._after)
+        return self.submit_sized(call, len(call.rows))
 
     async def close(self) -> None:
         """Stop accepting calls; those queued commit before the thread's next work."""

@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
-Handler = Callable[[list[Any]], Sequence[tuple[bool, Any]]]
+Handler = Callable[[list[Any]], Sequence[Any]]
+"""A group handler: one result per item, the item's value or the exception (an instance) its
+caller gets raised."""
 _STOP = object()
 _get_running_loop = asyncio.get_running_loop
 
@@ -35,15 +37,13 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
         future.set_exception(value)
 
 
-def _settle_all(
-    futures: list[asyncio.Future[Any]], results: Sequence[tuple[bool, Any]], after: Callable[[], None] | None
-) -> None:
-    for future, (ok, value) in zip(futures, results):
+def _settle_all(futures: list[asyncio.Future[Any]], results: Sequence[Any], after: Callable[[], None] | None) -> None:
+    for future, value in zip(futures, results):
         if not future.done():
-            if ok:
-                future.set_result(value)
-            else:
+            if isinstance(value, BaseException):
                 future.set_exception(value)
+            else:
+                future.set_result(value)
     if after is not None:
         after()
 
@@ -96,34 +96,37 @@ class WriterThread:
     def _run_group(self, first: _Grouped) -> Any:
         """Take ``first`` and the items queued behind it for the same handler and loop (up to
         the size bound), run the handler once, settle them with one loop callback. Returns an
-        item taken from the queue that belongs to something else (run next), or None."""
-        batch, size, pending = [first], first.size, None
+        item taken from the queue that belongs to something else (run next), or None.
+
+        As :class:`~events.store.writer.GroupCommitWriter`, a call whose caller gave up before
+        its batch began is not handled: the items, their futures and that check in one pass."""
         handler, loop, get_nowait, bound = first.handler, first.loop, self._inbox.get_nowait, self.max_group_size
-        append = batch.append
+        futures: list[asyncio.Future[Any]] = []
+        items: list[Any] = []
+        size, pending = first.size, None
+        add_future, add_item = futures.append, items.append
+        if not first.future.cancelled():
+            add_future(first.future)
+            add_item(first.item)
         while size < bound:
             try:
                 nxt = get_nowait()
             except queue.Empty:
                 break
-            if type(nxt) is _Grouped and nxt[2] is handler and nxt[0] is loop:
-                append(nxt)
-                size += nxt[4]
-            else:
+            if type(nxt) is not _Grouped or nxt[2] is not handler or nxt[0] is not loop:
                 pending = nxt
                 break
-        # as GroupCommitWriter: a call whose caller gave up before its batch began is not
-        # written; the items and their futures taken in one pass (issue 23 step 6)
-        futures, items = [], []
-        for _, future, _, item, _, _ in batch:
+            size += nxt[4]
+            future = nxt[1]
             if not future.cancelled():
-                futures.append(future)
-                items.append(item)
+                add_future(future)
+                add_item(nxt[3])
         if not items:
             return pending
         try:
             results = handler(items)
         except BaseException as exc:  # handed to every caller of the batch
-            results = [(False, exc)] * len(items)
+            results = [exc] * len(items)
         try:
             loop.call_soon_threadsafe(_settle_all, futures, results, first.after)
         except RuntimeError:  # the loop is closed
@@ -149,15 +152,26 @@ class WriterThread:
     ) -> asyncio.Future[Any]:
         """Queue ``item`` for ``handler``; the future of its own result (await it on the
         running loop). ``handler(items)`` runs on the thread with every item queued for it at
-        the time (up to ``max_group_size`` in sizes) and returns one ``(ok, value)`` per item:
-        the value, or the exception to raise. ``after`` runs on the loop once the batch's
-        futures are settled. A plain function, not a coroutine: one frame less per append."""
-        if self._thread is None:
-            self._start()
-        loop = _get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._inbox.put(_new_grouped(_Grouped, (loop, future, handler, item, size, after)))
-        return future
+        the time (up to ``max_group_size`` in sizes) and returns one result per item
+        (:data:`Handler`). ``after`` runs on the loop once the batch's futures are settled."""
+        return self.grouper(handler, after)(item, size)
+
+    def grouper(
+        self, handler: Handler, after: Callable[[], None] | None = None
+    ) -> Callable[[Any, int], asyncio.Future[Any]]:
+        """:meth:`group` with ``handler`` and ``after`` bound: ``submit(item, size)``. A plain
+        function, not a coroutine, and the only frame of the hand-off (issue 23 step 6)."""
+        inbox_put, new_grouped, running_loop = self._inbox.put, _new_grouped, _get_running_loop
+
+        def submit(item: Any, size: int) -> asyncio.Future[Any]:
+            if self._thread is None:
+                self._start()
+            loop = running_loop()
+            future = loop.create_future()
+            inbox_put(new_grouped(_Grouped, (loop, future, handler, item, size, after)))
+            return future
+
+        return submit
 
     async def stop(self) -> None:
         """Let queued calls finish, then end the thread."""

@@ -88,6 +88,19 @@ async def test_resent_ids_in_a_group_commit_return_their_positions_and_spare_nei
     assert [e.version for e in await store.read_stream("S3")] == [1, 2]
 
 
+async def test_streams_continue_from_the_log_after_a_batch_planned_again(store: EventStore) -> None:
+    """The writer plans on its version cache in place: a batch the database refuses (a re-sent
+    stored id without a version check, planned as new) is planned again from the stored
+    versions, and nothing its first plan allotted survives into later appends."""
+    batch = turns("S1", 2)
+    await store.append("S1", batch)
+    again, other = await asyncio.gather(store.append("S1", batch), store.append("S2", turns("S2", 1)))
+    assert again == [1, 2] and other == [3]
+    assert await store.append("S1", [turn("S1", 5)], expected_version=2) == [4]
+    assert await store.append("S2", [turn("S2", 6)], expected_version=1) == [5]
+    assert [e.version for e in await store.read_stream("S2")] == [1, 2]
+
+
 async def test_partial_reappend_is_refused(store: EventStore) -> None:
     batch = turns("S1", 2)
     await store.append("S1", batch)

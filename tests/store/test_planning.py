@@ -6,11 +6,17 @@ import pytest
 
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call, plan_calls
+from events.chain import row_pieces
 from events.store.rows import NewRow
 
 
 def row(stream: str, eid: str, version: int | None = None) -> NewRow:
     return NewRow(stream, eid, "TurnCommitted", 1, 1, "{}", version=version)
+
+
+def encoded(stream: str, eid: str) -> NewRow:
+    """A row as :meth:`EventStore.append` hands it on: its chain pieces encoded."""
+    return row(stream, eid).check()
 
 
 def test_calls_in_one_batch_see_each_other() -> None:
@@ -28,15 +34,16 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
     in the batch), a foreign id, several rows, no version check, bulk."""
     stored = {"old": Existing("A", 2, 7, "TurnCommitted", 1, 1, "{}")}
     calls = [
-        AppendCall([row("A", "a3")], "A", 2),
-        AppendCall([row("A", "a4")], "A", 2),  # stale: ConcurrencyError
-        AppendCall([row("A", "a3")], "A", 3),  # re-sent within the batch, version matching: its position
-        AppendCall([row("B", "old")], "B", 0),  # stored in another stream: EventIdConflict
-        AppendCall([row("A", "old")], "A", 3),  # stored: original position, nothing written
-        AppendCall([row("B", "b1")], "B", None),
-        AppendCall([row("B", "b2"), row("B", "b3")], "B", 1),
+        AppendCall([encoded("A", "a3")], "A", 2),
+        AppendCall([encoded("A", "a4")], "A", 2),  # stale: ConcurrencyError
+        AppendCall([encoded("A", "a3")], "A", 3),  # re-sent within the batch, version matching: its position
+        AppendCall([encoded("B", "old")], "B", 0),  # stored in another stream: EventIdConflict
+        AppendCall([encoded("A", "old")], "A", 3),  # stored: original position, nothing written
+        AppendCall([encoded("B", "b1")], "B", None),
+        AppendCall([row("B", "b1p")], "B", 1),  # pieces not encoded (a row built by hand)
+        AppendCall([encoded("B", "b2"), encoded("B", "b3")], "B", 2),
         AppendCall([row("C", "c1"), row("A", "a5", version=4)], bulk=True),
-        AppendCall([row("A", "a6")], "A", 4),
+        AppendCall([encoded("A", "a6")], "A", 4),
     ]
 
     def fresh() -> BatchState:
@@ -45,7 +52,8 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
     one_by_one, expected = fresh(), []
     for call in calls:
         try:
-            expected.append(plan_call(one_by_one, call, now_us=5))
+            result = plan_call(one_by_one, call, now_us=5)
+            expected.append(result if call.bulk else result.positions)  # the value its caller gets
         except (ConcurrencyError, EventIdConflict) as exc:
             expected.append(exc)
     batched = fresh()
@@ -55,14 +63,19 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
         return type(o).__name__ if isinstance(o, Exception) else o
 
     assert [shape(o) for o in outcomes] == [shape(o) for o in expected]
-    assert [shape(o) for o in outcomes][:5] == [
-        CallResult([8], 1),
+    assert [shape(o) for o in outcomes] == [
+        [8],
         "ConcurrencyError",
-        CallResult([8], 0),
+        [8],
         "EventIdConflict",
-        CallResult([7], 0),
+        [7],
+        [9],
+        [10],
+        [11, 12],
+        CallResult([13, 14], 2),
+        [15],
     ]
-    assert batched.inserts == one_by_one.inserts and len(batched.inserts) == 7
+    assert batched.inserts == one_by_one.inserts and len(batched.inserts) == 8
     assert (batched.head, batched.head_hash, batched.versions) == (
         one_by_one.head,
         one_by_one.head_hash,
@@ -136,10 +149,15 @@ def test_checked_row_is_from_event_then_check_and_refuses_alike() -> None:
         StageOutput(session_id="S", ts=1757000000.25, stage_id=0, request_id="r", text_delta="é [x]"),
         TurnCommitted(session_id="S", ts=1.5, turn_id=3),
         StageMetricsReported(session_id="S", ts=2.0, stage_id=1, request_id="r"),
+        TurnCommitted(session_id="séance-ü-𝄞", ts=1757000000.000001, turn_id=0),  # non-ASCII stream id
+        TurnCommitted(session_id="S", ts=3.0, turn_id=1, event_id="0f0e0d0c-0b0a-4908-8706-050403020100"),
+        TurnCommitted.model_construct(session_id="S", ts=4.0, turn_id=2, event_id="not-a-uuid"),  # text id
     ]
     for event in events:
         one, two = NewRow.checked(event), NewRow.from_event(event).check()
         assert one == two and one.pieces == two.pieces and one.pieces is not None
+        assert one.event_id == str(event.event_id)
+        assert one.pieces == row_pieces(one.stream_id, one.event_id, one.type, 1, one.ts_us, one.data)
     bad = [
         TurnCommitted.model_construct(session_id="S", ts=-1.0, turn_id=0),  # ts before 1970
         TurnCommitted.model_construct(session_id="S\x00T", ts=1.0, turn_id=0),  # NUL in the stream id

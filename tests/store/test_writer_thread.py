@@ -20,10 +20,10 @@ async def test_items_queued_while_busy_form_one_batch_and_keep_their_order() -> 
     order: list[str] = []
     afters: list[int] = []
 
-    def handler(items: list[Any]) -> list[tuple[bool, Any]]:
+    def handler(items: list[Any]) -> list[Any]:
         batches.append(items)
         order.append(f"group{items}")
-        return [(True, i * 10) if i % 3 else (False, ValueError(f"item {i}")) for i in items]
+        return [i * 10 if i % 3 else ValueError(f"item {i}") for i in items]
 
     blocker = asyncio.ensure_future(thread.call(gate.wait))
     await asyncio.sleep(0.05)  # the thread is now busy in gate.wait
@@ -46,7 +46,7 @@ async def test_items_queued_while_busy_form_one_batch_and_keep_their_order() -> 
 async def test_a_handler_that_raises_fails_every_caller_of_its_batch() -> None:
     thread = WriterThread("test-writer")
 
-    def handler(items: list[Any]) -> list[tuple[bool, Any]]:
+    def handler(items: list[Any]) -> list[Any]:
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
@@ -59,9 +59,9 @@ async def test_the_size_bound_splits_a_batch() -> None:
     gate = threading.Event()
     batches: list[list[Any]] = []
 
-    def handler(items: list[Any]) -> list[tuple[bool, Any]]:
+    def handler(items: list[Any]) -> list[Any]:
         batches.append(items)
-        return [(True, i) for i in items]
+        return list(items)
 
     blocker = asyncio.ensure_future(thread.call(gate.wait))
     await asyncio.sleep(0.05)
@@ -78,9 +78,9 @@ async def test_an_item_whose_caller_gave_up_before_its_batch_is_not_handled() ->
     gate = threading.Event()
     handled: list[Any] = []
 
-    def handler(items: list[Any]) -> list[tuple[bool, Any]]:
+    def handler(items: list[Any]) -> list[Any]:
         handled.extend(items)
-        return [(True, i) for i in items]
+        return list(items)
 
     blocker = asyncio.ensure_future(thread.call(gate.wait))
     await asyncio.sleep(0.05)
@@ -97,13 +97,13 @@ async def test_items_for_another_handler_are_not_merged_and_keep_their_place() -
     gate = threading.Event()
     batches: list[tuple[str, list[Any]]] = []
 
-    def handler_a(items: list[Any]) -> list[tuple[bool, Any]]:
+    def handler_a(items: list[Any]) -> list[Any]:
         batches.append(("a", items))
-        return [(True, f"a{i}") for i in items]
+        return [f"a{i}" for i in items]
 
-    def handler_b(items: list[Any]) -> list[tuple[bool, Any]]:
+    def handler_b(items: list[Any]) -> list[Any]:
         batches.append(("b", items))
-        return [(True, f"b{i}") for i in items]
+        return [f"b{i}" for i in items]
 
     blocker = asyncio.ensure_future(thread.call(gate.wait))
     await asyncio.sleep(0.05)
