@@ -79,6 +79,18 @@ class Verdict:
     def intact(self) -> bool:
         return self.fault is None and self.mismatch is None and not self.missing and self.structure is None
 
+    @property
+    def outdated(self) -> bool:
+        """The log is whole and the only difference is derived state an older fold version built
+        on it (an upgrade: ``rebuild``, or any reader, rebuilds it): exit 3, not tampering."""
+        return (
+            self.fault is None
+            and not self.missing
+            and self.structure is None
+            and self.mismatch is not None
+            and self.mismatch.outdated
+        )
+
 
 async def structure_of(store: EventStore) -> IndexFault | None:
     """SQLite: the whole file's b-trees (``PRAGMA integrity_check``; every index against its
@@ -231,7 +243,9 @@ def verify(
     """Prove the ledger is unaltered: recompute the hash chain and check that the read models
     and the checkpoint equal a fresh fold of the log.
 
-    Exit 0 intact; 1 tampered (names the first bad position and what is wrong: edited,
+    Exit 0 intact; 3 outdated (the log is whole; its read models were built by an older fold
+    version of this tool: `rebuild`, or any reader, rebuilds them); 1 tampered (names the
+    first bad position and what is wrong: edited,
     missing, inserted, reordered, rewritten; or the first read-model row or checkpoint
     difference; or the ledger's guard triggers missing or disabled);
     2 usage (missing ledger, bad digest file)."""
@@ -247,11 +261,14 @@ def verify(
         out.print(_structure_line(verdict.structure), markup=False)
     if verdict.fault is None and verdict.mismatch is not None:
         what = "" if verdict.mismatch.what == "checkpoint" else "read model "
+        label = "OUTDATED" if verdict.outdated else "TAMPERED"
         out.print(
-            f"TAMPERED: {what}{verdict.mismatch} (at position {verdict.compared_at}; "
+            f"{label}: {what}{verdict.mismatch} (at position {verdict.compared_at}; "
             "`duplex-ledger rebuild` recomputes them from the log)",
             markup=False,
         )
+    if verdict.outdated:
+        raise typer.Exit(3)
     if not verdict.intact:
         raise typer.Exit(1)
     checked = (

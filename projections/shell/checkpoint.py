@@ -422,6 +422,21 @@ def decode_state(body: bytes) -> Any:
         raise CheckpointRefused(f"unreadable state ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
+def sealed_header(blob: bytes) -> tuple[int, int, bytes] | None:
+    """``(fold_version, position, log_hash)`` of a checkpoint blob of this format, read from its
+    header alone (the state is not decoded), else None. Untrusted bytes: never raises."""
+    try:
+        header = msgspec.msgpack.decode(bytes(blob))
+    except Exception:  # noqa: BLE001 - untrusted bytes
+        return None
+    if type(header) is not list or len(header) != 6 or header[0] != MAGIC or header[1] != FORMAT_VERSION:
+        return None
+    _, _, fold, position, log_hash, _ = header
+    if type(fold) is not int or type(position) is not int or type(log_hash) is not bytes:
+        return None
+    return fold, position, log_hash
+
+
 def open_blob(blob: bytes, *, fold_version: int, expect: type | None = None) -> Sealed:
     """Check the header and decode the state. ``expect``: the state's class (refused
     otherwise). Raises CheckpointRefused (wrong magic, format or fold version, malformed)."""

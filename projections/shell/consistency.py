@@ -30,11 +30,15 @@ from projections.shell import checkpoint, readmodels
 
 @dataclass(frozen=True, slots=True)
 class Mismatch:
-    """What differs: ``what`` (a table, or ``checkpoint``), the row ``key`` and a sentence."""
+    """What differs: ``what`` (a table, or ``checkpoint``), the row ``key`` and a sentence.
+    ``outdated``: the derived state was built on this very log by an older fold version (its
+    checkpoint's row and sealed header agree on that version, its position and the log's chain
+    hash there): an upgrade, not an edit (:func:`built_by_older_fold`)."""
 
     what: str
     key: str
     detail: str
+    outdated: bool = False
 
     def __str__(self) -> str:
         return f"{self.what} {self.key}: {self.detail}" if self.key else f"{self.what}: {self.detail}"
@@ -133,6 +137,24 @@ def compare(
         return _compare(found, fresh, fold_version=fold_version, log_hash=log_hash, max_idle_s=max_idle_s)
 
 
+def built_by_older_fold(found: StoredModels, fold_version: int, log_hash: bytes) -> bool:
+    """True when the checkpoint found was sealed by an OLDER fold version on this log: its row and
+    its blob's header name the same version (below ``fold_version``) and position, and the header
+    carries the log's chain hash at that position (``log_hash``). Such derived state is outdated
+    by an upgrade; anything else that names another version is compared as tampering."""
+    if found.checkpoint is None:
+        return False
+    position, version, blob = found.checkpoint
+    header = checkpoint.sealed_header(blob)
+    return (
+        type(version) is int
+        and version < fold_version
+        and header is not None
+        and header == (version, position, log_hash)
+        and bool(log_hash)
+    )
+
+
 def _compare(
     found: StoredModels, fresh: FreshFold, *, fold_version: int, log_hash: bytes, max_idle_s: float
 ) -> Mismatch | None:
@@ -141,10 +163,11 @@ def _compare(
         # reader skip the comparison): the rows are compared all the same, and the version is
         # named whether they differ or not.
         version = f"the checkpoint says fold version {found.checkpoint[1]!r}, this code folds version {fold_version}"
+        outdated = built_by_older_fold(found, fold_version, log_hash)
         rows = _diff_models(found, fresh, max_idle_s)
         if rows is not None:
-            return Mismatch(rows.what, rows.key, f"{rows.detail} ({version})")
-        return Mismatch("checkpoint", "", f"{version}: derived state that does not match this build")
+            return Mismatch(rows.what, rows.key, f"{rows.detail} ({version})", outdated)
+        return Mismatch("checkpoint", "", f"{version}: derived state that does not match this build", outdated)
     fault, sealed = _checkpoint_fault(found, fold_version, log_hash)
     if fault is not None:
         return fault

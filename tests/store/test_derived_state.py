@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase, given, settings
@@ -194,4 +195,49 @@ def test_read_models_of_another_fold_version_are_named_and_never_rebuilt_over(le
     ledger.run(("DELETE FROM rm_audit_findings", {}))
     *_, (_, stderr) = ledger.outputs()
     assert f"fold version {version}" in stderr
+    ledger.check_served_from_the_log()
+
+
+def _sealed_by_an_older_fold(ledger: Ledger) -> None:
+    """The file as an older fold version left it on this very log: its checkpoint's row and
+    sealed header both name FOLD_VERSION - 1 (with the log's chain hash at its position), and a
+    read-model row that version computed differently."""
+    position, _, blob = ledger.derived["checkpoint"][0]
+    header = msgspec.msgpack.decode(bytes(blob))
+    header[2] = FOLD_VERSION - 1
+    older = msgspec.msgpack.encode(header)
+    ledger.run(
+        (
+            f"UPDATE {readmodels.checkpoints.name} SET fold_version = :v, state = :s",
+            {"v": FOLD_VERSION - 1, "s": older},
+        ),
+        ("UPDATE rm_audit_findings SET detail = 'worded by the older fold'", {}),
+    )
+
+
+def test_read_models_an_older_fold_built_are_outdated_not_tampered_and_any_reader_rebuilds_them(
+    ledger: Ledger,
+) -> None:
+    """Hostile retest of issue 23 (M1): after an upgrade that changes the fold version, `verify`
+    said TAMPERED (exit 1, as for a forged file) and every reader warned on every run until
+    `rebuild`. Now: OUTDATED, exit 3 (a gate tells it from tampering), and the first reader
+    rebuilds the read models for this version."""
+    _sealed_by_an_older_fold(ledger)
+    verified = ledger.cli("verify")
+    assert verified.exit_code == 3, verified.output
+    assert verified.stdout.startswith("OUTDATED: ") and f"fold version {FOLD_VERSION - 1}" in verified.stdout
+    *printed, (_, stderr) = ledger.outputs()
+    assert printed == list(ledger.clean[:-1])
+    assert "rebuilding them from the log" in stderr
+    assert ledger.read_derived() == ledger.derived
+    assert ledger.cli("verify").exit_code == 0
+
+
+def test_an_older_version_named_by_the_row_alone_is_still_tampering(ledger: Ledger) -> None:
+    """Only a checkpoint whose sealed header agrees is an upgrade's: a row edited to an older
+    version over a newer blob is compared as tampering (exit 1), never rebuilt over."""
+    ledger.run((f"UPDATE {readmodels.checkpoints.name} SET fold_version = {FOLD_VERSION - 1}", {}))
+    ledger.run(("DELETE FROM rm_audit_findings", {}))
+    verified = ledger.cli("verify")
+    assert verified.exit_code == 1 and verified.stdout.startswith("TAMPERED: "), verified.output
     ledger.check_served_from_the_log()
