@@ -31,6 +31,7 @@ import typer
 from rich.console import Console
 
 from events.chain_walk import (
+    LOWEST_POSITION,
     ChainFault,
     ChainWalker,
     Digest,
@@ -148,16 +149,18 @@ async def _verify_log(store: EventStore, digest: Digest | None, max_idle_s: floa
 
 
 async def _walk_and_fold(store: EventStore, head: int, walker: ChainWalker, fresh: consistency.FreshFold) -> None:
-    """One ordered read of rows 1..``head``: each batch is chain-checked, and only the rows
-    whose links hold are folded (an edited row is named, never decoded: its fault comes first,
-    not what its values make the fold raise)."""
+    """One ordered read of rows 1..``head`` (and any row below 1, which the walker names
+    ``inserted``): each batch is chain-checked, and only the rows whose links hold are folded
+    (an edited row is named, never decoded: its fault comes first, not what its values make
+    the fold raise)."""
     # The collector paused for the whole read (events.gc_pause): between batches the
     # driver's rows alone triggered its passes over the fold state (~9 µs an event).
     with gc_paused():
-        async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
+        async for rows in store.read_row_batches(LOWEST_POSITION, until_position=head, batch_size=BATCH):
             going_on = walker.feed(rows)
             checked = walker.next_position
-            fresh.feed(rows if rows[-1].position < checked else [r for r in rows if r.position < checked])
+            whole = rows[0].position >= 1 and rows[-1].position < checked
+            fresh.feed(rows if whole else [r for r in rows if 1 <= r.position < checked])
             if not going_on:
                 return
 
