@@ -487,9 +487,7 @@ def walk_sqlite(
     conn.text_factory = tolerant_text
     walker = ChainWalker(watch=watch)
     try:
-        cursor = conn.execute(
-            _SEGMENT_SQL, (LOWEST_POSITION, MAX_I64 if until_position is None else until_position)
-        )
+        cursor = conn.execute(_SEGMENT_SQL, (LOWEST_POSITION, MAX_I64 if until_position is None else until_position))
         while batch := cursor.fetchmany(batch_size):
             if not walker.feed([SqliteRow._make(r) for r in batch]):
                 break
