@@ -3,12 +3,17 @@
 :class:`ChainWalker` takes the rows in position order, batch by batch, recomputes each row's
 hash from the stored hash of the row before it, and stops at the first fault, which it names:
 
-* ``missing`` — positions absent (rows deleted), or the log ends before a digest's position
-  (tail truncated);
-* ``inserted`` — a row without a 32-byte chain hash (written around the store), or a row
-  whose successors chain as if it were not there (the later rows were shifted up by one);
+* ``missing`` — positions absent where the rows after the gap chain among themselves (rows
+  deleted), or the log ends before a digest's position (tail truncated);
+* ``inserted`` — a row at a position below 1 (the store numbers the log from 1), a row past a
+  gap that chains from the row before the gap or is not chained from by the row after it (a
+  row written past the log's end: :meth:`ChainWalker._settle_gap`), a row without a 32-byte
+  chain hash at the end of the log or before a row chained from GENESIS (the store chains
+  from GENESIS after a row it did not write), or a row whose successors chain as if it were
+  not there (the later rows were shifted up by one);
 * ``reordered`` — two neighbouring rows that chain when swapped back;
-* ``edited`` — any other row whose content does not give its stored hash;
+* ``edited`` — any other row whose content does not give its stored hash, or whose hash is
+  missing or not 32 bytes while the row after it chains from a real hash (its hash changed);
 * ``rewritten`` — the chain is consistent but differs from a digest taken earlier (history
   rewritten and rehashed);
 * ``index`` — (SQLite, :func:`chain_fault`) the rows chain, but an index of ``events`` the
@@ -116,6 +121,16 @@ def _hash_at(previous: bytes, row: Any, position: int) -> bytes:
     )
 
 
+def _links(previous: bytes, row: Any) -> bool:
+    """Whether ``row`` carries a 32-byte hash that chains from ``previous`` at its position."""
+    if not _valid(row.hash) or retyped(row) is not None:
+        return False
+    try:
+        return _hash_at(previous, row, row.position) == bytes(row.hash)
+    except _TYPE_ERRORS:
+        return False
+
+
 def _valid(digest: Any) -> bool:
     return isinstance(digest, (bytes, bytearray, memoryview)) and not isinstance(digest, NotUtf8) and len(digest) == 32
 
@@ -181,6 +196,7 @@ class ChainWalker:
         self.watched: dict[int, bytes] = {0: GENESIS}
         self.fault: ChainFault | None = None
         self._suspect: list[Any] = []  # the first bad row and up to two after it
+        self._suspicion: Literal["link", "gap", "hashless"] = "link"  # what is wrong with it
 
     def feed(self, rows: Sequence[Any]) -> bool:
         """Check ``rows``; False once the first fault is settled (feeding more is useless)."""
@@ -191,45 +207,53 @@ class ChainWalker:
                     self._settle()
                     return False
                 continue
-            if row.position != self.next_position:
+            if row.position < 1:  # only at the start: positions come in increasing order
                 self.fault = ChainFault(
-                    self.next_position,
-                    "missing",
-                    f"positions {self.next_position}..{row.position - 1} are absent "
-                    f"(rows deleted); the log goes on at {row.position}",
+                    row.position,
+                    "inserted",
+                    f"the store numbers the log from 1: this row (stream {row.stream_id!r} version "
+                    f"{row.version!r}, {row.type!r}) was written around the store",
                 )
                 return False
             stored = row.hash
-            if not _valid(stored) and (stored is None or _storage(stored) == "blob"):
-                self.fault = ChainFault(
-                    row.position, "inserted", "the row has no chain hash: it was written around the store"
-                )
-                return False
-            try:
-                good = _valid(stored) and _hash_at(self.previous, row, row.position) == bytes(stored)
-            except _TYPE_ERRORS:
-                good = False
-            if not good and (types := retyped(row)) is not None:
-                self.fault = ChainFault(
-                    row.position,
-                    "edited",
-                    f"its values' storage types were changed ({types}; stream {row.stream_id!r} "
-                    f"version {row.version!r}, {row.type!r}): the row was edited",
-                )
-                return False
-            if not good:
-                self._suspect.append(row)
-                continue
-            self.previous = bytes(stored)
-            self.next_position += 1
-            self.rows += 1
-            self.head_recorded_at_us = row.recorded_at_us
-            if row.position in self.watch:
-                self.watched[row.position] = self.previous
+            if row.position != self.next_position:
+                self._suspicion = "gap"
+            elif not _valid(stored) and (stored is None or _storage(stored) == "blob"):
+                self._suspicion = "hashless"
+            else:
+                try:
+                    good = _valid(stored) and _hash_at(self.previous, row, row.position) == bytes(stored)
+                except _TYPE_ERRORS:
+                    good = False
+                if not good and (types := retyped(row)) is not None:
+                    self.fault = ChainFault(
+                        row.position,
+                        "edited",
+                        f"its values' storage types were changed ({types}; stream {row.stream_id!r} "
+                        f"version {row.version!r}, {row.type!r}): the row was edited",
+                    )
+                    return False
+                if good:
+                    self.previous = bytes(stored)
+                    self.next_position += 1
+                    self.rows += 1
+                    self.head_recorded_at_us = row.recorded_at_us
+                    if row.position in self.watch:
+                        self.watched[row.position] = self.previous
+                    continue
+                self._suspicion = "link"
+            self._suspect.append(row)
         return True
 
     def _settle(self) -> None:
         bad, *after = self._suspect
+        settle = {"link": self._settle_link, "gap": self._settle_gap, "hashless": self._settle_hashless}
+        self.fault = settle[self._suspicion](bad, after)
+        self._suspect = []
+
+    def _settle_link(self, bad: Any, after: list[Any]) -> ChainFault:
+        """A row at its position whose content does not give its stored hash: edited, or
+        swapped with the next row, or inserted before rows that chain as if it were not there."""
         p = bad.position
         detail = (
             f"its content does not give its stored hash (stream {bad.stream_id!r} version {bad.version}, "
@@ -253,8 +277,75 @@ class ChainWalker:
                             "the rows after it were shifted up by one"
                         ),
                     )
-        self.fault = ChainFault(p, kind, detail)
-        self._suspect = []
+        return ChainFault(p, kind, detail)
+
+    def _settle_gap(self, bad: Any, after: list[Any]) -> ChainFault:
+        """Positions ``next_position``..``bad.position - 1`` are absent. Deleting rows leaves a
+        gap whose next row chains from a deleted row's hash, and the rows after it from each
+        other; a row written past the log's end leaves the same gap. The rule (README,
+        "Is this copy unaltered?"): ``inserted`` at ``bad.position`` when that row chains from
+        the row before the gap (the store would have put it right after that row: deleted
+        rows would break the link), or when no row after it chains from it (it is the last
+        row, or its successor does not link); else ``missing`` at the gap (rows deleted, the
+        rows after it chaining among themselves). The detail names the other reading."""
+        n, p = self.next_position, bad.position
+        absent = f"positions {n}..{p - 1} are absent"
+        before = f"the row at {n - 1}" if n > 1 else "the start of the log (GENESIS)"
+        if _links(self.previous, bad):
+            return ChainFault(
+                p,
+                "inserted",
+                f"{absent}, yet the row at {p} chains from {before}: it was written past the log's end "
+                f"at {n - 1} (had rows been deleted, its link would come from the last of them)",
+            )
+        nxt = after[0] if after and after[0].position == p + 1 else None
+        if nxt is not None and _valid(bad.hash) and _links(bytes(bad.hash), nxt):
+            return ChainFault(
+                n,
+                "missing",
+                f"{absent} (rows deleted); the log goes on at {p}, its rows there chaining from each "
+                f"other (else rows were written past the log's end at {n - 1}, chained by hand)",
+            )
+        followed = "is the log's last row" if not after else "is not chained from by the row after it"
+        return ChainFault(
+            p,
+            "inserted",
+            f"the row at {p} (stream {bad.stream_id!r} version {bad.version!r}, {bad.type!r}) does not chain "
+            f"from {before} and {followed}; {absent}: a row written past the log's end at {n - 1} "
+            f"(or rows {n}..{p - 1} deleted from before it)",
+        )
+
+    def _settle_hashless(self, bad: Any, after: list[Any]) -> ChainFault:
+        """A row without a 32-byte chain hash (null or another length). The store chains the row
+        after such a row from GENESIS (:func:`events.store.backends.tip_of`), so a next row
+        that does: the row was written around the store (``inserted``); a next row that does
+        not: it was chained from the row's real hash, which was changed (``edited``); no next
+        row: ``inserted`` (a row written at the end), the other reading named."""
+        p = bad.position
+        holds = "null" if bad.hash is None else f"a {len(bad.hash)}-byte blob"
+        what = f"stream {bad.stream_id!r} version {bad.version!r}, {bad.type!r}"
+        nxt = after[0] if after and after[0].position == p + 1 else None
+        if nxt is not None and _links(GENESIS, nxt):
+            return ChainFault(
+                p,
+                "inserted",
+                f"the row has no chain hash (its hash holds {holds}; {what}) and the row after it chains "
+                "from GENESIS, as the store chains after a row it did not write: it was written around the store",
+            )
+        if not after:
+            return ChainFault(
+                p,
+                "inserted",
+                f"the row has no chain hash (its hash holds {holds}; {what}): it was written around the "
+                "store (or, the log's last row, its hash was removed)",
+            )
+        return ChainFault(
+            p,
+            "edited",
+            f"its hash holds {holds}, not the 32-byte chain hash the store writes, and the row after it "
+            f"does not chain from GENESIS as it would after a row written around the store ({what}): "
+            "the row's hash was changed",
+        )
 
     def finish(self, digest: Digest | None = None) -> ChainFault | None:
         """The first fault of the rows fed (including one only a following row would have
@@ -307,18 +398,24 @@ _SEGMENT_SQL = (
     f"SELECT {', '.join(_SEGMENT_COLUMNS)} FROM events WHERE position >= ? AND position <= ? ORDER BY position"
 )
 MAX_I64 = 2**63 - 1
+MIN_I64 = -(2**63)
+LOWEST_POSITION = MIN_I64
+"""Where a walk of the whole log starts reading: the store numbers the log from 1, so a row
+below 1 was written around it, and only a read from the lowest 64-bit position sees it (a row
+at position 0 or -5 is otherwise hidden from every reader that starts at 1)."""
 
 
 def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = ()) -> Segment:
     """Check the chain links of rows ``lo``..``hi`` of a SQLite ledger file (read-only, plain
-    ``sqlite3``), starting from the stored hash of row ``lo - 1`` (GENESIS for 1). Each link
+    ``sqlite3``), starting from the stored hash of row ``lo - 1`` (GENESIS for 1; from 1, a row
+    below 1 makes the segment not intact: :data:`LOWEST_POSITION`). Each link
     depends only on two stored rows, so segments can be checked in parallel; their
     conjunction is exactly :class:`ChainWalker`'s "no fault". Not intact: the caller walks
     the chain in order to name the fault (``ChainWalker``)."""
     watch = set(watch)
     conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
     try:
-        cursor = conn.execute(_SEGMENT_SQL, (lo - 1, hi))
+        cursor = conn.execute(_SEGMENT_SQL, (lo - 1 if lo > 1 else LOWEST_POSITION, hi))
         previous, expected, rows, recorded = GENESIS, lo, 0, 0
         watched: dict[int, bytes] = {}
         if lo > 1:
@@ -382,14 +479,15 @@ def walk_sqlite(
 ) -> ChainWalker:
     """Walk the chain of rows 1..``until_position`` (None: all) of a SQLite ledger file in
     position order with plain ``sqlite3`` (read-only) and return the walker, fed until its
-    first fault (``finish()`` names it). Text that is not UTF-8 is read as :class:`NotUtf8`, so
+    first fault (``finish()`` names it); a row below position 1 is read too (and named
+    ``inserted``: :data:`LOWEST_POSITION`). Text that is not UTF-8 is read as :class:`NotUtf8`, so
     any value the store could not have written is named as an edit at its position rather
     than failing the read."""
     conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
     conn.text_factory = tolerant_text
     walker = ChainWalker(watch=watch)
     try:
-        cursor = conn.execute(_SEGMENT_SQL, (1, MAX_I64 if until_position is None else until_position))
+        cursor = conn.execute(_SEGMENT_SQL, (LOWEST_POSITION, MAX_I64 if until_position is None else until_position))
         while batch := cursor.fetchmany(batch_size):
             if not walker.feed([SqliteRow._make(r) for r in batch]):
                 break
@@ -444,7 +542,7 @@ async def walk_log(
         walker = await asyncio.to_thread(walk_sqlite, path, until_position, (), batch_size)
         return walker.digest(), walker.finish()
     walker = ChainWalker()
-    async for rows in store.read_row_batches(1, until_position=until_position, batch_size=batch_size):
+    async for rows in store.read_row_batches(LOWEST_POSITION, until_position=until_position, batch_size=batch_size):
         if not walker.feed(rows):
             break
     return walker.digest(), walker.finish()
@@ -459,9 +557,8 @@ async def chain_fault(store: Any, until_position: int) -> ChainFault | None:
     ``events`` indexes hold exactly the table's rows (:func:`events_structure_fault`, kind
     ``index``; ≈0.17 s per 100,000 events against ≈0.44 s for the walk); a broken chain, or a
     PostgreSQL log, is walked in order (:func:`walk_sqlite`, :func:`walk_log`), which names
-    the fault. A chain fault comes before an index fault."""
-    if until_position <= 0:
-        return None
+    the fault. A chain fault comes before an index fault. Rows below position 1 are part of
+    every prefix (an empty log with a row at 0 is not intact: :data:`LOWEST_POSITION`)."""
     path = sqlite_file(store)
     if path is not None:
         # Both are sqlite3's own C code (the GIL released): they run side by side.

@@ -180,9 +180,11 @@ def events_export(
     """Export events as JSONL in log order (format: see README). Exporting a whole log and
     importing it into an empty database reproduces the same export byte for byte. An
     ``--output`` that is the ledger file (or its -wal/-shm/-journal, or a link to one) is
-    refused (exit 2); a regular file is replaced only once the export is complete."""
+    refused (exit 2); a regular file is replaced only once the export is complete. A whole-log
+    export (``--from-position`` 0) starts at the lowest position: a row a forger wrote below 1
+    is exported too, after the ``TAMPERED`` line (the log as stored is the evidence)."""
     from events import jsonl
-    from events.chain_walk import chain_fault
+    from events.chain_walk import LOWEST_POSITION, chain_fault
     from reports.output_file import output_file, refuse_ledger_target
     from reports.progress import progress_bar
 
@@ -208,16 +210,18 @@ def events_export(
         finally:
             await store.close()
 
+    start = from_position or LOWEST_POSITION  # 0: the whole log, a row forged below 1 too
+
     async def _export(store: Any) -> int:
         if output is None:
-            return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=from_position)
+            return await jsonl.export_to(store, sys.stdout, stream_id=stream, from_position=start)
         total = await store.head_position() - max(from_position - 1, 0) if stream is None else None
         n = 0
         with (
             output_file(output) as fh,
             progress_bar(f"exporting to {output.name}", total) as advance,
         ):  # terminal only
-            async for line in jsonl.export_lines(store, stream_id=stream, from_position=from_position):
+            async for line in jsonl.export_lines(store, stream_id=stream, from_position=start):
                 fh.write(line)
                 n += 1
                 advance(1)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ import typer
 from rich.console import Console
 
 from events.chain_walk import (
+    LOWEST_POSITION,
     ChainFault,
     ChainWalker,
     Digest,
@@ -160,16 +163,18 @@ async def _verify_log(store: EventStore, digest: Digest | None, max_idle_s: floa
 
 
 async def _walk_and_fold(store: EventStore, head: int, walker: ChainWalker, fresh: consistency.FreshFold) -> None:
-    """One ordered read of rows 1..``head``: each batch is chain-checked, and only the rows
-    whose links hold are folded (an edited row is named, never decoded: its fault comes first,
-    not what its values make the fold raise)."""
+    """One ordered read of rows 1..``head`` (and any row below 1, which the walker names
+    ``inserted``): each batch is chain-checked, and only the rows whose links hold are folded
+    (an edited row is named, never decoded: its fault comes first, not what its values make
+    the fold raise)."""
     # The collector paused for the whole read (events.gc_pause): between batches the
     # driver's rows alone triggered its passes over the fold state (~9 µs an event).
     with gc_paused():
-        async for rows in store.read_row_batches(1, until_position=head, batch_size=BATCH):
+        async for rows in store.read_row_batches(LOWEST_POSITION, until_position=head, batch_size=BATCH):
             going_on = walker.feed(rows)
             checked = walker.next_position
-            fresh.feed(rows if rows[-1].position < checked else [r for r in rows if r.position < checked])
+            whole = rows[0].position >= 1 and rows[-1].position < checked
+            fresh.feed(rows if whole else [r for r in rows if 1 <= r.position < checked])
             if not going_on:
                 return
 
@@ -200,9 +205,25 @@ async def head_digest(store: EventStore) -> tuple[Digest, ChainFault | None]:
     return await walk_log(store, BATCH)
 
 
+MAX_DIGEST_BYTES = 4096
+"""The most ``--digest`` reads: a digest is one JSON line of about 150 bytes."""
+
+
 def _read_digest(path: Path) -> Digest:
+    """The digest in ``path`` (a regular file or a pipe), reading at most
+    :data:`MAX_DIGEST_BYTES` + 1 bytes: a device (``/dev/zero``), a socket or a bigger file is
+    refused (exit 2) instead of read without end."""
     try:
-        return Digest.from_json(path.read_text(encoding="utf-8"))
+        with path.open("rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+                raise ValueError("not a regular file (a digest is the JSON line `duplex-ledger digest` printed)")
+            raw = fh.read(MAX_DIGEST_BYTES + 1)
+        if len(raw) > MAX_DIGEST_BYTES:
+            raise ValueError(
+                f"more than {MAX_DIGEST_BYTES} bytes (a digest is the one JSON line `duplex-ledger digest` printed)"
+            )
+        return Digest.from_json(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         err.print(f"error: --digest {path}: {exc}", markup=False)
         raise typer.Exit(2) from None
@@ -271,11 +292,12 @@ def verify(
         raise typer.Exit(3)
     if not verdict.intact:
         raise typer.Exit(1)
-    checked = (
-        ""
-        if verdict.compared_at is None
-        else f"; read models and checkpoint equal a fresh fold at position {verdict.compared_at}"
-    )
+    if verdict.compared_at is None:
+        checked = ""
+    elif not verdict.compared_at and verdict.events:  # a file imported, never folded: nothing to compare
+        checked = "; read models not built yet (any `audit` or `tables` builds them)"
+    else:
+        checked = f"; read models and checkpoint equal a fresh fold at position {verdict.compared_at}"
     against = "" if expected is None else f"; matches the digest at position {expected.position}"
     out.print(
         f"intact: hash chain of {verdict.events} event(s), head hash {verdict.head.hash.hex()}{against}{checked}",
