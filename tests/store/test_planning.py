@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from events.chain import row_pieces
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call, plan_calls
-from events.chain import row_pieces
 from events.store.rows import NewRow
 
 
