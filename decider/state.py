@@ -17,9 +17,9 @@ from typing import Any, cast
 from events import ids
 from events.records import StoredEvent
 from events.structs import struct_type
-from events.types import Fence, SessionOpened
+from events.types import Fence, SessionClosed, SessionOpened, SessionTakenOver
 from projections.resource_state import Binding, SessionResources, StaleId, stale_before_submit
-from projections.resources import ResourcesFold
+from projections.resources import ResourcesFold, reopened_incarnation
 
 
 @lru_cache(maxsize=4096)
@@ -139,11 +139,24 @@ def evolve(state: SessionState, stored: StoredEvent) -> SessionState:
 
 
 _OPENED = struct_type(SessionOpened)
+_ENDS = (struct_type(SessionClosed), struct_type(SessionTakenOver))
 
 
 def next_incarnation(history: Iterable[Any]) -> int:
     """The incarnation a session opens under, from its earlier events (DOMAIN §2.1): one more
-    than the highest ``SessionOpened.incarnation`` of a predecessor, 0 for a first open. Ids of
+    than the highest incarnation a predecessor ran under, 0 for a first open. A predecessor's
+    incarnation is the one the resources fold judged it by: a reopen after a close that stated
+    no higher one ran as the next (:func:`projections.resources.reopened_incarnation`). Ids of
     a closed predecessor can then never be confused with the new session's."""
-    opened = [cast(SessionOpened, e).incarnation for e in history if isinstance(e, _OPENED)]
-    return max(opened) + 1 if opened else 0
+    highest: int | None = None
+    current: int | None = None
+    ended = False
+    for e in history:
+        if isinstance(e, _OPENED):
+            stated = cast(SessionOpened, e).incarnation
+            current = reopened_incarnation(current, stated) if ended and current is not None else stated
+            highest = current if highest is None else max(highest, current)
+            ended = False
+        elif isinstance(e, _ENDS):
+            ended = True
+    return 0 if highest is None else highest + 1

@@ -55,6 +55,8 @@ WARNING_KINDS: dict[str, str] = {
     "again: binds, opens and counts nothing (D18, D9)",
     "clock_stepped_back": "a span between two wall-clock stamps came out negative (the host's clock stepped "
     "back): shown and observed as 0; first/last position name its two stamps (D17)",
+    "incarnation_not_advanced": "a reopen after a close or takeover states an incarnation not above the ended "
+    "session's: judged as the next one, so the closed session's ids stay refused (DOMAIN §2.1)",
     "session_taken_over": "the session's replica died (lease expired) and another replica closed it and settled "
     "its ids (issue 14)",
 }

@@ -91,14 +91,16 @@ class ResourcesFold:
     """Pure fold: ``apply(stored) -> Verdict``; queries: :meth:`request_resources`,
     :meth:`held`, :meth:`running`, :meth:`held_at_end`, :meth:`evaluate`."""
 
-    closed_sessions: dict[str, tuple[int, float]]  # annotated: a checkpoint's copy is checked entry by entry
+    closed_sessions: dict[str, tuple[int, float, int]]  # annotated: a checkpoint's copy is checked entry by entry
 
     def __init__(self) -> None:
         self.sessions: dict[str, SessionResources] = {}
-        self.closed_sessions: dict[str, tuple[int, float]] = {}
+        self.closed_sessions: dict[str, tuple[int, float, int]] = {}
         """Sessions forgotten closed (:meth:`forget_closed`) -> their ``SessionClosed`` (position,
-        ts): a fact arriving on one however late is still refused (DOMAIN §5.7 D18) until a new
-        ``SessionOpened``. One small entry per closed session; the working state is gone."""
+        ts) and their incarnation: a fact arriving on one however late is still refused (DOMAIN
+        §5.7 D18) until a new ``SessionOpened``, and that reopen must still advance the
+        incarnation (DOMAIN §2.1, :func:`_opened`). One small entry per closed session; the
+        working state is gone."""
         self.point_findings: list[Finding] = []
         self.position = 0
         self.ts = 0.0
@@ -125,9 +127,10 @@ class ResourcesFold:
 
     def _new_session(self, session_id: str) -> SessionResources:
         session = self.sessions[session_id] = SessionResources(session_id)
-        closed_at = self.closed_sessions.pop(session_id, None)
-        if closed_at is not None:  # forgotten closed: back as it was, holding nothing (D18)
-            session.closed_at = closed_at
+        closed = self.closed_sessions.pop(session_id, None)
+        if closed is not None:  # forgotten closed: back as it was, holding nothing (D18)
+            position, ts, session.incarnation = closed
+            session.closed_at = (position, ts)
         return session
 
     def _apply_watched(self, session: SessionResources, stored: StoredEvent, event: Any) -> Verdict:
@@ -187,20 +190,50 @@ class ResourcesFold:
         only its close point in :attr:`closed_sessions` (DOMAIN §5.7 D18 outlives the state)."""
         gone = [sid for sid, s in self.sessions.items() if s.forgettable()]
         for sid in gone:
-            closed_at = self.sessions.pop(sid).closed_at
-            assert closed_at is not None  # forgettable() says so
-            self.closed_sessions[sid] = closed_at
+            session = self.sessions.pop(sid)
+            assert session.closed_at is not None  # forgettable() says so
+            self.closed_sessions[sid] = (*session.closed_at, session.incarnation)
         return gone
 
 
 # ------------------------------------------------------------------ lifecycle handlers
+def reopened_incarnation(previous: int, stated: int) -> int:
+    """The incarnation a session reopened after a close (or a takeover) runs under: the stated
+    one when it is above ``previous`` (the ended session's), else ``previous + 1``. DOMAIN §2.1:
+    the incarnation goes up by one at every reopen "so ids of a closed session can never be
+    accepted by its successor"; a reopen that states the same (or an older) incarnation is
+    therefore judged as the next one, and every id and fence minted for an incarnation up to
+    ``previous`` (the closed session's own, or any before it) is refused as stale (D9), even
+    when the successor itself names them."""
+    return stated if stated > previous else previous + 1
+
+
 def _opened(fold: ResourcesFold, s: SessionResources, st: StoredEvent, e: SessionOpened) -> Verdict:
+    """DOMAIN §2.1: a reopen after a close or a takeover runs under a higher incarnation than
+    the ended session (:func:`reopened_incarnation`); one that does not state one is one
+    ``incarnation_not_advanced`` warning. A first open takes the stated incarnation."""
+    incarnation = e.incarnation
+    if s.closed_at is not None or s.taken_over_at is not None:
+        incarnation = reopened_incarnation(s.incarnation, e.incarnation)
+        if incarnation != e.incarnation:
+            report(
+                fold,
+                s,
+                "incarnation_not_advanced",
+                None,
+                None,
+                st,
+                [],
+                f"reopen states incarnation {e.incarnation}, not above the ended session's {s.incarnation}; "
+                f"judged as incarnation {incarnation}: ids and fences of incarnation {s.incarnation} or "
+                "older are refused (DOMAIN §2.1)",
+            )
     if s.closed_at is not None and not s.holds_anything():
         # A reopen (new incarnation) of a closed session that holds nothing starts fresh.
         s = fold.sessions[e.session_id] = SessionResources(e.session_id)
-    if e.incarnation != s.incarnation:
+    if incarnation != s.incarnation:
         s.epoch, s.turn_id, s.accepted_fence = 0, 0, (-1, -1)  # a new incarnation starts its own fences
-    s.incarnation = e.incarnation
+    s.incarnation = incarnation
     s.capabilities = e.capabilities
     s.num_stages = e.num_stages
     s.closed_at = None

@@ -174,8 +174,7 @@ class _Live:
         self.progress.update(
             self.task,
             completed=p.lines_done,
-            status=f"sessions closed {p.sessions_closed}/{p.sessions_total} · "
-            f"turns ended {p.turns_ended} (answered {p.responses_done})",
+            status=p.status(),
         )
 
     def on_line(self, line: TraceLine, outcome: LineOutcome) -> None:

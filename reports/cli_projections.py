@@ -389,19 +389,22 @@ def tables(
             if fmt is TablesFormat.json
             else text + render_summary.render_summaries_text(rollups)
         )
-    _warn_overflows(turns)
+    _warn_overflows(turns, fmt)
     typer.echo(text, nl=not text.endswith("\n"))
     exit_if_tampered(fault, url)
 
 
-def _warn_overflows(turns: list[TurnTables]) -> None:
-    """One stderr warning when some numbers overflowed (:mod:`reports.overflow`)."""
+def _warn_overflows(turns: list[TurnTables], fmt: TablesFormat) -> None:
+    """One stderr warning when some numbers overflowed (:mod:`reports.overflow`), naming what
+    ``fmt`` prints for them: ``null`` in JSON, ``overflow`` in text, Markdown and CSV (as the README
+    says; in CSV an empty cell means "not reported", so an overflow is never one)."""
     from reports.overflow import count_overflows
 
     if n := count_overflows([t.to_dict() for t in turns]):
+        shown = "null" if fmt is TablesFormat.json else "'overflow'"
         Console(stderr=True, soft_wrap=True).print(
             f"warning: {n} value(s) overflowed (a sum that is not finite or beyond 64 bits): "
-            "shown as null (json), an empty cell (csv) or 'overflow' (text, markdown)",
+            f"shown as {shown} in this {fmt.value} output",
             highlight=False,
             markup=False,
         )

@@ -51,14 +51,27 @@ class LineOutcome:
 
 @dataclass
 class RunProgress:
-    """Counters for a progress display (updated in place, passed to ``on_progress``)."""
+    """Counters for a progress display (updated in place, passed to ``on_progress``).
+    ``responses_ended``: responses that ended (``response.done`` or ``response.cancelled``),
+    one turn table each when log_stats is on; ``responses_done``: those answered
+    (``response.done``); ``listens``: ``response.listen`` units (the model kept listening: no
+    response, no table, and the turn goes on, examples/README.md)."""
 
     sessions_total: int
     lines_total: int
     sessions_closed: int = 0
     lines_done: int = 0
-    turns_ended: int = 0
+    responses_ended: int = 0
     responses_done: int = 0
+    listens: int = 0
+
+    def status(self) -> str:
+        """The one-line status the demo and ``run`` show next to the bar."""
+        return (
+            f"sessions closed {self.sessions_closed}/{self.sessions_total} · "
+            f"responses ended {self.responses_ended} (answered {self.responses_done}) · "
+            f"kept listening {self.listens}"
+        )
 
 
 @dataclass
@@ -187,8 +200,11 @@ class _SessionDriver:
             if event.type in OUTPUT_EVENTS:
                 self.output_seen.set()
             if event.type in TURN_END_EVENTS:
-                self.progress.turns_ended += 1
-                self.progress.responses_done += event.type == "response.done"
+                if event.type == "response.listen":
+                    self.progress.listens += 1
+                else:
+                    self.progress.responses_ended += 1
+                    self.progress.responses_done += event.type == "response.done"
                 self.notify()
 
     async def _close(self, reason: str) -> None:

@@ -199,9 +199,20 @@ def require_existing(url: str) -> None:
     path = missing_sqlite_file(url)
     if path is not None:
         raise LedgerNotFound(
-            f"{redact(url)}: no such ledger file {str(path)!r} (nothing was created); check the path, "
+            f"{redact(url)}: no such ledger file {str(path)!r} (nothing was created); "
+            f"{absolute_hint(url, path)}check the path, "
             f"or create a ledger there with `duplex-ledger db upgrade --db {redact(url)}`"
         )
+
+
+def absolute_hint(url: str, path: Path) -> str:
+    """``"did you mean …? Otherwise "`` when the missing SQLite ``path`` of ``url`` is relative (three
+    slashes: ``sqlite+aiosqlite:///tmp/x.db`` is ``tmp/x.db`` under the working directory) and
+    the absolute reading (``/tmp/x.db``, four slashes) is an existing file, else ``""``."""
+    if path.is_absolute() or not (Path("/") / path).is_file():
+        return ""
+    absolute = make_url(url).set(database=str(Path("/") / path)).render_as_string(hide_password=True)
+    return f"did you mean {absolute} (four slashes for an absolute path)? Otherwise "
 
 
 def redact(url: str) -> str:

@@ -239,6 +239,8 @@ def test_an_overflowed_sum_is_null_or_overflow_in_every_format(overflow_ledger: 
     assert r.exit_code == 0, r.output + r.stderr
     assert r.stderr.count("warning:") == 1 and "overflowed" in r.stderr
     out = r.stdout
+    shown = "null" if fmt == "json" else "'overflow'"  # the warning names what this format prints
+    assert f"shown as {shown} in this {fmt} output" in r.stderr and "empty cell" not in r.stderr, r.stderr
     assert not re.search(r"\binf\b|infs|nan\b|Infinity|NaN", out, re.IGNORECASE), out
     assert "18,446,744" not in out and "18446744" not in out
     if fmt == "json":

@@ -129,6 +129,26 @@ def test_a_missing_ledger_file_is_a_data_error_and_nothing_is_created(tmp_path, 
     assert not missing.parent.exists()
 
 
+@pytest.mark.parametrize("absolute_exists", [True, False])
+def test_a_relative_ledger_path_whose_absolute_reading_exists_gets_a_four_slash_hint(
+    tmp_path, monkeypatch, absolute_exists
+):
+    """``sqlite+aiosqlite:///tmp/x.db`` names ``tmp/x.db`` under the working directory; when
+    that is missing but ``/tmp/x.db`` exists, the error says so (four slashes)."""
+    absolute = tmp_path / "x.db"
+    if absolute_exists:
+        absolute.write_bytes(b"")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    relative = str(absolute).lstrip("/")
+    result = run("audit", "--db", f"sqlite+aiosqlite:///{relative}")
+    assert result.exit_code == 2 and f"no such ledger file {relative!r}" in result.output
+    hint = f"did you mean sqlite+aiosqlite:///{absolute} (four slashes for an absolute path)?"
+    assert (hint in result.output) is absolute_exists, result.output
+    assert not (cwd / relative).exists() and list(cwd.iterdir()) == []  # nothing was created
+
+
 def test_rebuild_rejects_unknown_projection(ledger):
     url = ledger("case-12-arrival")
     assert run("rebuild", "--db", url, "--projection", "nope").exit_code == 2

@@ -241,12 +241,12 @@ def test_forged_bodies_are_refused(body: bytes, why: str) -> None:
         checkpoint.decode_state(body)
 
 
-@pytest.mark.parametrize("record", [["t", 7, "late"], ["t", 7], "closed", ["l", 7, 1.5]])
+@pytest.mark.parametrize("record", [["t", 7, "late"], ["t", 7], ["t", 7, 1.5], "closed", ["l", 7, 1.5]])
 def test_a_forged_close_record_is_refused(record) -> None:
     """DOMAIN §5.7 D18's record of forgotten closed sessions is checked entry by entry: a
-    (position, ts) pair or the checkpoint is refused (and the runner rebuilds)."""
-    good = checkpoint.decode_state(_forged_closed_sessions(["d", "s1", ["t", 7, 1.5]]))
-    assert good.closed_sessions == {"s1": (7, 1.5)}
+    (position, ts, incarnation) triple or the checkpoint is refused (and the runner rebuilds)."""
+    good = checkpoint.decode_state(_forged_closed_sessions(["d", "s1", ["t", 7, 1.5, 2]]))
+    assert good.closed_sessions == {"s1": (7, 1.5, 2)}
     with pytest.raises(checkpoint.CheckpointRefused, match="closed_sessions: dict does not fit"):
         checkpoint.decode_state(_forged_closed_sessions(["d", "s1", record]))
 

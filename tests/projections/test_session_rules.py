@@ -479,3 +479,7 @@ def test_a_reopened_session_gets_the_next_incarnation():
     closed = struct_of(SessionClosed(session_id=SID, ts=2.0))
     assert next_incarnation([]) == 0
     assert next_incarnation(opened) == 3 and next_incarnation([*opened, closed]) == 3
+    # a reopen after a close that stated no higher incarnation ran as the next one (the fold's
+    # judgement, DOMAIN §2.1): its successor opens above that, so the fold warns of nothing
+    same = [opened[0], closed, opened[0], closed]
+    assert next_incarnation(same) == 2 and next_incarnation([*same, opened[2], closed]) == 3

@@ -33,9 +33,9 @@ def reasons(projector, session):
 async def test_bundled_examples_run_clean_with_the_expected_reasons(engine):
     trace = parse_traces(cli_engine.bundled_traces())
     seen = []
-    result = await run_trace(engine, trace, speed=SPEED, on_progress=lambda p: seen.append(p.lines_done))
+    result = await run_trace(engine, trace, speed=SPEED, on_progress=seen.append)
     assert result.problems == []
-    assert seen[-1] == len(trace.lines)
+    assert seen[-1].lines_done == len(trace.lines)
     assert all(s.closed for s in engine.sessions.values())
     p = await project_as_of(engine.store)
     assert p.leaks() == [] and [f for f in p.findings(30.0) if f.severity == "leak"] == []
@@ -46,6 +46,12 @@ async def test_bundled_examples_run_clean_with_the_expected_reasons(engine):
     # the listen-only "Mm-hmm." ended a turn with response.listen and printed no table
     assert ("travel-planner", "listen") in result.turn_ends("travel-planner")
     assert len(result.turn_ends("travel-planner")) == len(reasons(p, "travel-planner")) + 1
+    # the progress line counts what the README counts: one ended response per turn table, the
+    # listen unit apart (it ended no response)
+    done = sum(t.finished_reason == "stop" for t in p.turn_tables)
+    shown = (len(p.turn_tables), done, len(result.turn_ends()) - len(p.turn_tables))
+    assert (seen[-1].responses_ended, seen[-1].responses_done, seen[-1].listens) == shown == (15, 10, 1)
+    assert f"responses ended 15 (answered {done}) · kept listening 1" in seen[-1].status()
     actions = {(o.session, o.line_no): o.detail for o in result.outcomes if o.type == "input.commit"}
     assert actions[("cafe-order", 8)] == "DEFER_ACTIVE_RESPONSE"  # the "Uh-huh." over the answer
     assert actions[("travel-planner", 6)] == "START_AUTO_RESPONSE"
