@@ -7,8 +7,19 @@
 * :class:`OpenTurn` — the open turn: its ids, arrival, and one :class:`StageFacts` per stage;
 * :class:`Terminal` — how a finalized response ended (D9: a second terminal is one warning);
 * :class:`SessionTurns` — one session: the segments of its ids (attribution, D1), the
-  pre-begin buffer (§5.3), the arrival stamp (§5.3, M16), the open turn, the terminals seen
-  and the connector totals (§5.3 TX).
+  pre-begin buffer (§5.3), the arrival stamp (§5.3, M16), the open turn, the responses it
+  finalized and the connector totals (§5.3 TX);
+* :class:`FinalizedResponses` — what the fold keeps of a session it forgot closed: the
+  responses it finalized (a late terminal is judged against them, a reopen keeps them known).
+
+Memory (issue 13, a week-long session): everything per id or per response is bounded by
+:data:`KEPT_PER_SESSION` except ``SessionTurns.finalized_ids``, the one per-turn memory the fold
+keeps: every response id the session finalized, so that a reused id is stale however long ago it
+was finalized (DOMAIN §2.1, D9) and never opens a second turn (a second table the read model,
+keyed by ``(session_id, response_id)``, would not hold). Its cost is one set slot and the id
+string: about 25-50 bytes of set table (grown 4x below 50,000 entries, then 2x) plus
+``49 + len(id)`` bytes of string (an ASCII id), e.g. about 90-130 bytes a turn for a 32-char
+``resp_...`` id; 100,000 turns about 10 MiB (``tests/projections/test_bounded_state.py``).
 
 Records only: the rules that fill them live in :mod:`projections.attribution` (which turn a
 fact joins), :mod:`projections.turns` (open, arrival, terminals) and
@@ -26,8 +37,9 @@ Edge = tuple[int, int]
 """A connector edge ``(from_stage, to_stage)``."""
 
 KEPT_PER_SESSION = 256
-"""Submitted ids and finalized responses a session remembers (to tell a late fact or a second
-terminal from an unknown one); older ones are forgotten, so memory stays flat."""
+"""Submitted ids and terminals (how a finalized response ended) a session remembers (to tell a
+late fact from an unknown one, and a second terminal's reason); older ones are forgotten, so
+memory stays flat. The ids of finalized responses are all kept (``SessionTurns.finalized_ids``)."""
 
 
 @dataclass(slots=True)
@@ -87,9 +99,12 @@ class OpenTurn:
 class Terminal:
     """How a finalized response ended: its reason and the event kinds of that terminal, and the
     last stale terminal seen after it (its reason and kinds: the second half of an engine pair
-    such as ResponseEnded + TurnFinalized joins it without a second warning)."""
+    such as ResponseEnded + TurnFinalized joins it without a second warning). ``reason`` None:
+    the response was finalized before the terminals kept (:data:`KEPT_PER_SESSION`), its reason
+    no longer known; such a record is made again for a late terminal of it, to hold that
+    terminal as the stale one."""
 
-    reason: str
+    reason: str | None
     kinds: set[str] = field(default_factory=set)
     stale_reason: str | None = None
     stale_kinds: set[str] = field(default_factory=set)
@@ -104,7 +119,8 @@ class SessionTurns:
     ``forward_seen``, a downstream fact joins only after its forward), ``submits_seen`` (the log
     records Stage0 submits, accepted or refused), ``completed_below`` (the model completed every
     turn below it, ``TurnCompleted``). Buffer before begin: ``pending`` stage facts of
-    ``pending_request_id``."""
+    ``pending_request_id``. Finalized responses: ``finalized_ids`` (every one, unbounded: the
+    module doc's memory note) and ``terminals`` (how the latest :data:`KEPT_PER_SESSION` ended)."""
 
     session_id: str
     num_stages: int = 2
@@ -123,6 +139,7 @@ class SessionTurns:
     opened_at: tuple[int, float] | None = None  # SessionOpened (position, ts): session wall time (D17)
     tx_totals: dict[Edge, list[Any]] = field(default_factory=dict)
     terminals: dict[str, Terminal] = field(default_factory=dict)
+    finalized_ids: set[str] = field(default_factory=set)
     closed: bool = False
     forwarded: dict[str, set[int]] = field(default_factory=dict)
     forward_seen: bool = False
@@ -150,6 +167,16 @@ class SessionTurns:
         """The pending arrival stamp, unless one is already set (§5.3, M16)."""
         if self.pending_stamp is None:
             self.pending_stamp, self.pending_stamp_position = ts, position
+
+
+@dataclass(slots=True)
+class FinalizedResponses:
+    """What the turns fold keeps of a session it forgot closed (``TurnsFold.forget_closed``):
+    its ``terminals`` (at most :data:`KEPT_PER_SESSION`) and ``finalized_ids`` (every response
+    it finalized), given back to the session on its next event."""
+
+    terminals: dict[str, Terminal]
+    finalized_ids: set[str]
 
 
 def remember(kept: dict[Any, Any], key: Any, pinned: dict[Any, Any]) -> None:
