@@ -16,10 +16,12 @@ Memory (issue 13, a week-long session): everything per id or per response is bou
 :data:`KEPT_PER_SESSION` except ``SessionTurns.finalized_ids``, the one per-turn memory the fold
 keeps: every response id the session finalized, so that a reused id is stale however long ago it
 was finalized (DOMAIN §2.1, D9) and never opens a second turn (a second table the read model,
-keyed by ``(session_id, response_id)``, would not hold). Its cost is one set slot and the id
-string: about 25-50 bytes of set table (grown 4x below 50,000 entries, then 2x) plus
-``49 + len(id)`` bytes of string (an ASCII id), e.g. about 90-130 bytes a turn for a 32-char
-``resp_...`` id; 100,000 turns about 10 MiB (``tests/projections/test_bounded_state.py``).
+keyed by ``(session_id, response_id)``, would not hold). Its cost is a share of the set's table
+plus the id string once its terminal is forgotten (within :data:`KEPT_PER_SESSION` the string is
+shared with ``terminals``): measured on CPython 3.11, 28-52 bytes of table a turn (it grows in
+steps) plus ``49 + len(id)`` bytes of string (an ASCII id), i.e. 110-135 bytes a turn for a
+32-char ``resp_...`` id, about 12 MiB for 100,000 turns (``tests/projections/test_bounded_state.py``
+checks at most 64 bytes of table a turn).
 
 Records only: the rules that fill them live in :mod:`projections.attribution` (which turn a
 fact joins), :mod:`projections.turns` (open, arrival, terminals) and
