@@ -142,7 +142,7 @@ class TurnsFold:
                 s = self.sessions[sid] = SessionTurns(sid)
             else:  # forgotten closed: back closed, with what later events are judged by
                 s = self.sessions[sid] = SessionTurns(
-                    sid, terminals=kept.terminals, finalized_ids=kept.finalized_ids, closed=True
+                    sid, terminals=kept.terminals, finalized_earlier=kept.finalized_earlier, closed=True
                 )
         handler(self, s, stored, event)
 
@@ -156,7 +156,7 @@ class TurnsFold:
         gone = [sid for sid, s in self.sessions.items() if s.closed and s.open is None]
         for sid in gone:
             s = self.sessions.pop(sid)
-            self.closed_responses[sid] = FinalizedResponses(s.terminals, s.finalized_ids)
+            self.closed_responses[sid] = FinalizedResponses(s.terminals, s.finalized_earlier)
         return gone
 
     def warn(
@@ -169,7 +169,7 @@ class TurnsFold:
     def _opened(self, s: SessionTurns, st: StoredEvent, e: SessionOpened) -> None:
         if s.closed:  # a new incarnation: fresh state, but its responses stay known (no id reused)
             s = self.sessions[s.session_id] = SessionTurns(
-                s.session_id, terminals=s.terminals, finalized_ids=s.finalized_ids
+                s.session_id, terminals=s.terminals, finalized_earlier=s.finalized_earlier
             )
         s.num_stages = e.num_stages
         s.opened_at = (st.position, e.ts)
@@ -266,7 +266,7 @@ class TurnsFold:
                 turn.turn_id = _title_turn(request_id or turn.request_id, turn_id)
                 return
             self.finalize(s, st, "abort", end_segment=turn.request_id != request_id)  # superseded (M21)
-        if response_id in s.finalized_ids:  # however long ago (module doc: finalized for good)
+        if s.finalized(response_id):  # however long ago (module doc: finalized for good)
             self.warn(
                 s,
                 "stale_finalize",
@@ -322,11 +322,11 @@ class TurnsFold:
             return
         kind = st.event.type  # type: ignore[attr-defined]
         done = s.terminals.get(response_id)
-        if done is None and response_id in s.finalized_ids:
+        if done is None and response_id in s.finalized_earlier:
             # Finalized before the terminals kept: stale all the same, its reason unknown; the
             # record holds this terminal as the stale one (its pair's other half joins it).
             done = s.terminals[response_id] = Terminal(None)
-            remember(s.terminals, None, _NOTHING_PINNED)
+            s.finalized_earlier.update(remember(s.terminals, None, _NOTHING_PINNED))
         if done is not None and done.reason == reason and kind not in done.kinds:
             done.kinds.add(kind)  # the rest of the same terminal (e.g. ResponseEnded + TurnFinalized)
             return
@@ -348,8 +348,8 @@ class TurnsFold:
         assert turn is not None
         s.open = None
         s.terminals[turn.response_id] = Terminal(reason, {st.event.type})  # type: ignore[attr-defined]
-        remember(s.terminals, None, _NOTHING_PINNED)
-        s.finalized_ids.add(turn.response_id)
+        if len(s.terminals) > KEPT_PER_SESSION:  # the oldest terminal goes; its id stays finalized
+            s.finalized_earlier.update(remember(s.terminals, None, _NOTHING_PINNED))
         if end_segment:
             s.end_segment(turn.request_id)
         if turn.request_id is not None and not rid.is_duplex(turn.request_id):

@@ -3,8 +3,8 @@ reused after more than ``KEPT_PER_SESSION`` other responses, it opened a second 
 model — one row per ``(session_id, response_id)`` — and a fold ``--until-position`` the head gave
 different tables, with no warning; DOMAIN §2.1, D9).
 
-The oracle is the same log with the reuse inside the kept window: the fold keeps every finalized
-id (``SessionTurns.finalized_ids``), so past the window the tables are the same and the reused id
+The oracle is the same log with the reuse inside the kept window: the fold keeps the id of every
+response finalized before its kept terminals (``SessionTurns.finalized_earlier``), so past the window the tables are the same and the reused id
 gets the same ``stale_finalize`` warnings; only their detail no longer names the first reason.
 """
 
@@ -157,9 +157,9 @@ def test_partitions_and_a_checkpoint_past_the_window_keep_the_reused_id_stale(sc
     assert resumed.findings() == straight.findings()
 
 
-def test_finalized_ids_survive_a_sweep_as_a_record():
-    """The sweep keeps a forgotten closed session's finalized ids with its terminals, and gives
-    both back on the session's next event."""
+def test_earlier_finalized_ids_survive_a_sweep_as_a_record():
+    """The sweep keeps a forgotten closed session's earlier finalized ids with its terminals, and
+    gives both back on the session's next event."""
     b = reopened(PAST[0])
     p = Projector()
     close_at = next(s.position for s in b.stored if s.event.type == "SessionClosed" and s.stream_id == "s1")
@@ -168,9 +168,13 @@ def test_finalized_ids_survive_a_sweep_as_a_record():
     p.forget_closed()
     kept = p.turns.closed_responses["s1"]
     assert "s1" not in p.turns.sessions
-    assert len(kept.terminals) == KEPT_PER_SESSION and len(kept.finalized_ids) == PAST[0]
+    earlier = {f"r{t}" for t in range(PAST[0] - KEPT_PER_SESSION)}
+    assert list(kept.terminals) == [f"r{t}" for t in range(PAST[0] - KEPT_PER_SESSION, PAST[0])]
+    assert kept.finalized_earlier == earlier
     p.apply(b.stored[close_at])  # incarnation 1 opens
-    assert p.turns.sessions["s1"].finalized_ids == {f"r{t}" for t in range(PAST[0])}
+    restored = p.turns.sessions["s1"]
+    assert restored.finalized_earlier == earlier and list(restored.terminals) == list(kept.terminals)
+    assert all(restored.finalized(f"r{t}") for t in range(PAST[0])) and not restored.finalized("new")
     assert "s1" not in p.turns.closed_responses
 
 

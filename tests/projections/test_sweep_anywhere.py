@@ -154,7 +154,7 @@ def test_the_retest_repro_reads_alike_through_the_cli(tmp_path: Path):
 
 def test_a_response_id_reused_past_the_kept_terminals_is_stale_and_no_tampering(tmp_path: Path):
     """A session reuses r0 after more than KEPT_PER_SESSION responses: the fold no longer keeps
-    r0's terminal (flat memory, issue 13) but still knows r0 finalized (``finalized_ids``): the
+    r0's terminal (flat memory, issue 13) but still knows r0 finalized (``finalized_earlier``): the
     reuse is ``stale_finalize``, not a second table (hostile retest), so the read model and a
     fold ``--until-position`` the head agree, and ``verify`` finds an untouched ledger intact."""
     b = LogBuilder()
