@@ -34,8 +34,8 @@ terminal when it repeats its reason with a kind not yet seen (the engine's Respo
 TurnFinalized pair); any other is one ``stale_finalize`` warning (D9). A response stays
 finalized for good (DOMAIN §2.1: ids are not reused), however many responses follow and across a
 close, a reopen and a sweep: a begin or terminal naming it is stale, never a new turn; past the
-latest ``KEPT_PER_SESSION`` terminals only its reason is forgotten ("reason no longer kept"). A turn that ends before
-any engine request still gets a row, with ``request_id`` None (D8).
+latest ``KEPT_PER_SESSION`` terminals only its reason is forgotten ("reason no longer kept").
+A turn that ends before any engine request still gets a row, with ``request_id`` None (D8).
 """
 
 from __future__ import annotations
