@@ -12,8 +12,8 @@ a fold of disjoint session partitions merged (:mod:`projections.shell.parallel`)
 fold agree, even for a session that gets a late event after it was forgotten (issue 12).
 
 Where a sweep falls changes no table, metric or resource state, and no finding but one: a
-forgotten session keeps its close point (D18) and its terminals (a reused response id stays
-stale, DOMAIN §2.1), and a session is not forgotten while an abort still waits for a pool's
+forgotten session keeps its close point (D18) and its finalized responses (a reused response id
+stays stale, DOMAIN §2.1), and a session is not forgotten while an abort still waits for a pool's
 answer; a late *duplicate* ack of a session already forgotten reads as ``abort_of_unknown_id``,
 as it does for an id retired long ago (R6). ``tests/projections/test_sweep_anywhere.py`` folds
 every committed log with a sweep before every event and checks exactly that.
@@ -91,7 +91,7 @@ class Projector:
             out.resources.sessions.update(part.resources.sessions)
             out.resources.closed_sessions.update(part.resources.closed_sessions)
             out.turns.sessions.update(part.turns.sessions)
-            out.turns.closed_terminals.update(part.turns.closed_terminals)
+            out.turns.closed_responses.update(part.turns.closed_responses)
             out.resources.point_findings.extend(part.resources.point_findings)
             out.turns.findings.extend(part.turns.findings)
             out.turns.finalized.extend(part.turns.finalized)

@@ -7,8 +7,22 @@
 * :class:`OpenTurn` — the open turn: its ids, arrival, and one :class:`StageFacts` per stage;
 * :class:`Terminal` — how a finalized response ended (D9: a second terminal is one warning);
 * :class:`SessionTurns` — one session: the segments of its ids (attribution, D1), the
-  pre-begin buffer (§5.3), the arrival stamp (§5.3, M16), the open turn, the terminals seen
-  and the connector totals (§5.3 TX).
+  pre-begin buffer (§5.3), the arrival stamp (§5.3, M16), the open turn, the responses it
+  finalized and the connector totals (§5.3 TX);
+* :class:`FinalizedResponses` — what the fold keeps of a session it forgot closed: the
+  responses it finalized (a late terminal is judged against them, a reopen keeps them known).
+
+Memory (issue 13, a week-long session): everything per id or per response is bounded by
+:data:`KEPT_PER_SESSION` except ``SessionTurns.finalized_earlier``, the one per-turn memory the
+fold keeps: the id of every response finalized before the kept terminals, so that with
+``terminals`` it names EVERY response the session finalized, and a reused id is stale however
+long ago it was finalized (DOMAIN §2.1, D9) and never opens a second turn (a second table the
+read model, keyed by ``(session_id, response_id)``, would not hold). It costs nothing until a
+session has finalized more than :data:`KEPT_PER_SESSION` responses (but an empty set, 216 bytes
+a session), then a share of the set's table plus the id string a turn: measured on CPython 3.11,
+28-52 bytes of table a turn (it grows in steps) plus ``49 + len(id)`` bytes of string (an ASCII
+id), i.e. 110-135 bytes a turn for a 32-char ``resp_...`` id, about 12 MiB for 100,000 turns
+(``tests/projections/test_bounded_state.py`` checks at most 64 bytes of table a turn).
 
 Records only: the rules that fill them live in :mod:`projections.attribution` (which turn a
 fact joins), :mod:`projections.turns` (open, arrival, terminals) and
@@ -26,8 +40,10 @@ Edge = tuple[int, int]
 """A connector edge ``(from_stage, to_stage)``."""
 
 KEPT_PER_SESSION = 256
-"""Submitted ids and finalized responses a session remembers (to tell a late fact or a second
-terminal from an unknown one); older ones are forgotten, so memory stays flat."""
+"""Submitted ids and terminals (how a finalized response ended) a session remembers (to tell a
+late fact from an unknown one, and a second terminal's reason); older ones are forgotten, so
+memory stays flat. The ids of older finalized responses are all kept
+(``SessionTurns.finalized_earlier``)."""
 
 
 @dataclass(slots=True)
@@ -87,9 +103,12 @@ class OpenTurn:
 class Terminal:
     """How a finalized response ended: its reason and the event kinds of that terminal, and the
     last stale terminal seen after it (its reason and kinds: the second half of an engine pair
-    such as ResponseEnded + TurnFinalized joins it without a second warning)."""
+    such as ResponseEnded + TurnFinalized joins it without a second warning). ``reason`` None:
+    the response was finalized before the terminals kept (:data:`KEPT_PER_SESSION`), its reason
+    no longer known; such a record is made again for a late terminal of it, to hold that
+    terminal as the stale one."""
 
-    reason: str
+    reason: str | None
     kinds: set[str] = field(default_factory=set)
     stale_reason: str | None = None
     stale_kinds: set[str] = field(default_factory=set)
@@ -104,7 +123,9 @@ class SessionTurns:
     ``forward_seen``, a downstream fact joins only after its forward), ``submits_seen`` (the log
     records Stage0 submits, accepted or refused), ``completed_below`` (the model completed every
     turn below it, ``TurnCompleted``). Buffer before begin: ``pending`` stage facts of
-    ``pending_request_id``."""
+    ``pending_request_id``. Finalized responses: ``terminals`` (how the latest
+    :data:`KEPT_PER_SESSION` ended) and ``finalized_earlier`` (the ids of all the older ones,
+    unbounded: the module doc's memory note); :meth:`finalized` asks both."""
 
     session_id: str
     num_stages: int = 2
@@ -123,6 +144,7 @@ class SessionTurns:
     opened_at: tuple[int, float] | None = None  # SessionOpened (position, ts): session wall time (D17)
     tx_totals: dict[Edge, list[Any]] = field(default_factory=dict)
     terminals: dict[str, Terminal] = field(default_factory=dict)
+    finalized_earlier: set[str] = field(default_factory=set)
     closed: bool = False
     forwarded: dict[str, set[int]] = field(default_factory=dict)
     forward_seen: bool = False
@@ -132,6 +154,11 @@ class SessionTurns:
     def pending_rows(self) -> dict[int, StageCollapse]:
         """The buffered snapshot accumulator of each stage (one per stage, M15)."""
         return {k: f.snapshot for k, f in self.pending.items() if f.snapshot is not None}
+
+    def finalized(self, response_id: str) -> bool:
+        """Whether the session finalized ``response_id``, however long ago (its terminal kept or
+        not): a begin or terminal naming it is stale (DOMAIN §2.1, D9)."""
+        return response_id in self.terminals or response_id in self.finalized_earlier
 
     def clear_pending(self) -> None:
         self.pending_request_id = None
@@ -152,14 +179,29 @@ class SessionTurns:
             self.pending_stamp, self.pending_stamp_position = ts, position
 
 
-def remember(kept: dict[Any, Any], key: Any, pinned: dict[Any, Any]) -> None:
+@dataclass(slots=True)
+class FinalizedResponses:
+    """What the turns fold keeps of a session it forgot closed (``TurnsFold.forget_closed``):
+    its ``terminals`` (at most :data:`KEPT_PER_SESSION`) and ``finalized_earlier`` (the ids of
+    every older response it finalized), given back to the session on its next event."""
+
+    terminals: dict[str, Terminal]
+    finalized_earlier: set[str]
+
+
+def remember(kept: dict[Any, Any], key: Any, pinned: dict[Any, Any]) -> list[Any]:
     """Add ``key`` (None: nothing) to the insertion-ordered ``kept`` and drop its oldest entries
-    beyond :data:`KEPT_PER_SESSION`, except those in ``pinned`` (ids with a live segment)."""
+    beyond :data:`KEPT_PER_SESSION`, except those in ``pinned`` (ids with a live segment).
+    Returns the keys dropped (oldest first; usually none)."""
     if key is not None:
         kept.pop(key, None)
         kept[key] = None
     if len(kept) <= KEPT_PER_SESSION:
-        return  # the usual case: nothing to forget, no copy of the keys
-    for old in list(kept)[: len(kept) - KEPT_PER_SESSION]:
-        if old not in pinned:
-            del kept[old]
+        return _NONE_DROPPED  # the usual case: nothing to forget, no copy of the keys
+    dropped = [old for old in list(kept)[: len(kept) - KEPT_PER_SESSION] if old not in pinned]
+    for old in dropped:
+        del kept[old]
+    return dropped
+
+
+_NONE_DROPPED: list[Any] = []  # never appended to

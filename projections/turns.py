@@ -31,8 +31,11 @@ receipt), else the begin ts. Begin consumes the stamp; finalize never erases a l
 ``SessionClosed`` (``close``), or a superseding begin (``abort``). The first wins; end ts = that
 event's ts (CASE-09). A terminal event naming a finalized response is part of the same
 terminal when it repeats its reason with a kind not yet seen (the engine's ResponseEnded +
-TurnFinalized pair); any other is one ``stale_finalize`` warning (D9). A turn that ends before
-any engine request still gets a row, with ``request_id`` None (D8).
+TurnFinalized pair); any other is one ``stale_finalize`` warning (D9). A response stays
+finalized for good (DOMAIN §2.1: ids are not reused), however many responses follow and across a
+close, a reopen and a sweep: a begin or terminal naming it is stale, never a new turn; past the
+latest ``KEPT_PER_SESSION`` terminals only its reason is forgotten ("reason no longer kept").
+A turn that ends before any engine request still gets a row, with ``request_id`` None (D8).
 """
 
 from __future__ import annotations
@@ -71,7 +74,14 @@ from projections.findings import Finding
 from projections.reasons import reason_for, reason_for_cancel_source, reason_for_end
 from projections.turn_finalize import finalize_turn
 from projections.turn_findings import clock_stepped_back, warning
-from projections.turn_state import KEPT_PER_SESSION, OpenTurn, SessionTurns, Terminal, remember
+from projections.turn_state import (
+    KEPT_PER_SESSION,
+    FinalizedResponses,
+    OpenTurn,
+    SessionTurns,
+    Terminal,
+    remember,
+)
 from projections.turn_tables import TurnTables
 
 __all__ = ["KEPT_PER_SESSION", "TurnsFold"]
@@ -92,11 +102,12 @@ class TurnsFold:
         self.silent: set[str] = set()  # live mode: sessions with log_stats off
         self.finalized: list[TurnTables] = []
         self.findings: list[Finding] = []
-        self.closed_terminals: dict[str, dict[str, Terminal]] = {}
-        """Sessions forgotten closed (:meth:`forget_closed`) -> the terminals they keep: a late
-        terminal is judged against them, and a reopen keeps its responses known (no id reused,
-        DOMAIN §2.1), exactly as if the session had never been forgotten. At most
-        ``KEPT_PER_SESSION`` entries per closed session; the rest of the working state is gone."""
+        self.closed_responses: dict[str, FinalizedResponses] = {}
+        """Sessions forgotten closed (:meth:`forget_closed`) -> the responses they finalized: a
+        late terminal is judged against them, and a reopen keeps them known (no id reused,
+        DOMAIN §2.1), exactly as if the session had never been forgotten. Per closed session at
+        most ``KEPT_PER_SESSION`` terminals and every finalized id; the rest of the working
+        state is gone."""
 
     def apply(self, stored: StoredEvent, accepted: bool = True) -> None:
         """Apply one event; ``accepted`` False (refused by the resources fold) is skipped, except
@@ -126,11 +137,13 @@ class TurnsFold:
                 return
         s = self.sessions.get(sid)
         if s is None:
-            terminals = self.closed_terminals.pop(sid, None)
-            if terminals is None:
+            kept = self.closed_responses.pop(sid, None)
+            if kept is None:
                 s = self.sessions[sid] = SessionTurns(sid)
             else:  # forgotten closed: back closed, with what later events are judged by
-                s = self.sessions[sid] = SessionTurns(sid, terminals=terminals, closed=True)
+                s = self.sessions[sid] = SessionTurns(
+                    sid, terminals=kept.terminals, finalized_earlier=kept.finalized_earlier, closed=True
+                )
         handler(self, s, stored, event)
 
     def take_finalized(self) -> list[TurnTables]:
@@ -139,10 +152,11 @@ class TurnsFold:
 
     def forget_closed(self) -> list[str]:
         """Drop closed sessions (bounded memory); returns their ids. Each keeps only its
-        terminals in :attr:`closed_terminals`."""
+        finalized responses in :attr:`closed_responses`."""
         gone = [sid for sid, s in self.sessions.items() if s.closed and s.open is None]
         for sid in gone:
-            self.closed_terminals[sid] = self.sessions.pop(sid).terminals
+            s = self.sessions.pop(sid)
+            self.closed_responses[sid] = FinalizedResponses(s.terminals, s.finalized_earlier)
         return gone
 
     def warn(
@@ -154,7 +168,9 @@ class TurnsFold:
     # ------------------------------------------------------------------ lifecycle
     def _opened(self, s: SessionTurns, st: StoredEvent, e: SessionOpened) -> None:
         if s.closed:  # a new incarnation: fresh state, but its responses stay known (no id reused)
-            s = self.sessions[s.session_id] = SessionTurns(s.session_id, terminals=s.terminals)
+            s = self.sessions[s.session_id] = SessionTurns(
+                s.session_id, terminals=s.terminals, finalized_earlier=s.finalized_earlier
+            )
         s.num_stages = e.num_stages
         s.opened_at = (st.position, e.ts)
 
@@ -250,7 +266,7 @@ class TurnsFold:
                 turn.turn_id = _title_turn(request_id or turn.request_id, turn_id)
                 return
             self.finalize(s, st, "abort", end_segment=turn.request_id != request_id)  # superseded (M21)
-        if response_id in s.terminals:
+        if s.finalized(response_id):  # however long ago (module doc: finalized for good)
             self.warn(
                 s,
                 "stale_finalize",
@@ -306,6 +322,11 @@ class TurnsFold:
             return
         kind = st.event.type  # type: ignore[attr-defined]
         done = s.terminals.get(response_id)
+        if done is None and response_id in s.finalized_earlier:
+            # Finalized before the terminals kept: stale all the same, its reason unknown; the
+            # record holds this terminal as the stale one (its pair's other half joins it).
+            done = s.terminals[response_id] = Terminal(None)
+            s.finalized_earlier.update(remember(s.terminals, None, _NOTHING_PINNED))
         if done is not None and done.reason == reason and kind not in done.kinds:
             done.kinds.add(kind)  # the rest of the same terminal (e.g. ResponseEnded + TurnFinalized)
             return
@@ -314,7 +335,8 @@ class TurnsFold:
             return
         if done is not None:
             done.stale_reason, done.stale_kinds = reason, {kind}  # the finalized reason stays
-            detail = f"{kind} ({reason}) of response {response_id!r}, already finalized ({done.reason})"
+            was = done.reason if done.reason is not None else "reason no longer kept"
+            detail = f"{kind} ({reason}) of response {response_id!r}, already finalized ({was})"
         else:
             detail = f"{kind} ({reason}) of response {response_id!r}, which the session does not hold"
         self.warn(s, "stale_finalize", None, response_id, st, detail)  # the id field names the response
@@ -326,7 +348,8 @@ class TurnsFold:
         assert turn is not None
         s.open = None
         s.terminals[turn.response_id] = Terminal(reason, {st.event.type})  # type: ignore[attr-defined]
-        remember(s.terminals, None, _NOTHING_PINNED)
+        if len(s.terminals) > KEPT_PER_SESSION:  # the oldest terminal goes; its id stays finalized
+            s.finalized_earlier.update(remember(s.terminals, None, _NOTHING_PINNED))
         if end_segment:
             s.end_segment(turn.request_id)
         if turn.request_id is not None and not rid.is_duplex(turn.request_id):

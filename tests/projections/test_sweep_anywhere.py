@@ -152,10 +152,11 @@ def test_the_retest_repro_reads_alike_through_the_cli(tmp_path: Path):
     assert verified.exit_code == 0 and verified.stdout.startswith("intact"), verified.output
 
 
-def test_a_response_id_reused_after_the_fold_forgot_it_is_no_tampering(tmp_path: Path):
-    """A session reuses r0 after more than KEPT_PER_SESSION responses: the fold no longer knows r0
-    (flat memory, issue 13) and tables it again. The read model keeps the first table of a key
-    (INSERT OR IGNORE); ``verify`` compares the same way, so an untouched ledger is intact."""
+def test_a_response_id_reused_past_the_kept_terminals_is_stale_and_no_tampering(tmp_path: Path):
+    """A session reuses r0 after more than KEPT_PER_SESSION responses: the fold no longer keeps
+    r0's terminal (flat memory, issue 13) but still knows r0 finalized (``finalized_earlier``): the
+    reuse is ``stale_finalize``, not a second table (hostile retest), so the read model and a
+    fold ``--until-position`` the head agree, and ``verify`` finds an untouched ledger intact."""
     b = LogBuilder()
     b.add("SessionOpened", "s1", 1.0, num_stages=1)
     for t, response_id in enumerate([f"r{n}" for n in range(KEPT_PER_SESSION + 2)] + ["r0"]):
@@ -186,8 +187,16 @@ def test_a_response_id_reused_after_the_fold_forgot_it_is_no_tampering(tmp_path:
     runner = CliRunner()
     imported = runner.invoke(app, ["events", "import", str(log), "--db", url])
     assert imported.exit_code == 0, imported.output
-    tables = runner.invoke(app, ["tables", "--db", url, "--format", "json", "--response", "r0"])
-    assert tables.exit_code == 0, tables.output
-    assert [t["finalize_ts_s"] for t in json.loads(tables.stdout)["turns"]] == [2.3]  # the first r0
+    for extra in ([], ["--until-position", str(len(b.stored))]):
+        tables = runner.invoke(app, ["tables", "--db", url, "--format", "json", "--response", "r0", *extra])
+        assert tables.exit_code == 0, tables.output
+        assert [t["finalize_ts_s"] for t in json.loads(tables.stdout)["turns"]] == [2.3]  # the first r0 only
+    audit = runner.invoke(app, ["audit", "--db", url, "--format", "json"])
+    assert audit.exit_code in (0, 1), audit.output
+    stale = [w["detail"] for w in json.loads(audit.stdout)["warnings"] if w["kind"] == "stale_finalize"]
+    assert stale == [
+        "begin of response 'r0', already finalized; ignored",
+        "ResponseEnded (stop) of response 'r0', already finalized (reason no longer kept)",
+    ]
     verified = runner.invoke(app, ["verify", "--db", url])
     assert verified.exit_code == 0 and verified.stdout.startswith("intact"), verified.output
