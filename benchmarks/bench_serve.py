@@ -19,9 +19,10 @@ cost the same on both arms).
 
 Per arm and session count it prints: sessions held (clients that got ``session.created``),
 client-seen first-delta latency (``response.create`` sent -> first ``response.output_text.delta``
-received, perf_counter in the client process) p50/p99, server CPU per turn, and events lost;
-then ledger/plain ratios. **Events lost** (must be 0): responses with no ``response.done``,
-responses whose joined deltas differ from the ``.done`` text, ``error`` events, and (fake
+received, perf_counter in the client process) p50/p99, server CPU per turn, the WebSocket
+messages (``frames``) and their JSON bytes the clients received per turn (to set what each arm
+sends side by side), and events lost; then ledger/plain ratios and the CPU added per turn (ms).
+**Events lost** (must be 0): responses with no ``response.done``, responses whose joined deltas differ from the ``.done`` text, ``error`` events, and (fake
 ports) deltas short of the scripted ``max_tokens``; dropped clients' last answers are not
 counted. **Drops**: 10 % of the clients (at least one) abort their transport after the first
 delta of their last turn; the child then waits until the engine has closed every session and
@@ -260,6 +261,8 @@ class ArmRun:
     loop_cpu_s: float = 0.0  # of which the server's main (event-loop) thread
     gc_s: float = 0.0  # of which the server's cyclic garbage collector (wall, any thread; perf_counter)
     wall_s: float = 0.0
+    frames: int = 0  # WebSocket messages the clients received (every server event, one a message)
+    frame_bytes: int = 0  # their JSON text, bytes (before permessage-deflate)
 
 
 async def _client(
@@ -270,7 +273,10 @@ async def _client(
     async with connect(f"{url}?model=duplex-ledger&session_id={session_id}", max_size=None) as ws:
 
         async def recv() -> dict[str, Any]:
-            return json.loads(await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S))
+            frame = await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S)
+            run.frames += 1
+            run.frame_bytes += len(frame)
+            return json.loads(frame)
 
         first = await recv()
         if first.get("type") != "session.created":
@@ -450,10 +456,13 @@ def summarize(n: int, runs: dict[str, Any], turns: int) -> dict[str, Any]:
             "cpu_ms_per_turn": sum(r.cpu_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
             "loop_cpu_ms_per_turn": sum(r.loop_cpu_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
             "gc_ms_per_turn": sum(r.gc_s for r in rs) / max(1, sum(r.turns for r in rs)) * 1000,
+            "frames_per_turn": sum(r.frames for r in rs) / max(1, sum(r.turns for r in rs)),
+            "frame_bytes_per_turn": sum(r.frame_bytes for r in rs) / max(1, sum(r.turns for r in rs)),
             "lost": sum(r.lost for r in rs),
             "errors": [e for r in rs for e in r.errors][:5],
         }
     s["cpu_ratio"] = s["ledger"]["cpu_ms_per_turn"] / max(1e-9, s["plain"]["cpu_ms_per_turn"])
+    s["cpu_added_ms_per_turn"] = s["ledger"]["cpu_ms_per_turn"] - s["plain"]["cpu_ms_per_turn"]
     s["p50_added_ms"] = s["ledger"]["p50_ms"] - s["plain"]["p50_ms"]
     s["p99_added_ms"] = s["ledger"]["p99_ms"] - s["plain"]["p99_ms"]
     s["audit"] = runs["audit"]
@@ -466,18 +475,20 @@ def report(results: dict[str, Any], turns: int, rounds: int, model: str) -> list
         f"workload: {model} ports, {turns} text turns per session, {rounds} round(s) of arms plain/ledger "
         f"rotated, 10 % of clients drop mid-answer on their last turn; server CPU = server process user+sys"
     )
-    head = f"{'sessions':>8s} {'arm':>7s} {'held':>5s} {'1st delta p50':>14s} {'p99 (ms)':>9s} {'CPU/turn (ms)':>14s} {'loop thread':>12s} {'GC':>6s} {'lost':>5s}"
+    head = f"{'sessions':>8s} {'arm':>7s} {'held':>5s} {'1st delta p50':>14s} {'p99 (ms)':>9s} {'CPU/turn (ms)':>14s} {'loop thread':>12s} {'GC':>6s} {'frames':>7s} {'bytes':>6s} {'lost':>5s}"
     print(head)
     for s in rows:
         for arm in ("plain", "ledger"):
             a = s[arm]
             print(
                 f"{s['sessions']:>8d} {arm:>7s} {a['held']:>5d} {a['p50_ms']:>14.2f} {a['p99_ms']:>9.2f} "
-                f"{a['cpu_ms_per_turn']:>14.3f} {a['loop_cpu_ms_per_turn']:>12.3f} {a['gc_ms_per_turn']:>6.3f} {a['lost']:>5d}"
+                f"{a['cpu_ms_per_turn']:>14.3f} {a['loop_cpu_ms_per_turn']:>12.3f} {a['gc_ms_per_turn']:>6.3f} "
+                f"{a['frames_per_turn']:>7.1f} {a['frame_bytes_per_turn']:>6.0f} {a['lost']:>5d}"
             )
         audit = s["audit"]
         print(
-            f"{'':>8s} ledger/plain: CPU per turn x{s['cpu_ratio']:.2f} (goal <= 1.2), first delta "
+            f"{'':>8s} ledger/plain: CPU per turn x{s['cpu_ratio']:.2f} "
+            f"({s['cpu_added_ms_per_turn']:+.3f} ms; goal <= 1.2), first delta "
             f"p50 {s['p50_added_ms']:+.2f} ms, p99 {s['p99_added_ms']:+.2f} ms (goal <= +5); audit after drops: "
             f"{'clean' if audit['clean'] else 'NOT CLEAN'} (turn tables {audit['finished_reasons']}, leaks "
             f"{len(audit['leaks'])}, live ids {len(audit['live_ids'])}, still open {len(audit['still_open'])})"
