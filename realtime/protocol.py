@@ -16,6 +16,8 @@ import re
 import secrets
 from typing import Any
 
+import msgspec
+
 from events import ids
 
 MAX_EVENT_BYTES = 15 * 2**20
@@ -89,6 +91,7 @@ def storable_text(value: str, *, param: str) -> str:
 _rng = random.Random(secrets.randbits(128))
 os.register_at_fork(after_in_child=lambda: _rng.seed(secrets.randbits(128)))
 _ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+_FAST_ENCODER = msgspec.json.Encoder()
 
 
 def new_event_id() -> str:
@@ -161,5 +164,15 @@ def parse_client_event(frame: str | bytes, *, max_bytes: int = MAX_EVENT_BYTES) 
 
 def dumps(event: dict[str, Any]) -> str:
     """A server event as one JSON text frame (compact; non-ASCII escaped, so even a lone
-    surrogate a client sent can never make a frame that is not UTF-8)."""
-    return _ENCODER.encode(event)
+    surrogate a client sent can never make a frame that is not UTF-8).
+
+    Encoded with msgspec (≈ 0.2 µs a delta event against the stdlib encoder's ≈ 2, issue 23);
+    an event whose text is not all ASCII (non-ASCII or a lone surrogate), or that msgspec
+    refuses, goes through the stdlib encoder, so such frames stay byte for byte what they were.
+    ASCII frames carry the same values; only the spelling of a float exponent (``1e-05`` ->
+    ``0.00001``) and of DEL (``\u007f`` -> the raw character) can differ, as JSON allows."""
+    try:
+        frame = _FAST_ENCODER.encode(event)
+    except Exception:  # noqa: BLE001 - a lone surrogate, an unsupported value: the stdlib's answer
+        return _ENCODER.encode(event)
+    return frame.decode("ascii") if frame.isascii() else _ENCODER.encode(event)
