@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from engine_bridge.messages import ClientEvent
 from realtime.audio import decode_pcm16, render_output_audio
 from realtime.projection import CommitCause, Projection
-from realtime.protocol import ProtocolError, error_event, error_type_for, parse_client_event
+from realtime.protocol import ProtocolError, dumps, error_event, error_type_for, parse_client_event
 from realtime.session_config import SessionConfig, apply_update, session_object
 from tests.realtime.wire import validate_frame
 
@@ -30,6 +30,35 @@ def test_any_frame_is_an_event_or_a_named_refusal(frame):
         validate_frame(error_event(exc.code, exc.message, param=exc.param))
     else:
         assert isinstance(event, dict) and isinstance(event["type"], str)
+
+
+_STDLIB_FRAME = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text(max_size=8), _JSON_VALUES, max_size=6))
+def test_server_frames_are_ascii_json_of_the_same_event(event):
+    """issue 23: the fast encoder changes no frame's content; a frame with any non-ASCII
+    text (a lone surrogate included) is byte for byte the stdlib's."""
+    frame = dumps(event)
+    assert frame.isascii()
+    assert json.loads(frame) == event
+    if not _texts_ascii(event):
+        assert frame == _STDLIB_FRAME.encode(event)
+
+
+def _texts_ascii(value: object) -> bool:
+    if isinstance(value, str):
+        return value.isascii()
+    if isinstance(value, dict):
+        return all(_texts_ascii(k) and _texts_ascii(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_texts_ascii(v) for v in value)
+    return True
 
 
 @given(st.binary(max_size=64))
