@@ -24,10 +24,11 @@ messages (``frames``) and their JSON bytes the clients received per turn (to set
 sends side by side), and events lost; then ledger/plain ratios and the CPU added per turn (ms).
 **Events lost** (must be 0): responses with no ``response.done``, responses whose joined
 deltas differ from the ``.done`` text, ``error`` events, and (fake ports) deltas short of the
-scripted ``max_tokens``; dropped clients' last answers are not counted. **Drops**: 10 % of the clients (at least one) abort their transport after the first
-delta of their last turn; the child then waits until the engine has closed every session and
-reports the ledger's audit: ``leaks()`` of the projected log, turn tables not finished, and
-live request ids on the ports (all must be empty; "audit clean").
+scripted ``max_tokens``; dropped clients' last answers are not counted. **Drops**: 10 % of
+the clients (at least one) abort their transport after the first delta of their last turn;
+the child then waits until the engine has closed every session and reports the ledger's
+audit: ``leaks()`` of the projected log, turn tables not finished, and live request ids on
+the ports (all must be empty; "audit clean").
 
     .venv/bin/python benchmarks/bench_serve.py [--sessions 8,32] [--turns 3] [--rounds 2] [--model fake|tiny] [--quick]
 
