@@ -113,7 +113,9 @@ async def _run(
     outputs, the log's (type, tokens, text) in order)."""
     port = FakeStagePort(0, "thinker", reply="one two three four five six seven eight nine")
     _stepping(port, k)
-    config = EngineConfig(max_tokens=9, flush_interval_s=0.005)
+    # A window no run outlasts: the log's StageOutput rows then depend on the steps alone, never on
+    # how late a loaded machine ran the pump (CI saw an extra row split off by a 5 ms window).
+    config = EngineConfig(max_tokens=9, flush_interval_s=60.0)
     url = f"sqlite+aiosqlite:///{tmp_path}/b{k}{auto_response}.db"
     async with await SessionEngine.open(url, [port], config=config, plugin=TextPlugin(resumable=True)) as engine:
         s = await engine.open_session("b", auto_response=auto_response)
