@@ -1,5 +1,6 @@
-"""No class over 300 lines in the packages split by job (issue 23 step 2: small modules with one
-job each). Measured from a class's ``class`` line to its last line, docstrings included."""
+"""No class over 300 lines in any package (issue 23 step 2: small modules with one job each; a
+class that grows past it is split along its jobs). Measured from a class's ``class`` line to
+its last line, docstrings included."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _class_sizes(package: str) -> list[tuple[str, int]]:
     return sizes
 
 
-@pytest.mark.parametrize("package", ["engine_bridge", "decider"])
+@pytest.mark.parametrize("package", ["events", "projections", "decider", "engine_bridge", "realtime", "reports"])
 def test_no_class_over_300_lines(package):
     sizes = _class_sizes(package)
     assert sizes, f"no classes found under {package}/"
