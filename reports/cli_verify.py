@@ -85,7 +85,8 @@ class Verdict:
     @property
     def outdated(self) -> bool:
         """The log is whole and the only difference is derived state an older fold version built
-        on it (an upgrade: ``rebuild``, or any reader, rebuilds it): exit 3, not tampering."""
+        on it (an upgrade; or an edit made to look so: the header holds no secret, so this version
+        cannot tell them apart): exit 3; ``rebuild`` recomputes it, no reader does."""
         return (
             self.fault is None
             and not self.missing
@@ -265,7 +266,7 @@ def verify(
     and the checkpoint equal a fresh fold of the log.
 
     Exit 0 intact; 3 outdated (the log is whole; its read models were built by an older fold
-    version of this tool: `rebuild`, or any reader, rebuilds them); 1 tampered (names the
+    version of this tool, which this one cannot check: `rebuild` recomputes them); 1 tampered (names the
     first bad position and what is wrong: edited,
     missing, inserted, reordered, rewritten; or the first read-model row or checkpoint
     difference; or the ledger's guard triggers missing or disabled);
@@ -282,10 +283,15 @@ def verify(
         out.print(_structure_line(verdict.structure), markup=False)
     if verdict.fault is None and verdict.mismatch is not None:
         what = "" if verdict.mismatch.what == "checkpoint" else "read model "
-        label = "OUTDATED" if verdict.outdated else "TAMPERED"
+        outdated = (
+            "; the log is intact, but this version cannot check derived state an older fold version "
+            "built, nor tell it from an edit made to look so"
+            if verdict.outdated
+            else ""
+        )
         out.print(
-            f"{label}: {what}{verdict.mismatch} (at position {verdict.compared_at}; "
-            "`duplex-ledger rebuild` recomputes them from the log)",
+            f"{'OUTDATED' if verdict.outdated else 'TAMPERED'}: {what}{verdict.mismatch} (at position "
+            f"{verdict.compared_at}{outdated}; `duplex-ledger rebuild` recomputes them from the log)",
             markup=False,
         )
     if verdict.outdated:

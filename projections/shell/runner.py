@@ -202,15 +202,16 @@ class ProjectionRunner:
         )
         self.chain_fault = found.chain_fault
         self.projector, self.position = found.fresh.projector, found.at
-        if found.mismatch is not None and found.mismatch.outdated and found.chain_fault is None:
-            # Built on this log by an older fold version (an upgrade, consistency.built_by_older_fold):
-            # no evidence to keep; the read models are rebuilt for this version.
-            self.note(f"read models built by an older fold version ({found.mismatch}); rebuilding them from the log")
-            return await self.rebuild(progress)
         if found.mismatch is not None or found.chain_fault is not None:
             # Evidence is kept: the file is left as found, and what is served is a fold of the
-            # log in memory.
-            if found.mismatch is not None:
+            # log in memory. Derived state an older fold version built (or made to look so: its
+            # header is not secret) is left as found too; only `rebuild` rewrites it.
+            if found.mismatch is not None and found.mismatch.outdated:
+                self.note(
+                    f"read models built by an older fold version ({found.mismatch}); served from a fresh fold "
+                    "of the log; after an upgrade, run `duplex-ledger rebuild` once"
+                )
+            elif found.mismatch is not None:
                 self.note(
                     f"derived state in the ledger differs from its log: {found.mismatch}; it is ignored and left "
                     "as found (evidence: run `duplex-ledger verify`; `rebuild` rewrites it); served from a "

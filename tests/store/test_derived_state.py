@@ -215,20 +215,22 @@ def _sealed_by_an_older_fold(ledger: Ledger) -> None:
     )
 
 
-def test_read_models_an_older_fold_built_are_outdated_not_tampered_and_any_reader_rebuilds_them(
-    ledger: Ledger,
-) -> None:
+def test_read_models_an_older_fold_built_are_outdated_and_left_as_found_until_rebuild(ledger: Ledger) -> None:
     """Hostile retest of issue 23 (M1): after an upgrade that changes the fold version, `verify`
-    said TAMPERED (exit 1, as for a forged file) and every reader warned on every run until
-    `rebuild`. Now: OUTDATED, exit 3 (a gate tells it from tampering), and the first reader
-    rebuilds the read models for this version."""
+    said TAMPERED (exit 1, as for a forged file). Now: OUTDATED, exit 3 (a gate tells it from
+    tampering), readers name the upgrade — and, since the header holds no secret (an edit can be
+    made to look like an upgrade: second retest), nothing but `rebuild` rewrites the evidence."""
     _sealed_by_an_older_fold(ledger)
     verified = ledger.cli("verify")
     assert verified.exit_code == 3, verified.output
     assert verified.stdout.startswith("OUTDATED: ") and f"fold version {FOLD_VERSION - 1}" in verified.stdout
+    assert "cannot check" in verified.stdout
+    outdated = ledger.read_derived()
     *printed, (_, stderr) = ledger.outputs()
     assert printed == list(ledger.clean[:-1])
-    assert "rebuilding them from the log" in stderr
+    assert "older fold version" in stderr and "rebuild" in stderr
+    assert ledger.read_derived() == outdated  # left as found
+    assert ledger.cli("rebuild").exit_code == 0
     assert ledger.read_derived() == ledger.derived
     assert ledger.cli("verify").exit_code == 0
 
