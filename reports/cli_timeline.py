@@ -10,6 +10,8 @@ log does not hold, or an unwritable output or one that is the ledger file itself
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 import typer
@@ -34,7 +36,9 @@ async def session_events(db: str | None, session: str) -> tuple[list[StoredEvent
 
 def timeline(
     session: str = typer.Option(..., "--session", help="The session id to draw."),
-    output: Path = typer.Option(..., "--output", "-o", dir_okay=False, help="HTML file to write."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", dir_okay=False, help="HTML file to write ('-': standard output)."
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Write one session's timeline (speech, commits, each response's span per stage, aborts and
@@ -44,9 +48,16 @@ def timeline(
     from reports.timeline import timeline_html
 
     url = checked_url(db)
-    refuse_ledger_target(output, url)
+    to_stdout = str(output) == "-"
+    if not to_stdout:
+        refuse_ledger_target(output, url)
     events, fault = run(lambda: session_events(url, session), url)
     page = timeline_html(events)
+    if to_stdout:  # a page piped on (`timeline -o - | gzip`); no file named "-" in the cwd
+        sys.stdout.write(page)
+        sys.stdout.flush()
+        exit_if_tampered(fault, url)
+        return
     with output_file(output) as fh:
         fh.write(page)
     size = len(page.encode("utf-8"))

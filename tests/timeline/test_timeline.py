@@ -73,6 +73,22 @@ def test_timeline_command_writes_a_self_contained_page(tmp_path):
     assert typo.exit_code == 2 and f"did you mean {S!r}" in typo.output  # the nearest id (issue 22)
 
 
+def test_output_dash_is_standard_output_not_a_file_named_dash(tmp_path, monkeypatch):
+    """Hostile retest of issue 23: `-o -` wrote a 5 MB file named '-' in the working directory."""
+    b = LogBuilder()
+    opened(b, ts=0.0)
+    turn(b, 0, "stop", t0=1.0, audio_at=0.2)
+    path = tmp_path / "log.jsonl"
+    path.write_text(b.jsonl())
+    url = f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
+    assert runner.invoke(app, ["events", "import", str(path), "--db", url]).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["timeline", "--db", url, "--session", S, "-o", "-"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("<!doctype html>") and "Plotly.newPlot" in result.stdout
+    assert not (tmp_path / "-").exists()
+
+
 def test_the_same_log_gives_the_same_page_bytes():
     """The page is reproducible (issue 23: every timeline byte is compared across versions):
     plotly's random div id is replaced by a fixed one."""
