@@ -11,7 +11,6 @@ log does not hold, or an unwritable output or one that is the ledger file itself
 from __future__ import annotations
 
 import sys
-
 from pathlib import Path
 
 import typer
