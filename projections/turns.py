@@ -273,7 +273,7 @@ class TurnsFold:
                 None,
                 response_id,
                 st,
-                f"begin of response {response_id!r}, already finalized; ignored",
+                f"{_opening(st)} of response {response_id!r}, already finalized; ignored",
             )
             return
         if commit_ts is not None:
@@ -355,6 +355,12 @@ class TurnsFold:
         if turn.request_id is not None and not rid.is_duplex(turn.request_id):
             return
         self.finalized.append(finalize_turn(s, turn, st, reason, self.findings))
+
+
+def _opening(st: StoredEvent) -> str:
+    """How the event at ``st`` opens a turn, for a warning's words: a commit that pre-creates
+    its response (DOMAIN §2.3), else a begin."""
+    return "commit (pre-created)" if st.event.type == "TurnCommitted" else "begin"  # type: ignore[attr-defined]
 
 
 def _title_turn(request_id: str | None, turn_id: int) -> int:

@@ -127,7 +127,10 @@ def test_a_reused_id_past_the_kept_terminals_is_stale_as_within_them(scenario: s
     # The same stale_finalize warnings as within the window; the reason is said to be unknown.
     assert stale_of_r0(within) and stale_of_r0(past) == stale_of_r0(within)
     details = [f.detail for f in past.findings() if f.kind == "stale_finalize" and f.request_id == "r0"]
-    assert all("begin of" in d or d.endswith("already finalized (reason no longer kept)") for d in details), details
+    assert all(
+        "begin of" in d or "commit (pre-created) of" in d or d.endswith("already finalized (reason no longer kept)")
+        for d in details
+    ), details
     assert any(d.endswith("(reason no longer kept)") for d in details)
     assert [f.kind for f in past.findings() if f.kind != "stale_finalize"] == [
         f.kind for f in within.findings() if f.kind != "stale_finalize"

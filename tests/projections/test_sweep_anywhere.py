@@ -195,7 +195,7 @@ def test_a_response_id_reused_past_the_kept_terminals_is_stale_and_no_tampering(
     assert audit.exit_code in (0, 1), audit.output
     stale = [w["detail"] for w in json.loads(audit.stdout)["warnings"] if w["kind"] == "stale_finalize"]
     assert stale == [
-        "begin of response 'r0', already finalized; ignored",
+        "commit (pre-created) of response 'r0', already finalized; ignored",
         "ResponseEnded (stop) of response 'r0', already finalized (reason no longer kept)",
     ]
     verified = runner.invoke(app, ["verify", "--db", url])
