@@ -38,7 +38,7 @@ from events.store.url import redact
 from reports import cli_projections
 from reports.cli_errors import checked_url, fail, report
 from reports.cli_errors import run as run_body  # `run` is this module's command
-from reports.cli_numbers import finite, range_help
+from reports.cli_numbers import finite_option
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
 from reports.escape import terminal
 from reports.ledger_check import open_first
@@ -378,24 +378,14 @@ def demo(
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     model: str = typer.Option("smollm2", "--model", help=MODEL_HELP),
     talker_model: str = typer.Option("tiny", "--talker-model", help="Stage1 (talker) model; default tiny."),
-    speed: float = typer.Option(
-        1.0,
-        "--speed",
-        parser=finite(0.0, low_open=True),
-        metavar="<float>",
-        help="Time scale of the traces (2 = twice as fast). " + range_help(0.0, low_open=True),
+    speed: float = finite_option(
+        1.0, "--speed", 0.0, low_open=True, metavar="<float>", help="Time scale of the traces (2 = twice as fast)."
     ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
-    metrics_linger_s: float = typer.Option(
-        0.0,
-        "--metrics-linger-s",
-        parser=finite(0.0, 86400.0),
-        metavar="<float range>",
-        help=f"{METRICS_LINGER_HELP} {range_help(0.0, 86400.0)}",
-    ),
+    metrics_linger_s: float = finite_option(0.0, "--metrics-linger-s", 0.0, 86400.0, help=METRICS_LINGER_HELP),
 ) -> None:
     """Run the bundled example conversations on live vLLM engines; print tables and audit.
 
@@ -423,24 +413,14 @@ def run(
     log_stats: bool | None = typer.Option(
         None, "--log-stats/--no-log-stats", help="Override every session's log_stats (default: the trace's)."
     ),
-    speed: float = typer.Option(
-        1.0,
-        "--speed",
-        parser=finite(0.0, low_open=True),
-        metavar="<float>",
-        help="Time scale of the trace (2 = twice as fast). " + range_help(0.0, low_open=True),
+    speed: float = finite_option(
+        1.0, "--speed", 0.0, low_open=True, metavar="<float>", help="Time scale of the trace (2 = twice as fast)."
     ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     verbose: bool = typer.Option(False, "--verbose", help="Keep vLLM's own INFO logging."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help=METRICS_PORT_HELP),
-    metrics_linger_s: float = typer.Option(
-        0.0,
-        "--metrics-linger-s",
-        parser=finite(0.0, 86400.0),
-        metavar="<float range>",
-        help=f"{METRICS_LINGER_HELP} {range_help(0.0, 86400.0)}",
-    ),
+    metrics_linger_s: float = finite_option(0.0, "--metrics-linger-s", 0.0, 86400.0, help=METRICS_LINGER_HELP),
 ) -> None:
     """Run a client trace on live vLLM engines; print the per-turn tables and the leak audit.
 

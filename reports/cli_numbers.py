@@ -57,13 +57,28 @@ def _number(value: float) -> str:
     return f"{value:.0f}" if value.is_integer() else repr(value)
 
 
+def finite_option(
+    default: float,
+    flag: str,
+    low: float,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    metavar: str = "<float range>",
+    help: str,
+) -> Any:
+    """A typer option ``flag`` taking a finite float in [``low``, ``high``] (see :func:`finite`),
+    its range appended to ``help``."""
+    return typer.Option(
+        default,
+        flag,
+        parser=finite(low, high, low_open=low_open),
+        metavar=metavar,
+        help=f"{help} {range_help(low, high, low_open=low_open)}",
+    )
+
+
 def max_idle_option(help: str) -> Any:
     """``--max-idle`` (seconds, default 30; finite, 0 to :data:`reports.cli_errors.MAX_IDLE_S`)
     as ``audit``, ``metrics`` and the others that take it declare it."""
-    return typer.Option(
-        30.0,
-        "--max-idle",
-        parser=finite(0.0, MAX_IDLE_S),
-        metavar="<float range>",
-        help=f"{help} {range_help(0.0, MAX_IDLE_S)}",
-    )
+    return finite_option(30.0, "--max-idle", 0.0, MAX_IDLE_S, help=help)

@@ -31,7 +31,7 @@ from events.store.url import redact
 from reports.cli_engine import DTYPE_HELP, MODEL_HELP, _prepare, engine_config, quiet_engines, start_ports
 from reports.cli_errors import checked_url, fail
 from reports.cli_errors import run as run_body
-from reports.cli_numbers import finite, range_help
+from reports.cli_numbers import finite_option
 from reports.cli_projections import DB_HELP
 from reports.ledger_check import open_first
 
@@ -108,13 +108,12 @@ def serve(
         help=f"Require 'Authorization: Bearer KEY' on /v1 (HTTP 401 before the upgrade otherwise); ${API_KEY_ENV}.",
     ),
     max_sessions: int = typer.Option(256, "--max-sessions", min=1, help="Open sessions admitted (then close 1013)."),
-    idle_timeout_s: float = typer.Option(
+    idle_timeout_s: float = finite_option(
         300.0,
         "--idle-timeout-s",
-        parser=finite(0.001),
-        metavar="<float range>",
+        0.001,
         help="Close a connection silent this long (s), no answer running, as a disconnect (an idle "
-        "socket must not hold a --max-sessions slot for ever; vLLM-Omni's default). " + range_help(0.001),
+        "socket must not hold a --max-sessions slot for ever; vLLM-Omni's default).",
     ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Tokens per answer (default 32)."),
     served_model_name: str = typer.Option(
