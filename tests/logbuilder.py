@@ -44,6 +44,35 @@ class LogBuilder:
         self.events.append(event)
         return stored
 
+    def stop_turn(
+        self,
+        session: str,
+        turn_id: int,
+        response_id: str,
+        ts: float,
+        *,
+        incarnation: int = 0,
+        begun: bool = False,
+        finished: bool = False,
+    ) -> str:
+        """One answered stop turn of ``session`` from ``ts`` on: a commit that pre-creates
+        ``response_id``, the Stage0 submit of its ephemeral id, (``begun``: its begin), one output
+        (``finished``: the end of the model's turn, then the id's finish), the response's end and
+        the id's release. Returns the request id."""
+        x = eph(session, turn_id, incarnation=incarnation)
+        self.add("TurnCommitted", session, ts, turn_id=turn_id, response_id=response_id, create_response=True)
+        self.add("StageRequestSubmitted", session, ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
+        if begun:
+            self.add("ResponseBegun", session, ts + 0.02, response_id=response_id, turn_id=turn_id, request_id=x)
+        if finished:
+            self.add("StageOutput", session, ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3, end_of_turn=True)
+            self.add("StageRequestFinished", session, ts + 0.2, stage_id=0, request_id=x, finish_reason="stop")
+        else:
+            self.add("StageOutput", session, ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3)
+        self.add("ResponseEnded", session, ts + 0.3, response_id=response_id, cause="model")
+        self.add("StageRequestReleased", session, ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+        return x
+
     @property
     def position(self) -> int:
         return len(self.stored)

@@ -23,7 +23,7 @@ from projections.shell import checkpoint
 from projections.shell.runner import FOLD_VERSION
 from projections.turns import KEPT_PER_SESSION
 from reports.cli import app
-from tests.logbuilder import LogBuilder, eph
+from tests.logbuilder import LogBuilder
 from tests.projections.test_sweep_anywhere import assert_sweep_free
 
 WITHIN = KEPT_PER_SESSION - 6
@@ -34,14 +34,7 @@ PAST = (KEPT_PER_SESSION + 2, KEPT_PER_SESSION + 44)
 
 def answer(b: LogBuilder, sid: str, t: int, response_id: str, ts: float, incarnation: int = 0) -> None:
     """One committed, begun, answered, ended and released response of ``sid``."""
-    x = eph(sid, t, incarnation=incarnation)
-    b.add("TurnCommitted", sid, ts, turn_id=t, response_id=response_id, create_response=True)
-    b.add("StageRequestSubmitted", sid, ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
-    b.add("ResponseBegun", sid, ts + 0.02, response_id=response_id, turn_id=t, request_id=x)
-    b.add("StageOutput", sid, ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3, end_of_turn=True)
-    b.add("StageRequestFinished", sid, ts + 0.2, stage_id=0, request_id=x, finish_reason="stop")
-    b.add("ResponseEnded", sid, ts + 0.3, response_id=response_id, cause="model")
-    b.add("StageRequestReleased", sid, ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+    b.stop_turn(sid, t, response_id, ts, incarnation=incarnation, begun=True, finished=True)
 
 
 def history(n: int) -> tuple[LogBuilder, float]:

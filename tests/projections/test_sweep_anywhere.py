@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -83,13 +82,8 @@ def closed_reopened_with_reused_ids() -> LogBuilder:
     b.add("SessionOpened", "s1", 1.0, num_stages=1)
     ts = 1.0
     for t, response_id in enumerate(("r0", "r1")):
-        x = eph("s1", t)
         ts += 1.0
-        b.add("TurnCommitted", "s1", ts, turn_id=t, response_id=response_id, create_response=True)
-        b.add("StageRequestSubmitted", "s1", ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
-        b.add("StageOutput", "s1", ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3)
-        b.add("ResponseEnded", "s1", ts + 0.3, response_id=response_id, cause="model")
-        b.add("StageRequestReleased", "s1", ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+        b.stop_turn("s1", t, response_id, ts)
     b.add("SessionClosed", "s1", ts + 1.0, reason="disconnect")
     b.add("TurnFinalized", "s1", ts + 1.1, response_id="r1", finished_reason="stop")
     b.add("TurnFinalized", "s1", ts + 1.2, response_id="r0", finished_reason="abort")
@@ -98,13 +92,8 @@ def closed_reopened_with_reused_ids() -> LogBuilder:
     b.add("SessionOpened", "s1", ts + 2.0, num_stages=1, incarnation=1)
     ts += 2.0
     for t, response_id in enumerate(("r0", "r1", "r2")):
-        x = eph("s1", t, incarnation=1)
         ts += 1.0
-        b.add("TurnCommitted", "s1", ts, turn_id=t, response_id=response_id, create_response=True)
-        b.add("StageRequestSubmitted", "s1", ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
-        b.add("StageOutput", "s1", ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3)
-        b.add("ResponseEnded", "s1", ts + 0.3, response_id=response_id, cause="model")
-        b.add("StageRequestReleased", "s1", ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+        b.stop_turn("s1", t, response_id, ts, incarnation=1)
     b.add("SessionClosed", "s1", ts + 1.0, reason="disconnect")
     return b
 
@@ -160,29 +149,9 @@ def test_a_response_id_reused_past_the_kept_terminals_is_stale_and_no_tampering(
     b = LogBuilder()
     b.add("SessionOpened", "s1", 1.0, num_stages=1)
     for t, response_id in enumerate([f"r{n}" for n in range(KEPT_PER_SESSION + 2)] + ["r0"]):
-        x, ts = eph("s1", t), 2.0 + t
-        b.add("TurnCommitted", "s1", ts, turn_id=t, response_id=response_id, create_response=True)
-        b.add("StageRequestSubmitted", "s1", ts + 0.01, stage_id=0, request_id=x, num_tokens_in=5)
-        b.add("StageOutput", "s1", ts + 0.1, stage_id=0, request_id=x, num_new_tokens=3, end_of_turn=True)
-        b.add("StageRequestFinished", "s1", ts + 0.2, stage_id=0, request_id=x, finish_reason="stop")
-        b.add("ResponseEnded", "s1", ts + 0.3, response_id=response_id, cause="model")
-        b.add("StageRequestReleased", "s1", ts + 0.4, stage_id=0, request_id=x, cause="end_of_turn")
+        b.stop_turn("s1", t, response_id, 2.0 + t, finished=True)
     log = tmp_path / "reused.jsonl"
-    log.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "stream": s.stream_id,
-                    "type": s.event.type,
-                    "ts": s.event.ts,
-                    "event_id": str(uuid.UUID(int=s.position)),
-                    "data": {k: v for k, v in msgspec.to_builtins(s.event).items() if k not in ENVELOPE},
-                }
-            )
-            + "\n"
-            for s in b.stored
-        )
-    )
+    log.write_text(b.jsonl())
     url = f"sqlite+aiosqlite:///{tmp_path / 'reused.db'}"
     runner = CliRunner()
     imported = runner.invoke(app, ["events", "import", str(log), "--db", url])

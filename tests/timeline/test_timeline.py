@@ -53,7 +53,8 @@ def test_leaks_and_warnings_are_marked_at_their_positions():
         assert any(f"{f.severity}: {f.kind}</b> @ position {f.first_position}" in h for h in marked), f
 
 
-def test_timeline_command_writes_a_self_contained_page(tmp_path):
+def one_turn_ledger(tmp_path) -> str:
+    """A ledger file holding session S's one stop turn, imported through the CLI; its URL."""
     b = LogBuilder()
     opened(b, ts=0.0)
     turn(b, 0, "stop", t0=1.0, audio_at=0.2)
@@ -61,6 +62,11 @@ def test_timeline_command_writes_a_self_contained_page(tmp_path):
     path.write_text(b.jsonl())
     url = f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
     assert runner.invoke(app, ["events", "import", str(path), "--db", url]).exit_code == 0
+    return url
+
+
+def test_timeline_command_writes_a_self_contained_page(tmp_path):
+    url = one_turn_ledger(tmp_path)
     out = tmp_path / "s.html"
     result = runner.invoke(app, ["timeline", "--db", url, "--session", S, "--output", str(out)])
     assert result.exit_code == 0, result.output
@@ -75,13 +81,7 @@ def test_timeline_command_writes_a_self_contained_page(tmp_path):
 
 def test_output_dash_is_standard_output_not_a_file_named_dash(tmp_path, monkeypatch):
     """Hostile retest of issue 23: `-o -` wrote a 5 MB file named '-' in the working directory."""
-    b = LogBuilder()
-    opened(b, ts=0.0)
-    turn(b, 0, "stop", t0=1.0, audio_at=0.2)
-    path = tmp_path / "log.jsonl"
-    path.write_text(b.jsonl())
-    url = f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
-    assert runner.invoke(app, ["events", "import", str(path), "--db", url]).exit_code == 0
+    url = one_turn_ledger(tmp_path)
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["timeline", "--db", url, "--session", S, "-o", "-"])
     assert result.exit_code == 0, result.output
