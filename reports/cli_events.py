@@ -174,7 +174,7 @@ def events_export(
         int, typer.Option("--from-position", min=0, max=MAX_POSITION, help="First position (inclusive).")
     ] = 0,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", dir_okay=False, help="Write here instead of stdout.")
+        Path | None, typer.Option("--output", "-o", dir_okay=False, help="Write here instead of stdout ('-': stdout).")
     ] = None,
 ) -> None:
     """Export events as JSONL in log order (format: see README). Exporting a whole log and
@@ -185,10 +185,11 @@ def events_export(
     is exported too, after the ``TAMPERED`` line (the log as stored is the evidence)."""
     from events import jsonl
     from events.chain_walk import LOWEST_POSITION, chain_fault
-    from reports.output_file import output_file, refuse_ledger_target
+    from reports.output_file import named_output, output_file, refuse_ledger_target
     from reports.progress import progress_bar
 
     url = checked_url(db)
+    output = named_output(output)
     if output is not None:
         refuse_ledger_target(output, url)
 

@@ -43,21 +43,21 @@ def timeline(
     """Write one session's timeline (speech, commits, each response's span per stage, aborts and
     their results, epochs, listen units, leaks and warnings; hover: event and position) as one
     self-contained HTML file."""
-    from reports.output_file import output_file, refuse_ledger_target
+    from reports.output_file import named_output, output_file, refuse_ledger_target
     from reports.timeline import timeline_html
 
     url = checked_url(db)
-    to_stdout = str(output) == "-"
-    if not to_stdout:
-        refuse_ledger_target(output, url)
+    target = named_output(output)
+    if target is not None:
+        refuse_ledger_target(target, url)
     events, fault = run(lambda: session_events(url, session), url)
     page = timeline_html(events)
-    if to_stdout:  # a page piped on (`timeline -o - | gzip`); no file named "-" in the cwd
+    if target is None:  # a page piped on (`timeline -o - | gzip`)
         sys.stdout.write(page)
         sys.stdout.flush()
         exit_if_tampered(fault, url)
         return
-    with output_file(output) as fh:
+    with output_file(target) as fh:
         fh.write(page)
     size = len(page.encode("utf-8"))
     typer.echo(f"wrote {output} ({size / 1024:.0f} KiB, {len(events)} events of session {session!r})")

@@ -31,6 +31,12 @@ def _ledger_files(url: str) -> set[str]:
     return {name + suffix for name in (base, os.path.realpath(base)) for suffix in LEDGER_SUFFIXES}
 
 
+def named_output(output: Path | None) -> Path | None:
+    """An ``--output`` option's file, or None for standard output: the option left out, or
+    ``-`` (the Unix convention; never a file named ``-`` in the working directory)."""
+    return None if output is None or str(output) == "-" else output
+
+
 def refuse_ledger_target(output: Path, url: str, option: str = "--output") -> None:
     """Exit 2 (one line naming ``option``) when ``output`` is the SQLite ledger of ``url`` or
     one of its -wal/-shm/-journal files: same real path (symlinks followed) or same

@@ -190,6 +190,17 @@ def test_export_filters(sqlite_cli: Cli, tmp_path: Path) -> None:
     assert [json.loads(x)["position"] for x in tail] == [4, 5]
 
 
+def test_export_output_dash_is_stdout_not_a_file_named_dash(sqlite_cli: Cli, tmp_path: Path, monkeypatch) -> None:
+    """`-o -` is standard output, as for `timeline` (hostile retest of issue 23: a file named '-')."""
+    sqlite_cli("db", "upgrade")
+    sqlite_cli("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))
+    monkeypatch.chdir(tmp_path)
+    dashed = sqlite_cli("events", "export", "-o", "-")
+    assert dashed.exit_code == 0
+    assert dashed.stdout == sqlite_cli("events", "export").stdout != ""
+    assert not (tmp_path / "-").exists()
+
+
 def test_tail_follows_and_exits_cleanly_on_ctrl_c(sqlite_cli: Cli, tmp_path: Path) -> None:
     sqlite_cli("db", "upgrade")
     sqlite_cli("events", "import", str(write_jsonl(tmp_path / "a.jsonl", GOOD[:1])))
