@@ -66,6 +66,8 @@ async def test_live_metrics_equal_the_offline_ones(tmp_path, live_ports):
     reasons = {dict(k[1])["finished_reason"]: v for k, v in live.items() if k[0] == "vllm_omni:requests_success_total"}
     assert reasons == {"stop": 2, "barge_in": 1, "cancel": 0, "close": 0, "abort": 0, "error": 0}
     assert live[("vllm_omni:e2e_request_latency_s_count", (("model_name", model),))] == 3
-    assert live[("vllm_omni:audio_ttfp_s_count", (("model_name", model), ("stage", "1")))] == 2
+    # The two answered turns reached the talker; the interrupted one did when the talker's first
+    # packet beat the barge-in (a loaded CI machine: 3). Live equals offline either way (above).
+    assert live[("vllm_omni:audio_ttfp_s_count", (("model_name", model), ("stage", "1")))] in (2, 3)
     assert live[("duplex_ledger:sessions_closed_total", (("reason", "session_close"),))] == 1
     print(f"\nmetrics fold: {per_event_us:.1f} us per event; scrape {scrape_ms:.1f} ms")
