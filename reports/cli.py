@@ -26,7 +26,7 @@ import typer
 from typer import _click as click  # typer's own copy of click (typer >= 0.24)
 from typer.core import TyperGroup
 
-from reports.cli_errors import OPERATIONAL, REJECTED, closed_pipe, say
+from reports.cli_errors import OPERATIONAL, REJECTED, closed_pipe, output_failed, say
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("reports.cli_events", "Database schema: upgrade, downgrade, current, grant."),
@@ -82,6 +82,8 @@ class LazyCommands(TyperGroup):
             return super().invoke(ctx)
         except BrokenPipeError:
             raise typer.Exit(closed_pipe()) from None
+        except OSError as exc:  # stdout on a full disk (> /dev/full): one line, not a traceback
+            raise typer.Exit(output_failed(exc)) from None
         except SystemExit as exc:  # a plain rich Console's on_broken_pipe exits 1 while handling it
             if isinstance(exc.__context__, BrokenPipeError):
                 raise typer.Exit(closed_pipe()) from None
@@ -142,6 +144,8 @@ def main() -> None:
         sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
     except BrokenPipeError:
         raise SystemExit(closed_pipe()) from None
+    except OSError as exc:  # or a full disk
+        raise SystemExit(output_failed(exc)) from None
     raise SystemExit(result if isinstance(result, int) else 0)
 
 

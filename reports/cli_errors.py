@@ -18,6 +18,10 @@ Exit codes (the same error gives the same code from every command):
   the log's chain is broken, ``TAMPERED … position N`` is its first line, before the error
   the edited row caused (:func:`run`), and the exit is 1.
 
+* **1 — the output could not be written**: stdout is a full disk or a failing device
+  (``> /dev/full``): one ``error: could not write the output: …`` line, no traceback
+  (:func:`output_failed`).
+
 * **141 — the reader went away**: stdout (or stderr) is a pipe whose reader closed it
   (``duplex-ledger audit | head -1``). The command stops at once and quietly — no message, no
   traceback — and exits 141, 128 + SIGPIPE: what ``git log | head`` and the coreutils report
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import errno
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -155,6 +160,8 @@ def describe(exc: BaseException, url: str | None = None) -> list[str]:
     first = text.splitlines()[0] if text else type(cause).__name__
     if isinstance(exc, (ConcurrencyError, EventIdConflict)):
         first += "; nothing was written"
+    if orig is None and isinstance(exc, OSError) and exc.errno in _OUTPUT_ERRNOS:
+        return [os_error_line(exc)]  # the output's file failed, not the database
     where = f"{redact(url)}: " if url else ""
     if damaged_sqlite_file(exc):
         return [f"error: {where}{first} (the SQLite file is damaged or truncated; nothing was changed)"]
@@ -292,6 +299,39 @@ def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault |
         return asyncio.run(walk())
     except Exception:  # noqa: BLE001 - no verdict: the command's own error is reported as it is
         return None
+
+
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT})
+"""What a write to a full or failing file says (a closed pipe is told apart: exit 141)."""
+
+
+def os_error_line(exc: OSError) -> str:
+    """The ``error:`` line of a file-system error: ``could not write the output: No space
+    left on device (errno 28); the output is incomplete`` for a write with no file name (stdout),
+    else the file named."""
+    reason = exc.strerror or type(exc).__name__
+    if exc.filename is None:
+        return f"error: could not write the output: {reason} (errno {exc.errno}); the output is incomplete"
+    return f"error: {exc.filename!r}: {reason} (errno {exc.errno})"
+
+
+def output_failed(exc: OSError) -> int:
+    """A write to stdout failed for another reason than a closed pipe (a full disk, an I/O
+    error: ``duplex-ledger tables > /dev/full``): one ``error:`` line on stderr naming it, no
+    traceback; stdout is pointed at ``/dev/null`` so the interpreter's final flush does not
+    fail again. Returns :data:`OPERATIONAL` (1: "the file system failed"; the ``error:`` line
+    tells it from a tampered log's ``TAMPERED`` line)."""
+    try:
+        say(os_error_line(exc))
+    except OSError:  # stderr is just as broken: the exit code is all that is left
+        pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a file (a test's capture)
+        pass
+    os.close(devnull)
+    return OPERATIONAL
 
 
 def closed_pipe() -> int:

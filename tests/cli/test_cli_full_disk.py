@@ -1,0 +1,66 @@
+"""Standard output on a full disk (``duplex-ledger tables > /dev/full``) is one ``error: could
+not write the output: No space left on device`` line on stderr and exit 1 (operational: the
+file system failed), never a traceback, Python's "Exception ignored" at exit, or the database
+URL named as what failed (final hostile retest of issue 23; reports/cli_errors.py
+``output_failed``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from reports.cli import app
+from reports.cli_errors import OPERATIONAL
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG = ROOT / "tests" / "cases" / "logs" / "worked-example.jsonl"
+FULL = Path("/dev/full")
+
+pytestmark = pytest.mark.skipif(not FULL.exists(), reason="no /dev/full on this system")
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('full') / 'ledger.db'}"
+    result = CliRunner().invoke(app, ["events", "import", str(LOG), "--db", url])
+    assert result.exit_code == 0, result.output
+    return url
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit"],
+        ["tables"],
+        ["tables", "--summary"],
+        ["metrics"],
+        ["events", "export"],  # written inside the command's event loop
+        ["events", "export", "--output", "-"],
+        ["sessions"],
+        ["digest"],
+        ["verify"],
+        ["schema"],
+    ],
+    ids=" ".join,
+)
+def test_stdout_on_a_full_disk_is_one_error_line_and_exit_1(ledger: str, args: list[str]) -> None:
+    db = [] if args == ["schema"] else ["--db", ledger]
+    with FULL.open("w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "reports.cli", *args, *db],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
+    assert proc.returncode == OPERATIONAL, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: could not write the output: No space left on device (errno 28); the output is incomplete"
+    ]
