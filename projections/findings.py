@@ -57,6 +57,8 @@ WARNING_KINDS: dict[str, str] = {
     "back): shown and observed as 0; first/last position name its two stamps (D17)",
     "incarnation_not_advanced": "a reopen after a close or takeover states an incarnation not above the ended "
     "session's: judged as the next one, so the closed session's ids stay refused (DOMAIN §2.1)",
+    "open_while_open": "an open of a session already open (no close or takeover since its open): opens, "
+    "counts and changes nothing; the open session's incarnation, fences and ids stand (DOMAIN §2.1)",
     "session_taken_over": "the session's replica died (lease expired) and another replica closed it and settled "
     "its ids (issue 14)",
 }

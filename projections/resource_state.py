@@ -101,6 +101,7 @@ class SessionResources:
     turn_id: int = 0  # from TurnCompleted.new_turn_id (DOMAIN §2.2): the fence's turn
     capabilities: Capabilities = field(default_factory=Capabilities)
     num_stages: int = 2
+    opened: bool = False  # a SessionOpened of this session was accepted (a second one needs a close first)
     closed_at: tuple[int, float] | None = None
     taken_over_at: tuple[int, float] | None = None  # SessionTakenOver of this incarnation (D18)
     bindings: dict[tuple[int, str], Binding] = field(default_factory=dict)

@@ -211,7 +211,25 @@ def reopened_incarnation(previous: int, stated: int) -> int:
 def _opened(fold: ResourcesFold, s: SessionResources, st: StoredEvent, e: SessionOpened) -> Verdict:
     """DOMAIN §2.1: a reopen after a close or a takeover runs under a higher incarnation than
     the ended session (:func:`reopened_incarnation`); one that does not state one is one
-    ``incarnation_not_advanced`` warning. A first open takes the stated incarnation."""
+    ``incarnation_not_advanced`` warning. A first open takes the stated incarnation. An open
+    of a session that is open (no ``SessionClosed`` or ``SessionTakenOver`` since its open:
+    the engine never writes one) is refused: one ``open_while_open`` warning, and it opens,
+    counts and changes nothing, whatever incarnation it states (the incarnation advances only
+    through a close or a takeover, so it can never go back)."""
+    if s.opened and s.closed_at is None and s.taken_over_at is None:
+        report(
+            fold,
+            s,
+            "open_while_open",
+            None,
+            None,
+            st,
+            [],
+            f"open stating incarnation {e.incarnation} while incarnation {s.incarnation} is open (no close or "
+            "takeover since its open): opens nothing; the open session's incarnation, fences and ids stand "
+            "(DOMAIN §2.1)",
+        )
+        return REFUSED
     incarnation = e.incarnation
     if s.closed_at is not None or s.taken_over_at is not None:
         incarnation = reopened_incarnation(s.incarnation, e.incarnation)
@@ -236,6 +254,7 @@ def _opened(fold: ResourcesFold, s: SessionResources, st: StoredEvent, e: Sessio
     s.incarnation = incarnation
     s.capabilities = e.capabilities
     s.num_stages = e.num_stages
+    s.opened = True
     s.closed_at = None
     s.taken_over_at = None
     return ACCEPTED

@@ -105,3 +105,56 @@ def test_the_closed_incarnation_survives_a_checkpoint(cut_after):
     assert resumed.findings() == straight.findings()
     assert ("stale_fence", eph("s1", 1, incarnation=2), submit) in kinds(resumed)
     assert done + resumed.turn_tables == straight.turn_tables
+
+
+def open_twice_log(first: int, second: int, third: int | None = None) -> tuple[LogBuilder, list[int]]:
+    """s1 opened under ``first`` with one turn, then opened again (no close or takeover between)
+    stating ``second`` (and ``third``), then one turn under the last stated incarnation, then
+    one more under ``first``. Returns the log and the extra opens' positions."""
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0, model="m", incarnation=first)
+    turn(b, 2.0, first, 0, "resp-1")
+    stated = [second] if third is None else [second, third]
+    opens = [
+        b.add("SessionOpened", "s1", 2.5 + i / 10, model="m", incarnation=n).position for i, n in enumerate(stated)
+    ]
+    turn(b, 3.0, stated[-1], 1, "resp-2")
+    turn(b, 4.0, first, 1, "resp-3")
+    b.add("SessionClosed", "s1", 5.0, reason="session_close")
+    return b, opens
+
+
+@pytest.mark.parametrize(("first", "second", "third"), [(0, 3, 1), (2, 0, None), (1, 1, None), (0, 5, None)])
+def test_an_open_while_open_is_refused_whatever_it_states(first, second, third):
+    """Hostile retest of issue 23: a second ``SessionOpened`` with no close or takeover between
+    lowered (or raised) the incarnation silently, and the old incarnation's ids still counted.
+    The engine never writes one (a reopen follows a close, a takeover's open a
+    ``SessionTakenOver``): it opens and changes nothing and is one warning each."""
+    b, opens = open_twice_log(first, second, third)
+    p = Projector().apply_all(b.stored)
+    warned = [f for f in p.findings() if f.kind == "open_while_open"]
+    assert [f.first_position for f in warned] == opens
+    assert f"open stating incarnation {second} while incarnation {first} is open" in warned[0].detail
+    assert p.session_resources("s1").incarnation == first
+    rows = {t.response_id: t.request_id for t in p.turn_tables}
+    assert rows["resp-1"] == eph("s1", 0, incarnation=first)
+    assert rows["resp-3"] == eph("s1", 1, incarnation=first)
+    last = second if third is None else third
+    if last != first:  # the ids of the refused open's incarnation bind nothing
+        assert rows["resp-2"] is None
+        assert ("stale_fence", eph("s1", 1, incarnation=last)) in [(f.kind, f.request_id) for f in p.findings()]
+    assert [f for f in p.findings() if f.severity == "leak"] == []
+
+
+def test_an_open_while_open_counts_no_second_session_in_the_metrics():
+    from projections.metrics import MetricsFold, TallySink
+
+    b, opens = open_twice_log(0, 3)
+    fold = MetricsFold(TallySink())
+    fold.apply_all(b.stored[: opens[0]])
+    assert fold.admitted == 1  # the one open session, not two
+    fold.apply_all(b.stored[opens[0] :])
+    assert fold.admitted == 0 and len(fold.rollups) == 1
+    rollup = fold.rollups[0]
+    assert rollup.opened_ts == 1.0  # the session's own open, not the refused one at 2.5
+    assert sum(rollup.turns_by_reason.values()) == len(Projector().apply_all(b.stored).turn_tables) == 3
