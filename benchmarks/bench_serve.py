@@ -38,7 +38,11 @@ Goals (issue 21): ledger CPU per turn within 1.2x of plain; p99 first delta with
 ``--no-freeze``: the server's startup heap is not frozen (``duplex-ledger serve`` freezes it
 once listening, :mod:`engine_bridge.heap`); the GC column shows what the collector took per turn.
 ``--profile PATH``: cProfile of the server's loop thread during the ledger arm only
-(``--profile-arm plain``: the plain arm's instead, to set the two side by side).
+(``--profile-arm plain``: the plain arm's instead, to set the two side by side), and the
+profiled arm's function calls per turn, Python and builtin (a figure the machine's load does not move).
+``--profile-clock cpu`` times the frames with the loop thread's CPU clock instead of the wall
+clock: a wall-clock profile charges the loop's waits for the GIL (while the store's writer
+thread runs Python) to the C call that released it (socket ``send``, zlib ``flush``).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ PROMPTS = ["What is the capital of France?", "And of Italy?", "Which one is bigg
 FAKE_MAX_TOKENS = 16
 NO_DEFLATE_ENV = "BENCH_SERVE_NO_DEFLATE"  # "1": both arms refuse permessage-deflate (--no-deflate)
 NO_FREEZE_ENV = "BENCH_SERVE_NO_FREEZE"  # "1": the server's startup heap is not frozen (--no-freeze)
+PROFILE_CLOCK_ENV = "BENCH_SERVE_PROFILE_CLOCK"  # "cpu": --profile times frames by thread CPU (--profile-clock)
 RECV_TIMEOUT_S = 60.0
 
 
@@ -219,7 +224,9 @@ async def serve_child(model: str, db_path: str, profile_path: str | None = None)
         freeze_startup_heap()  # as ``duplex-ledger serve`` does once listening (both arms: one process)
     _answer({"plain": plain_port, "ledger": ledger_port, "max_tokens": config.max_tokens})
     loop = asyncio.get_running_loop()
-    profile = cProfile.Profile()
+    # the loop thread's CPU clock (ns) with --profile-clock cpu; else cProfile's wall clock
+    cpu_clock = os.environ.get(PROFILE_CLOCK_ENV) == "cpu"
+    profile = cProfile.Profile(time.thread_time_ns, 1e-9) if cpu_clock else cProfile.Profile()
     try:
         while True:
             line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
@@ -517,6 +524,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--profile-arm", choices=["ledger", "plain"], default="ledger", help="the arm --profile profiles"
     )
     parser.add_argument(
+        "--profile-clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="--profile's clock: wall (cProfile's default) or the loop thread's CPU time",
+    )
+    parser.add_argument(
         "--no-deflate",
         action="store_true",
         help="both arms without permessage-deflate (the product, like uvicorn, offers it by default)",
@@ -536,6 +549,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         os.environ[NO_DEFLATE_ENV] = "1"  # the server child inherits it
     if args.no_freeze:
         os.environ[NO_FREEZE_ENV] = "1"
+    if args.profile_clock == "cpu":
+        os.environ[PROFILE_CLOCK_ENV] = "cpu"
     sessions = [2] if args.quick else [int(x) for x in args.sessions.split(",")]
     turns, rounds = (1, 1) if args.quick else (args.turns, args.rounds)
     results = asyncio.run(bench(sessions, turns, rounds, args.model, args.profile, args.profile_arm))
@@ -543,8 +558,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.profile:
         import pstats
 
-        print(f"server loop thread, {args.profile_arm} arm, top frames by own time ({args.profile}):")
-        pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
+        stats = pstats.Stats(args.profile)
+        profiled_turns = sum(r.turns for runs in results.values() for r in runs[args.profile_arm])
+        print(
+            f"server loop thread, {args.profile_arm} arm ({args.profile_clock} clock): "
+            f"{stats.total_calls / max(1, profiled_turns):.0f} function calls (Python and builtin) per turn "
+            f"({stats.total_calls} over {profiled_turns} turns); top frames by own time ({args.profile}):"
+        )
+        stats.sort_stats("tottime").print_stats(25)
     return rows
 
 

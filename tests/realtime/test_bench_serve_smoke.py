@@ -21,3 +21,29 @@ def test_quick_run_loses_nothing_and_leaves_a_clean_audit(capsys):
     reasons = audit["finished_reasons"]
     assert sum(reasons.values()) == 2 and reasons.get("close") == 1, audit
     assert "ledger/plain" in capsys.readouterr().out
+
+
+def test_cpu_clock_profile_counts_the_ledger_arms_calls_per_turn(tmp_path, capsys, monkeypatch):
+    """``--profile PATH --profile-clock cpu``: the server's loop thread profiled on its CPU
+    clock during the ledger arm, and its function calls per turn printed (the figure the
+    machine's load does not move)."""
+    import pstats
+    import re
+    from pathlib import Path
+
+    monkeypatch.delenv(bench_serve.PROFILE_CLOCK_ENV, raising=False)  # main() sets it for the child
+    path = tmp_path / "ledger.pstats"
+    bench_serve.main(["--quick", "--profile", str(path), "--profile-clock", "cpu"])
+    out = capsys.readouterr().out
+    found = re.search(
+        r"ledger arm \(cpu clock\): (\d+) function calls \(Python and builtin\) per turn \((\d+) over (\d+) turns\)",
+        out,
+    )
+    assert found, out
+    per_turn, total, turns = (int(g) for g in found.groups())
+    stats = pstats.Stats(str(path))
+    # the turns the CPU figures divide by (the dropped client's answer is not one)
+    assert total == stats.total_calls and turns >= 1 and per_turn == round(total / turns)
+    # the ledger arm's own path was profiled (not the plain arm's)
+    frames = {(Path(file).parent.name, Path(file).name, name) for file, _, name in stats.stats}
+    assert ("engine_bridge", "session_log.py", "_apply") in frames
