@@ -157,7 +157,11 @@ class NewRow(NamedTuple):
             else:  # row_pieces' three runs, the id's bytes as written above (a test checks they agree)
                 s = _length_prefixed.get(stream_id) or _prefixed(stream_id)
                 t = _length_prefixed.get(type_) or _prefixed(type_)
-                pieces = (s, b"".join((_I36, event_id_utf8, t, _QQ(schema_version, ts_us))), _I(len(data_utf8)) + data_utf8)
+                pieces = (
+                    s,
+                    b"".join((_I36, event_id_utf8, t, _QQ(schema_version, ts_us))),
+                    _I(len(data_utf8)) + data_utf8,
+                )
         except (struct.error, UnicodeEncodeError):
             pieces = None
         return _new_tuple(cls, (stream_id, event_id, type_, schema_version, ts_us, data, None, None, pieces))
