@@ -221,10 +221,12 @@ def _fresh(rows: list[NewRow], stream: str, state: BatchState) -> bool:
     """True when every one of a plain call's several ``rows`` is new (its id neither stored,
     nor planned, nor repeated in the call), of the call's ``stream``, stamped at commit and has
     its chain pieces: :func:`plan_calls` then plans the call inline."""
-    ids = {r[1] for r in rows}
-    if len(ids) != len(rows) or not ids.isdisjoint(state.planned) or not ids.isdisjoint(state.existing):
-        return False
-    return all(r[8] is not None and r[7] is None and r[0] == stream for r in rows)
+    ids = set()
+    for stream_id, event_id, _, _, _, _, _, recorded_at_us, pieces in rows:
+        if pieces is None or recorded_at_us is not None or stream_id != stream:
+            return False
+        ids.add(event_id)
+    return len(ids) == len(rows) and ids.isdisjoint(state.planned) and ids.isdisjoint(state.existing)
 
 
 def _plan_resent(state: BatchState, call: AppendCall, stream: str) -> CallResult:
