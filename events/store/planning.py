@@ -160,7 +160,8 @@ def plan_calls(state: BatchState, calls: Sequence[AppendCall], now_us: int) -> l
     alone failed with (state untouched by that call). The live path's call (one new event,
     version as expected, its chain pieces encoded) is decided inline, in one pass with locals
     only and the link computed here (:func:`events.chain.link`'s bytes, without its frame):
-    issue 23 step 6. Every other call goes through :func:`plan_call`, so the decisions are the
+    issue 23 step 6. A plain call of several such events (the live session log's batches) is
+    planned inline alike. Every other call goes through :func:`plan_call`, so the decisions are the
     same (``tests/store/test_planning.py`` checks the two agree call by call)."""
     outcomes: list[Settled | StoreError] = []
     settle = outcomes.append
@@ -168,6 +169,7 @@ def plan_calls(state: BatchState, calls: Sequence[AppendCall], now_us: int) -> l
     insert = state.inserts.append
     head, head_hash = state.head, state.head_hash
     sha256, pack_q, join = _sha256, _Q, b"".join
+    now_q = pack_q(now_us)  # every row of the batch is recorded at the same µs
     for call in calls:
         rows, stream, expected, bulk = call
         if not bulk and len(rows) == 1:
@@ -183,12 +185,27 @@ def plan_calls(state: BatchState, calls: Sequence[AppendCall], now_us: int) -> l
                 head += 1
                 versions[stream] = version  # type: ignore[index]
                 a, b, c = pieces
-                head_hash = sha256(join((head_hash, pack_q(head), a, pack_q(version), b, pack_q(now_us), c))).digest()
+                head_hash = sha256(join((head_hash, pack_q(head), a, pack_q(version), b, now_q, c))).digest()
                 row = (head, stream_id, version, event_id, type_, schema_version, ts_us, now_us, data, head_hash)
                 insert(row)
                 planned[event_id] = row
                 settle([head])
                 continue
+        elif not bulk and (expected is None or expected == versions.get(stream, 0)) and _fresh(rows, stream, state):  # type: ignore[arg-type]
+            version = versions.get(stream, 0)  # type: ignore[arg-type]
+            positions = []
+            for stream_id, event_id, type_, schema_version, ts_us, data, _, _, pieces in rows:
+                head += 1
+                version += 1
+                a, b, c = pieces  # type: ignore[misc]
+                head_hash = sha256(join((head_hash, pack_q(head), a, pack_q(version), b, now_q, c))).digest()
+                row = (head, stream_id, version, event_id, type_, schema_version, ts_us, now_us, data, head_hash)
+                insert(row)
+                planned[event_id] = row
+                positions.append(head)
+            versions[stream] = version  # type: ignore[index]
+            settle(positions)
+            continue
         state.head, state.head_hash = head, head_hash
         try:
             result = plan_call(state, call, now_us)
@@ -198,6 +215,18 @@ def plan_calls(state: BatchState, calls: Sequence[AppendCall], now_us: int) -> l
         head, head_hash = state.head, state.head_hash
     state.head, state.head_hash = head, head_hash
     return outcomes
+
+
+def _fresh(rows: list[NewRow], stream: str, state: BatchState) -> bool:
+    """True when every one of a plain call's several ``rows`` is new (its id neither stored,
+    nor planned, nor repeated in the call), of the call's ``stream``, stamped at commit and has
+    its chain pieces: :func:`plan_calls` then plans the call inline."""
+    ids = set()
+    for stream_id, event_id, _, _, _, _, _, recorded_at_us, pieces in rows:
+        if pieces is None or recorded_at_us is not None or stream_id != stream:
+            return False
+        ids.add(event_id)
+    return len(ids) == len(rows) and ids.isdisjoint(state.planned) and ids.isdisjoint(state.existing)
 
 
 def _plan_resent(state: BatchState, call: AppendCall, stream: str) -> CallResult:

@@ -31,7 +31,7 @@ from events.limits import (
 )
 from events.records import EventRecord, StoredEvent, decode_row, to_record
 from events.store.errors import InvalidRow
-from events.types import EventBase, ts_to_us
+from events.types import EventBase, _EventId, ts_to_us
 
 # ids this long in code points fit their byte limits whatever they hold (4 bytes a code point)
 _SHORT_STREAM_ID = MAX_STREAM_ID_BYTES // 4
@@ -42,6 +42,24 @@ _I36 = _I(36)  # the length of a UUID's text
 _QQ = struct.Struct(">qq").pack
 _ENVELOPE = {"type", "event_id", "session_id", "ts", "schema_version"}
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+_length_prefixed: dict[str, bytes] = {}
+"""Stream ids and type names -> their run in :func:`events.chain.row_pieces` (length, UTF-8):
+the same few texts start every appended row's pieces."""
+_MAX_PREFIXED = 10_000
+
+
+def _prefixed(text: str) -> bytes:
+    """``text``'s run in the chain pieces (its UTF-8 length as ``>I``, then its UTF-8), kept in
+    :data:`_length_prefixed` (emptied once it holds :data:`_MAX_PREFIXED` texts). Raises
+    UnicodeEncodeError for text that is not UTF-8 (a lone surrogate)."""
+    utf8 = text.encode()
+    run = _I(len(utf8)) + utf8
+    if len(_length_prefixed) >= _MAX_PREFIXED:
+        _length_prefixed.clear()
+    _length_prefixed[text] = run
+    return run
 
 
 def dump_data(data: dict[str, Any]) -> str:
@@ -107,8 +125,12 @@ class NewRow(NamedTuple):
             except KeyError:  # built around validation without a field: its attributes, their errors
                 uid, stream_id, type_ = event.event_id, event.session_id, event.type  # type: ignore[attr-defined]
                 schema_version, ts = event.schema_version, event.ts
-            # a UUID's text as pydantic writes it (the same as str(), in Rust: ~0.3 µs less)
-            if type(uid) is UUID:
+            # a UUID's text: a fresh id's own (formatted once, events.types.new_event_id), else
+            # as pydantic writes it (the same as str(), in Rust: ~0.3 µs less)
+            if type(uid) is _EventId:
+                event_id = str(uid)
+                event_id_utf8 = event_id.encode()
+            elif type(uid) is UUID:
                 event_id_utf8 = _to_json(uid)[1:-1]
                 event_id = event_id_utf8.decode()
             else:
@@ -132,11 +154,12 @@ class NewRow(NamedTuple):
         try:  # the serializer's UTF-8 bytes are the hash's payload bytes: the text is built once
             if event_id_utf8 is None:
                 pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data, data_utf8)
-            else:  # row_pieces' three runs, the id's bytes as pydantic wrote them (a test checks they agree)
-                s, t = stream_id.encode(), type_.encode()
+            else:  # row_pieces' three runs, the id's bytes as written above (a test checks they agree)
+                s = _length_prefixed.get(stream_id) or _prefixed(stream_id)
+                t = _length_prefixed.get(type_) or _prefixed(type_)
                 pieces = (
-                    _I(len(s)) + s,
-                    b"".join((_I36, event_id_utf8, _I(len(t)), t, _QQ(schema_version, ts_us))),
+                    s,
+                    b"".join((_I36, event_id_utf8, t, _QQ(schema_version, ts_us))),
                     _I(len(data_utf8)) + data_utf8,
                 )
         except (struct.error, UnicodeEncodeError):

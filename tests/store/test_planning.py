@@ -31,7 +31,7 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
     """The batch planner's inline path (one new event, version as expected) gives the same
     outcomes, positions, chain hashes and state as plan_call for every call in turn, on a batch
     mixing it with what it hands on: a stale version, a re-sent id (stored, and planned earlier
-    in the batch), a foreign id, several rows, no version check, bulk."""
+    in the batch), a foreign id, several rows (inline too, or handed on), no version check, bulk."""
     stored = {"old": Existing("A", 2, 7, "TurnCommitted", 1, 1, "{}")}
     calls = [
         AppendCall([encoded("A", "a3")], "A", 2),
@@ -42,6 +42,9 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
         AppendCall([encoded("B", "b1")], "B", None),
         AppendCall([row("B", "b1p")], "B", 1),  # pieces not encoded (a row built by hand)
         AppendCall([encoded("B", "b2"), encoded("B", "b3")], "B", 2),
+        AppendCall([encoded("B", "b4"), encoded("B", "b2")], "B", 4),  # several rows, one planned: EventIdConflict
+        AppendCall([encoded("B", "b5"), encoded("B", "b6")], "B", 2),  # several rows, stale: ConcurrencyError
+        AppendCall([encoded("B", "b7"), row("B", "b8")], "B", 4),  # several rows, one without pieces
         AppendCall([row("C", "c1"), row("A", "a5", version=4)], bulk=True),
         AppendCall([encoded("A", "a6")], "A", 4),
     ]
@@ -72,10 +75,13 @@ def test_plan_calls_decides_as_plan_call_call_by_call() -> None:
         [9],
         [10],
         [11, 12],
-        CallResult([13, 14], 2),
-        [15],
+        "EventIdConflict",
+        "ConcurrencyError",
+        [13, 14],
+        CallResult([15, 16], 2),
+        [17],
     ]
-    assert batched.inserts == one_by_one.inserts and len(batched.inserts) == 8
+    assert batched.inserts == one_by_one.inserts and len(batched.inserts) == 10
     assert (batched.head, batched.head_hash, batched.versions) == (
         one_by_one.head,
         one_by_one.head_hash,
