@@ -4,7 +4,8 @@
   state (reserved / submitted / finished), fence and since-position;
 * ``rm_audit_findings`` — the findings at the checkpoint (default max-idle);
 * ``rm_turn_tables`` — one row per finalized turn, keyed (session_id, response_id); the
-  table set as lossless JSON (``tables_json``) so ``duplex-ledger tables`` re-renders it
+  table set as lossless JSON (``tables_json``; a stage row without its default values, see
+  :func:`projections.shell.turn_rows.turn_to_json`) so ``duplex-ledger tables`` re-renders it
   byte for byte;
 * ``projection_checkpoints`` — position + fold state as versioned plain data
   (:mod:`projections.shell.checkpoint`, bound to the log's chain hash at that position), written in

@@ -46,7 +46,7 @@ from projections.shell import checked, checkpoint, consistency, parallel, partit
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
-FOLD_VERSION = 11  # bump when the fold state's meaning changes: old checkpoints then rebuild
+FOLD_VERSION = 12  # bump when the fold state's meaning changes: old checkpoints then rebuild
 
 
 def note_to_stderr(message: str) -> None:
