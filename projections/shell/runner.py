@@ -42,7 +42,7 @@ from events.records import StoredEvent
 from events.store.store import EventStore
 from events.types import ts_to_us
 from projections.projector import Projector
-from projections.shell import checked, checkpoint, consistency, parallel, partitions, readmodels
+from projections.shell import checked, checkpoint, consistency, partitions, readmodels
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
@@ -134,7 +134,8 @@ class ProjectionRunner:
         projections.shell.parallel). The old rows are deleted on the write thread while the
         workers fold (the delete, and the WAL checkpoint a previous rebuild's rows leave
         due, can take seconds on a large log); the new rows and the checkpoint are written
-        after it, in one transaction."""
+        after it, in one transaction (SQLite copies the spooled rows itself:
+        :func:`~projections.shell.readmodels.insert_spooled`)."""
         path = partitions.db_path(self.store)
         clearing = asyncio.ensure_future(self._run_write(readmodels.clear_read_models))
         with tempfile.TemporaryDirectory(prefix="duplex-ledger-rebuild-") as spool_dir:
@@ -149,21 +150,24 @@ class ProjectionRunner:
                 projector = Projector.merged(r.projector for r in results)
                 resources, findings, state = self._snapshot(projector, sorted(projector.resources.sessions))
             spools = sorted(r.turns_path for r in results)
-            await self._run_write(
-                lambda conn: readmodels.write_batch(
-                    conn,
-                    name=CHECKPOINT_NAME,
-                    position=head,
-                    fold_version=FOLD_VERSION,
-                    state=state,
-                    turns=(),
-                    turn_values_rows=parallel.spooled_turn_values(spools),
-                    touched=[],
-                    resources=resources,
-                    findings=findings,
-                    before_checkpoint=self.before_checkpoint,
+            try:
+                await self._run_write(
+                    lambda conn: readmodels.write_batch(
+                        conn,
+                        name=CHECKPOINT_NAME,
+                        position=head,
+                        fold_version=FOLD_VERSION,
+                        state=state,
+                        turns=(),
+                        spooled=spools,
+                        touched=[],
+                        resources=resources,
+                        findings=findings,
+                        before_checkpoint=self.before_checkpoint,
+                    )
                 )
-            )
+            finally:
+                await self._run_write(readmodels.detach_spooled)  # before the files go
         self.projector, self.position = projector, head
         return head
 
