@@ -282,17 +282,19 @@ def turns_of_rows(
         and (response_id is None or r["response_id"] == response_id)
     ]
     chosen.sort(key=lambda r: (r["finalize_position"], r["session_id"]))
-    return [turn_from_json(r["tables_json"]) for r in chosen]
+    return [turn_from_json(r["tables_json"], r) for r in chosen]
 
 
 def load_turns(
     conn: Connection, session_id: str | None = None, response_id: str | None = None, until_position: int | None = None
 ) -> list[TurnTables]:
-    q = sa.select(turn_tables.c.tables_json).order_by(turn_tables.c.finalize_position, turn_tables.c.session_id)
+    q = sa.select(*(turn_tables.c[name] for name in TURN_COLUMNS)).order_by(
+        turn_tables.c.finalize_position, turn_tables.c.session_id
+    )
     if session_id is not None:
         q = q.where(turn_tables.c.session_id == session_id)
     if response_id is not None:
         q = q.where(turn_tables.c.response_id == response_id)
     if until_position is not None:
         q = q.where(turn_tables.c.finalize_position <= until_position)
-    return [turn_from_json(r.tables_json) for r in conn.execute(q)]
+    return [turn_from_json(r.tables_json, r._mapping) for r in conn.execute(q)]

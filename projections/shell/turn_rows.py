@@ -39,9 +39,10 @@ _LIST_FIELDS = tuple(LIST_MEAN_FIELDS)  # a collapsed row's list fields: always 
 _dumps_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 SPARSE_STAGES_KEY = "stage_values"
-"""The ``tables_json`` key of the stage rows written sparse (fold version 12): a value a
-collapsed row holds by default (None; [] for a list field) is left out. Rows an older fold
-wrote hold every key under ``"stages"`` and still decode the same."""
+"""The ``tables_json`` key of the stage rows written sparse (the compact form of fold version
+12, :func:`turn_to_json`): a value a collapsed row holds by default (None; [] for a list
+field) is left out. Rows an older fold wrote hold every key under ``"stages"`` and still
+decode the same."""
 
 
 _ABSENT = object()
@@ -70,21 +71,33 @@ def _sparse_stages(t: TurnTables) -> dict[str, dict[str, Any]] | None:
     return out
 
 
+_IN_COLUMNS = ("session_id", "response_id", "turn_id", "finished_reason")
+"""TurnTables fields the compact form leaves to the row's own columns (``request_id`` too, when
+it is a non-empty id: its column holds ``""`` for a turn without one)."""
+_COMPACT_FIELDS = tuple(n for n in _TURN_FIELDS if n not in (*_IN_COLUMNS, "request_id", "stages", "transfers"))
+
+
 def turn_to_json(t: TurnTables) -> str:
-    """Lossless JSON of a TurnTables (floats round-trip exactly). A collapsed stage row (every
-    ``STAT_FIELDS`` key, in that order) is written under :data:`SPARSE_STAGES_KEY` without its
-    default values (None; [] for a list field), which are most of its keys: a row's text is
-    then about half as long, and the read model a third of its pages (a row no longer fills a
-    4 KiB page alone)."""
-    d = {name: getattr(t, name) for name in _TURN_FIELDS}
+    """Lossless JSON of a TurnTables (floats round-trip exactly), as ``rm_turn_tables`` holds it
+    beside its columns. Compact form (fold version 12), when every stage row is a collapsed row
+    (every ``STAT_FIELDS`` key, in that order): the stage rows under :data:`SPARSE_STAGES_KEY`
+    without their default values (None; [] for a list field), the edges under ``"edges"`` as
+    arrays in ``TransferEdge`` field order, and the ids the row's columns hold left out (read
+    back with :func:`turn_from_json`'s ``columns``): a row's text is under half as long, and
+    the read model a quarter of its pages (a row no longer fills a 4 KiB page alone). Any
+    other turn is written whole, with every key, as older folds wrote every turn."""
     sparse = _sparse_stages(t)
     if sparse is None:
+        d = {name: getattr(t, name) for name in _TURN_FIELDS}
         d["stages"] = {str(k): v for k, v in t.stages.items()}
-    else:
-        del d["stages"]
-        d[SPARSE_STAGES_KEY] = sparse
-    d["transfers"] = [{name: getattr(e, name) for name in _EDGE_FIELDS} for e in t.transfers]
-    return _dumps_compact(d)  # key order matters: the summary prints in it
+        d["transfers"] = [{name: getattr(e, name) for name in _EDGE_FIELDS} for e in t.transfers]
+        return _dumps_compact(d)  # key order matters: the summary prints in it
+    d = {} if t.request_id else {"request_id": t.request_id}
+    for name in _COMPACT_FIELDS:
+        d[name] = getattr(t, name)
+    d[SPARSE_STAGES_KEY] = sparse
+    d["edges"] = [[getattr(e, name) for name in _EDGE_FIELDS] for e in t.transfers]
+    return _dumps_compact(d)
 
 
 def _full_row(values: dict[str, Any]) -> dict[str, Any]:
@@ -99,18 +112,33 @@ def _full_row(values: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def turn_from_json(text: str) -> TurnTables:
-    """The TurnTables :func:`turn_to_json` wrote (either stage form: the sparse one of fold
-    version 12, or every key of older rows). Raises ValueError on a sparse stage row holding
-    a key outside ``STAT_FIELDS``."""
+def turn_from_json(text: str, columns: Mapping[Any, Any] | None = None) -> TurnTables:
+    """The TurnTables :func:`turn_to_json` wrote, in either form (the compact one of fold
+    version 12, or the whole one older folds wrote). ``columns``: the row's columns (a
+    :func:`turn_row` or a table row), which the compact form needs. Raises ValueError on a
+    compact text without ``columns``, a stage row holding a key outside ``STAT_FIELDS``, or an
+    edge of another length than ``TransferEdge``'s fields."""
     d = json.loads(text)
     sparse = d.pop(SPARSE_STAGES_KEY, None)
-    if sparse is not None:
-        d["stages"] = {int(k): _full_row(v) for k, v in sparse.items()}
-    else:
+    if sparse is None:
         d["stages"] = {int(k): v for k, v in d["stages"].items()}
-    d["transfers"] = tuple(TransferEdge(**e) for e in d["transfers"])
+        d["transfers"] = tuple(TransferEdge(**e) for e in d["transfers"])
+        return TurnTables(**d)
+    if columns is None:
+        raise ValueError("tables_json in the compact form is read with its row's columns")
+    for name in _IN_COLUMNS:
+        d[name] = columns[name]
+    if "request_id" not in d:
+        d["request_id"] = columns["request_id"]
+    d["stages"] = {int(k): _full_row(v) for k, v in sparse.items()}
+    d["transfers"] = tuple(_edge(e) for e in d.pop("edges"))
     return TurnTables(**d)
+
+
+def _edge(values: list[Any]) -> TransferEdge:
+    if len(values) != len(_EDGE_FIELDS):
+        raise ValueError(f"tables_json: an edge of {len(values)} values, not {len(_EDGE_FIELDS)}")
+    return TransferEdge(*values)
 
 
 def turn_values(t: TurnTables, position: int) -> tuple[Any, ...]:

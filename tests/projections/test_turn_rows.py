@@ -1,6 +1,7 @@
 """``tables_json``, the ``rm_turn_tables`` text of a turn (projections.shell.turn_rows): lossless
-in both stage forms (the sparse one of fold version 12 and the whole rows older folds wrote),
-every decoded stage row in ``STAT_FIELDS`` order (the text tables print in it)."""
+in both forms (the compact one of fold version 12, read with its row's columns, and the whole
+one older folds wrote), every decoded stage row in ``STAT_FIELDS`` order (the text tables print
+in it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from events.stats import STAT_FIELDS
 from projections.collapse import LIST_MEAN_FIELDS
-from projections.shell.turn_rows import SPARSE_STAGES_KEY, turn_from_json, turn_to_json
+from projections.shell.turn_rows import SPARSE_STAGES_KEY, turn_from_json, turn_row, turn_to_json
 from projections.turn_tables import TransferEdge, TurnTables, build_turn_tables
 from reports.render_formats import render_json
 from tests.tables.conftest import worked_example_kwargs
@@ -25,6 +26,12 @@ def whole_form(t: TurnTables) -> str:
     d["stages"] = {str(k): v for k, v in t.stages.items()}
     d["transfers"] = [{f.name: getattr(e, f.name) for f in fields(TransferEdge)} for e in t.transfers]
     return json.dumps(d, separators=(",", ":"))
+
+
+def round_trip(t: TurnTables) -> TurnTables:
+    """``t`` written as its ``rm_turn_tables`` row and read back from that row."""
+    row = turn_row(t, 7)
+    return turn_from_json(row["tables_json"], row)
 
 
 def assert_same(back: TurnTables, t: TurnTables) -> None:
@@ -44,15 +51,28 @@ def test_the_worked_example_is_written_sparse_and_read_back_whole() -> None:
         assert None not in row.values() and [] not in row.values()
     assert sparse["1"]["audio_sample_rate"] == 24000 and "vllm_ttft_ms" not in sparse["1"]
     assert t.stages[1]["vllm_itls_ms"] == [] and "vllm_itls_ms" not in sparse["1"]
-    assert len(text) * 10 < len(whole_form(t)) * 6
-    assert_same(turn_from_json(text), t)
+    assert len(text) * 2 < len(whole_form(t))
+    for name in ("session_id", "response_id", "request_id", "turn_id", "finished_reason"):
+        assert name not in stored  # the row's columns hold them
+    assert stored["edges"] == [[0, 1, 65536, 3.0, 1.5, 0.5, False]]  # TransferEdge field order
+    assert_same(round_trip(t), t)
+    with pytest.raises(ValueError, match="with its row's columns"):
+        turn_from_json(text)
 
 
 def test_a_row_an_older_fold_wrote_decodes_the_same() -> None:
     t = build_turn_tables(**worked_example_kwargs())
     old = whole_form(t)
     assert_same(turn_from_json(old), t)
-    assert render_json([turn_from_json(old)]) == render_json([turn_from_json(turn_to_json(t))])
+    assert render_json([turn_from_json(old)]) == render_json([round_trip(t)])
+
+
+@pytest.mark.parametrize("request_id", [None, ""])
+def test_a_turn_without_an_engine_request_keeps_its_request_id(request_id) -> None:
+    """D8: a turn that ended before any engine request; its column holds "" for None and ""."""
+    t = replace(build_turn_tables(**worked_example_kwargs()), request_id=request_id)
+    assert turn_row(t, 7)["request_id"] == ""
+    assert_same(round_trip(t), t)
 
 
 def test_a_list_field_holding_none_stays_none() -> None:
@@ -61,7 +81,7 @@ def test_a_list_field_holding_none_stays_none() -> None:
     row["inter_output_latencies_ms"] = None
     odd = replace(t, stages={0: row, 1: t.stages[1]})
     assert json.loads(turn_to_json(odd))[SPARSE_STAGES_KEY]["0"]["inter_output_latencies_ms"] is None
-    assert_same(turn_from_json(turn_to_json(odd)), odd)
+    assert_same(round_trip(odd), odd)
 
 
 @pytest.mark.parametrize(
@@ -77,14 +97,20 @@ def test_a_row_that_is_not_a_collapsed_row_is_written_whole(row) -> None:
     odd = replace(t, stages={**t.stages, 2: row})
     stored = json.loads(turn_to_json(odd))
     assert SPARSE_STAGES_KEY not in stored and stored["stages"]["2"] == row
+    assert stored["session_id"] == "s1"  # the whole form, readable on its own
     assert_same(turn_from_json(turn_to_json(odd)), odd)
 
 
-def test_a_sparse_row_with_a_key_outside_stat_fields_is_refused() -> None:
-    stored = json.loads(turn_to_json(build_turn_tables(**worked_example_kwargs())))
+def test_a_compact_text_that_does_not_fit_is_refused() -> None:
+    row = turn_row(build_turn_tables(**worked_example_kwargs()), 7)
+    stored = json.loads(row["tables_json"])
     stored[SPARSE_STAGES_KEY]["0"]["num_tokens_outt"] = 1
     with pytest.raises(ValueError, match="num_tokens_outt"):
-        turn_from_json(json.dumps(stored))
+        turn_from_json(json.dumps(stored), row)
+    stored = json.loads(row["tables_json"])
+    stored["edges"][0].append(1)
+    with pytest.raises(ValueError, match="an edge of 8 values, not 7"):
+        turn_from_json(json.dumps(stored), row)
 
 
 values = st.one_of(
@@ -111,7 +137,6 @@ def test_any_collapsed_row_round_trips(overrides) -> None:
         row.update(over)
         stages[sid] = row
     odd = replace(t, stages=stages)
-    text = turn_to_json(odd)
-    assert SPARSE_STAGES_KEY in json.loads(text)
-    assert_same(turn_from_json(text), odd)
-    assert turn_from_json(text) == turn_from_json(whole_form(odd))
+    assert SPARSE_STAGES_KEY in json.loads(turn_to_json(odd))
+    assert_same(round_trip(odd), odd)
+    assert round_trip(odd) == turn_from_json(whole_form(odd))
