@@ -64,3 +64,27 @@ async def test_rows_of_a_spool_keep_the_first_of_a_key(tmp_path) -> None:
         assert await _attached(store) == ["main"]
     finally:
         await store.close()
+
+
+async def test_a_merge_that_fails_rolls_the_rows_back_and_frees_the_write_thread(tmp_path, monkeypatch) -> None:
+    """The rows are copied on the write thread while the state is merged here: a merge error
+    reaches the waiting write, which rolls back (no row, no checkpoint), and the store writes on."""
+    import asyncio
+
+    store = await _store(tmp_path / "l.db", EVENTS)
+    try:
+        sequential, _ = await _rebuild(store, 1)
+
+        def broken(self, projector, sessions):  # type: ignore[no-untyped-def]
+            raise RuntimeError("injected in the merge")
+
+        monkeypatch.setattr(ProjectionRunner, "_snapshot", broken)
+        with pytest.raises(RuntimeError, match="injected in the merge"):
+            await asyncio.wait_for(ProjectionRunner(store, batch_size=500).rebuild(workers=2), 120)
+        left = await store.recorder.backend.run_read(_dump)
+        assert left["rm_turn_tables"] == [] and left["checkpoint"] == []
+        assert await _attached(store) == ["main"]
+        monkeypatch.undo()
+        assert (await _rebuild(store, 2))[0] == sequential
+    finally:
+        await store.close()
