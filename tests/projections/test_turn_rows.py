@@ -140,3 +140,11 @@ def test_any_collapsed_row_round_trips(overrides) -> None:
     assert SPARSE_STAGES_KEY in json.loads(turn_to_json(odd))
     assert_same(round_trip(odd), odd)
     assert round_trip(odd) == turn_from_json(whole_form(odd))
+
+
+def test_a_turn_with_no_stage_row_round_trips() -> None:
+    """D8: a turn that ended before any engine request has no stage row and no edge."""
+    t = replace(build_turn_tables(**worked_example_kwargs()), request_id=None, stages={}, transfers=())
+    stored = json.loads(turn_row(t, 7)["tables_json"])
+    assert stored[SPARSE_STAGES_KEY] == {} and stored["edges"] == [] and stored["request_id"] is None
+    assert_same(round_trip(t), t)
