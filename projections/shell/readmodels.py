@@ -4,7 +4,8 @@
   state (reserved / submitted / finished), fence and since-position;
 * ``rm_audit_findings`` — the findings at the checkpoint (default max-idle);
 * ``rm_turn_tables`` — one row per finalized turn, keyed (session_id, response_id); the
-  table set as lossless JSON (``tables_json``) so ``duplex-ledger tables`` re-renders it
+  table set as lossless JSON (``tables_json``; a stage row without its default values, see
+  :func:`projections.shell.turn_rows.turn_to_json`) so ``duplex-ledger tables`` re-renders it
   byte for byte;
 * ``projection_checkpoints`` — position + fold state as versioned plain data
   (:mod:`projections.shell.checkpoint`, bound to the log's chain hash at that position), written in
@@ -152,27 +153,40 @@ def _insert_keeping_first(conn: Connection, table: sa.Table) -> Any:
     return table.insert().prefix_with("OR IGNORE")
 
 
-_INSERT_TURN_VALUES = (
-    f"INSERT OR IGNORE INTO rm_turn_tables ({', '.join(TURN_COLUMNS)}) VALUES ({', '.join('?' * len(TURN_COLUMNS))})"
-)
+SPOOL_SCHEMA = "dl_spool_"
+"""Schema name prefix of a spool file attached to the write connection (:func:`insert_spooled`)."""
 
 
-def _insert_turn_values(conn: Connection, insert_turns: Any, rows: Iterable[Sequence[Any]]) -> None:
-    """Insert turn rows given as :data:`TURN_COLUMNS` tuples (keeping the first of a key, as
-    :func:`_insert_keeping_first`), in the transaction ``conn`` is in."""
-    if conn.dialect.name == "sqlite":
-        raw = conn.connection.dbapi_connection
-        assert raw is not None
-        raw.executemany(_INSERT_TURN_VALUES, rows)  # the same connection: the same transaction
-        return
-    chunk: list[dict[str, Any]] = []
-    for values in rows:
-        chunk.append(dict(zip(TURN_COLUMNS, values)))
-        if len(chunk) >= 5000:
-            conn.execute(insert_turns, chunk)
-            chunk = []
-    if chunk:
-        conn.execute(insert_turns, chunk)
+def _raw_sqlite(conn: Connection) -> Any:
+    if conn.dialect.name != "sqlite":
+        raise ValueError(f"spooled turn rows are copied on SQLite only, not {conn.dialect.name}")
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    return raw
+
+
+def insert_spooled(conn: Connection, paths: Sequence[str]) -> None:
+    """Copy the turn rows spooled to the SQLite files ``paths`` (a table ``turns`` of
+    :data:`TURN_COLUMNS`, rows in spool order: :func:`projections.shell.parallel.folded_partition`)
+    into ``rm_turn_tables`` in the transaction ``conn`` (a SQLite write connection) is in, the
+    first row of a key kept (:func:`_insert_keeping_first`). Each file is attached and copied
+    by one ``INSERT … SELECT``: no row becomes a Python object. SQLite detaches a database only
+    outside the transaction that read it: call :func:`detach_spooled` after this transaction
+    ends, committed or not."""
+    raw, columns = _raw_sqlite(conn), ", ".join(TURN_COLUMNS)
+    for i, path in enumerate(paths):
+        raw.execute(f"ATTACH DATABASE ? AS {SPOOL_SCHEMA}{i}", (path,))
+        raw.execute(f"INSERT OR IGNORE INTO rm_turn_tables ({columns}) SELECT {columns} FROM {SPOOL_SCHEMA}{i}.turns")
+
+
+def detach_spooled(conn: Connection) -> None:
+    """Detach every spool file :func:`insert_spooled` attached to this connection (run in a
+    later transaction than the one that read them, whether that one committed or failed: the
+    connection goes back to its pool either way)."""
+    raw = _raw_sqlite(conn)
+    for _, schema, _ in raw.execute("PRAGMA database_list").fetchall():
+        if schema.startswith(SPOOL_SCHEMA):
+            raw.execute(f"DETACH DATABASE {schema}")
 
 
 def write_batch(
@@ -183,7 +197,7 @@ def write_batch(
     fold_version: int,
     state: bytes,
     turns: Iterable[dict[str, Any]],
-    turn_values_rows: Iterable[Sequence[Any]] = (),
+    spooled: Sequence[str] = (),
     touched: Sequence[str],
     resources: Sequence[dict[str, Any]],
     findings: Sequence[dict[str, Any]],
@@ -193,10 +207,9 @@ def write_batch(
     :func:`projections.shell.checkpoint.encode_state`) sealed with ``position``, ``fold_version`` and
     the log's chain hash at ``position``, read in this transaction.
 
-    ``turns``: rows as dicts, inserted in chunks; ``turn_values_rows``: more rows as value
-    tuples in :data:`TURN_COLUMNS` order, a lazy iterable (a parallel rebuild streams them
-    from its workers' spool files), which SQLite takes through the driver's own
-    ``executemany`` in this transaction (no dict, no SQLAlchemy work per row). ``before_checkpoint`` (tests) is called between the rows and the
+    ``turns``: rows as dicts, inserted in chunks; ``spooled``: the spool files of a parallel
+    rebuild's partitions, whose rows SQLite copies itself (:func:`insert_spooled`; SQLite only,
+    and the caller detaches them after the commit: :func:`detach_spooled`). ``before_checkpoint`` (tests) is called between the rows and the
     checkpoint write; if it raises, the whole transaction rolls back: rows and checkpoint never
     disagree (CASE-16)."""
     insert_turns = _insert_keeping_first(conn, turn_tables)
@@ -208,7 +221,8 @@ def write_batch(
             chunk = []
     if chunk:
         conn.execute(insert_turns, chunk)
-    _insert_turn_values(conn, insert_turns, turn_values_rows)
+    if spooled:
+        insert_spooled(conn, spooled)
     for chunk_start in range(0, len(touched), 500):
         ids = list(touched[chunk_start : chunk_start + 500])
         conn.execute(request_resources.delete().where(request_resources.c.session_id.in_(ids)))
@@ -268,17 +282,19 @@ def turns_of_rows(
         and (response_id is None or r["response_id"] == response_id)
     ]
     chosen.sort(key=lambda r: (r["finalize_position"], r["session_id"]))
-    return [turn_from_json(r["tables_json"]) for r in chosen]
+    return [turn_from_json(r["tables_json"], r) for r in chosen]
 
 
 def load_turns(
     conn: Connection, session_id: str | None = None, response_id: str | None = None, until_position: int | None = None
 ) -> list[TurnTables]:
-    q = sa.select(turn_tables.c.tables_json).order_by(turn_tables.c.finalize_position, turn_tables.c.session_id)
+    q = sa.select(*(turn_tables.c[name] for name in TURN_COLUMNS)).order_by(
+        turn_tables.c.finalize_position, turn_tables.c.session_id
+    )
     if session_id is not None:
         q = q.where(turn_tables.c.session_id == session_id)
     if response_id is not None:
         q = q.where(turn_tables.c.response_id == response_id)
     if until_position is not None:
         q = q.where(turn_tables.c.finalize_position <= until_position)
-    return [turn_from_json(r.tables_json) for r in conn.execute(q)]
+    return [turn_from_json(r.tables_json, r._mapping) for r in conn.execute(q)]

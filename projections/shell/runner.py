@@ -31,6 +31,7 @@ its close point (``ResourcesFold.closed_sessions``, DOMAIN §5.7 D18).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -42,7 +43,7 @@ from events.records import StoredEvent
 from events.store.store import EventStore
 from events.types import ts_to_us
 from projections.projector import Projector
-from projections.shell import checked, checkpoint, consistency, parallel, partitions, readmodels
+from projections.shell import checked, checkpoint, consistency, partitions, readmodels
 from projections.turn_tables import TurnTables
 
 CHECKPOINT_NAME = "ledger"
@@ -134,7 +135,9 @@ class ProjectionRunner:
         projections.shell.parallel). The old rows are deleted on the write thread while the
         workers fold (the delete, and the WAL checkpoint a previous rebuild's rows leave
         due, can take seconds on a large log); the new rows and the checkpoint are written
-        after it, in one transaction."""
+        after it, in one transaction (SQLite copies the spooled rows itself,
+        :func:`~projections.shell.readmodels.insert_spooled`, while the fold state is merged and
+        encoded here)."""
         path = partitions.db_path(self.store)
         clearing = asyncio.ensure_future(self._run_write(readmodels.clear_read_models))
         with tempfile.TemporaryDirectory(prefix="duplex-ledger-rebuild-") as spool_dir:
@@ -145,25 +148,43 @@ class ProjectionRunner:
                 # A transaction on the write thread is never cut short: wait for it either way.
                 await asyncio.gather(clearing, return_exceptions=True)
             clearing.result()  # raises the delete's error, if any
-            with gc_paused():
-                projector = Projector.merged(r.projector for r in results)
-                resources, findings, state = self._snapshot(projector, sorted(projector.resources.sessions))
             spools = sorted(r.turns_path for r in results)
-            await self._run_write(
-                lambda conn: readmodels.write_batch(
+            # SQLite copies the spooled rows on the write thread (one INSERT … SELECT a file: no
+            # GIL held) while this thread merges the fold state and encodes it; the write then
+            # takes that snapshot, and rows and checkpoint commit in one transaction (CASE-16).
+            snapshot: concurrent.futures.Future[tuple[list[dict], list[dict], bytes]] = concurrent.futures.Future()
+
+            def write(conn: Any) -> None:
+                readmodels.insert_spooled(conn, spools)
+                resources, findings, state = snapshot.result()  # what the merge raised: rolled back
+                readmodels.write_batch(
                     conn,
                     name=CHECKPOINT_NAME,
                     position=head,
                     fold_version=FOLD_VERSION,
                     state=state,
                     turns=(),
-                    turn_values_rows=parallel.spooled_turn_values(spools),
                     touched=[],
                     resources=resources,
                     findings=findings,
                     before_checkpoint=self.before_checkpoint,
                 )
-            )
+
+            writing = asyncio.ensure_future(self._run_write(write))
+            try:
+                await asyncio.sleep(0)  # the write reaches its thread before the merge holds this one
+                with gc_paused():
+                    projector = Projector.merged(r.projector for r in results)
+                    snapshot.set_result(self._snapshot(projector, sorted(projector.resources.sessions)))
+            except BaseException as exc:
+                snapshot.set_exception(exc)
+                raise
+            finally:
+                try:  # a transaction on the write thread is never cut short, and it reads the spools
+                    await asyncio.gather(writing, return_exceptions=True)
+                finally:
+                    await self._run_write(readmodels.detach_spooled)  # before the files go
+            writing.result()
         self.projector, self.position = projector, head
         return head
 

@@ -189,6 +189,11 @@ def test_encoder_refuses_what_it_cannot_write_faithfully() -> None:
         checkpoint.encode_state([shared, shared])
     with pytest.raises(ValueError, match="not in projections.shell.checkpoint.registry"):
         checkpoint.encode_state([Path("/")])
+    life = IdLife("r", 1, 1.0)
+    with pytest.raises(ValueError, match="shares a mutable IdLife"):  # a mutable dataclass, twice
+        checkpoint.encode_state([life, life])
+    finding = Finding("S", 0, "r", "orphan", 1, 1.0, 2, 2.0, (1, 2), "d")  # frozen: a value, may repeat
+    assert checkpoint.decode_state(checkpoint.encode_state([finding, finding])) == [finding, finding]
 
 
 def _body(tree) -> bytes:
@@ -362,3 +367,29 @@ async def test_the_runner_trusts_its_own_checkpoints(tmp_path: Path, batch_size:
         assert notes == []
     finally:
         await store.close()
+
+
+_TERMINAL = "projections.turn_state:Terminal"  # reason: str | None, kinds: set[str]
+
+
+@pytest.mark.parametrize(
+    "fields, fits",
+    [
+        ({"reason": "stop", "kinds": ["s", "ResponseEnded"], "stale_reason": None, "stale_kinds": ["s"]}, True),
+        ({"reason": 7, "kinds": ["s"], "stale_reason": None, "stale_kinds": ["s"]}, False),  # str | None
+        ({"reason": b"stop", "kinds": ["s"], "stale_reason": None, "stale_kinds": ["s"]}, False),
+        ({"reason": None, "kinds": ["s", "ResponseEnded", 3], "stale_reason": None, "stale_kinds": ["s"]}, False),
+        ({"reason": None, "kinds": ["l", "ResponseEnded"], "stale_reason": None, "stale_kinds": ["s"]}, False),
+        ({"reason": None, "kinds": ["s"], "stale_reason": None, "stale_kinds": ["s", None]}, False),  # set[str]
+    ],
+)
+def test_union_and_set_fields_are_checked_element_by_element(fields, fits) -> None:
+    """The compiled checks of a union of plain classes (one isinstance) and of a list/set/frozenset
+    (each element) refuse what the annotation does not allow, as the general checks did."""
+    body = _body(["D", _TERMINAL, fields])
+    if fits:
+        terminal = checkpoint.decode_state(body)
+        assert (terminal.reason, terminal.kinds, terminal.stale_kinds) == ("stop", {"ResponseEnded"}, set())
+    else:
+        with pytest.raises(checkpoint.CheckpointRefused, match="does not fit"):
+            checkpoint.decode_state(body)
