@@ -20,6 +20,12 @@ file to table through ``sqlite3``'s ``executemany``) and the checkpoint in ONE
 transaction, exactly as the sequential runner's last batch would have (CASE-16: a crash
 before the commit leaves no rows and no checkpoint, and the next run starts over).
 
+A checked fold (``verify`` on a large log: :func:`fold_partition_checked`) also checks the
+hash chain's links of one range of positions per partition, from the same scan: the
+partition's rows before its range, every row of the range (with its hash; the partition's
+own folded), then the partition's rows after it, in position order
+(:class:`events.chain_walk.SegmentCheck`). The rows are read once.
+
 Only the log-wide "now" is shared between sessions: the resources fold evaluates orphans
 against the ts of the last event applied, which the merge takes from the partition holding
 the log's last position — the same value a sequential fold ends with.
@@ -124,8 +130,9 @@ def default_workers() -> int:
 class PartitionResult:
     """A worker's projector, and the file its finalized turn rows were spooled to (so neither
     the worker nor the caller holds every turn table in memory); ``segment``: what the chain
-    check of a range of positions beside the fold found (:func:`fold_partition_checked`, as
-    :func:`events.chain_walk.check_sqlite_segment_plain` values), None when none was asked."""
+    check of a range of positions found from the fold's scan (:func:`folded_partition`'s
+    ``chain``, as :func:`events.chain_walk.check_sqlite_segment_plain` values), None when none
+    was asked."""
 
     projector: Projector
     turns_path: str

@@ -60,10 +60,11 @@ async def fold_partitions(
     """Fold each partition of ``plan`` up to ``head``: every one but the last in a spawned
     worker (its result decoded by :func:`~projections.shell.parallel.decode_result`), the
     last on a thread here. Turn rows are spooled under ``spool_dir``. ``chain``: a range of
-    positions per partition whose hash-chain links that partition's process checks beside
-    its fold (:func:`~projections.shell.parallel.fold_partition_checked`; its ``segment``),
-    with the stored hashes of the ``watch`` positions. ``progress(done, head)`` after each
-    partition. Raises what a partition raises, once every partition has ended."""
+    positions per partition whose hash-chain links that partition's process checks from the
+    scan it folds from (:func:`~projections.shell.parallel.fold_partition_checked`; its
+    ``segment``), with the stored hashes of the ``watch`` positions. ``progress(done, head)``
+    after each partition. Raises what a partition raises, once every partition has ended;
+    the worker processes' exit is not waited for."""
     loop = asyncio.get_running_loop()
     results: list[parallel.PartitionResult] = []
     here = len(plan) - 1  # the last partition is folded on a thread of this process
