@@ -101,26 +101,28 @@ def test_one_scan_equals_the_fold_and_the_chain_check_apart(ledger, tmp_path, pa
 
 
 @pytest.mark.parametrize(
-    "edit",
+    ("edit", "in_range", "at"),
     [
-        "UPDATE events SET ts_us = ts_us + 1 WHERE position = {p}",  # an edited row
-        "UPDATE events SET hash = NULL WHERE position = {p}",  # a row without its hash
-        "UPDATE events SET data = CAST(x'ff' AS TEXT) WHERE position = {p}",  # not UTF-8: read apart
-        "UPDATE events SET position = 0 WHERE position = 1",  # a row below 1, then a gap
+        ("UPDATE events SET ts_us = ts_us + 1 WHERE position = {p}", 0, -3),  # an edited row
+        ("UPDATE events SET hash = NULL WHERE position = {p}", 0, -3),  # a row without its hash
+        ("UPDATE events SET data = CAST(x'ff' AS TEXT) WHERE position = {p}", 0, -3),  # not UTF-8: read apart
+        ("UPDATE events SET position = 0 WHERE position = 1", 0, -3),  # a row below 1, then a gap
+        ("DELETE FROM events WHERE position = {p}", 1, -1),  # the row the range starts from is gone
+        ("UPDATE events SET hash = x'00' WHERE position = {p}", 1, -1),  # it has no 32-byte hash
     ],
-    ids=["edited", "hashless", "not-utf8", "below-1"],
+    ids=["edited", "hashless", "not-utf8", "below-1", "anchor-deleted", "anchor-hashless"],
 )
-def test_one_scan_on_an_edited_log_says_what_the_reads_apart_say(ledger, tmp_path, edit) -> None:
+def test_one_scan_on_an_edited_log_says_what_the_reads_apart_say(ledger, tmp_path, edit, in_range, at) -> None:
     head = _head(str(ledger))
-    chain = parallel.chain_ranges(head, 2)[0]
-    edited = _edited(ledger, tmp_path, edit.format(p=chain[1] - 3))
-    plan = parallel.plan_partitions(parallel.session_sizes(edited), 2)
-    conn = sqlite3.connect(edited)
-    owner = conn.execute("SELECT stream_id FROM events WHERE position = ?", (chain[1] - 3,)).fetchone()
+    chain = parallel.chain_ranges(head, 2)[in_range]
+    p = chain[0] + at if at < 0 and in_range else chain[1] + at  # before the range, or in it
+    conn = sqlite3.connect(ledger)
+    owner = conn.execute("SELECT stream_id FROM events WHERE position = ?", (p,)).fetchone()[0]
     conn.close()
+    edited = _edited(ledger, tmp_path, edit.format(p=p))
+    plan = parallel.plan_partitions(parallel.session_sizes(edited), 2)
     # The partition whose sessions the edited row is not of (its fold never decodes the row).
-    part = 1 if owner is not None and owner[0] in plan[0] else 0
-    chain = parallel.chain_ranges(head, 2)[0]
+    part = 1 if owner in plan[0] else 0
     found = _both(edited, part, head, chain, [], tmp_path)
     assert found[0].segment[2] is False
     _assert_same(*found)
