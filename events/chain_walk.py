@@ -411,62 +411,123 @@ def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = 
     below 1 makes the segment not intact: :data:`LOWEST_POSITION`). Each link
     depends only on two stored rows, so segments can be checked in parallel; their
     conjunction is exactly :class:`ChainWalker`'s "no fault". Not intact: the caller walks
-    the chain in order to name the fault (``ChainWalker``)."""
-    watch = set(watch)
+    the chain in order to name the fault (``ChainWalker``). The rows are checked by a
+    :class:`SegmentCheck` (which a partition's fold feeds from its own scan instead)."""
+    check = SegmentCheck(lo, hi, watch)
     conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
     try:
-        cursor = conn.execute(_SEGMENT_SQL, (lo - 1 if lo > 1 else LOWEST_POSITION, hi))
-        previous, expected, rows, recorded = GENESIS, lo, 0, 0
-        watched: dict[int, bytes] = {}
-        if lo > 1:
-            first = cursor.fetchone()
-            if first is None or first[0] != lo - 1 or not _valid(first[9]):
-                return Segment(lo, hi, False, 0, b"", 0, {})
-            previous = bytes(first[9])
+        cursor = conn.execute(_SEGMENT_SQL, (check.first_position, hi))
+        try:
+            while (batch := cursor.fetchmany(20_000)) and check.feed(batch):
+                pass
+        except sqlite3.OperationalError:  # text that is not UTF-8
+            check.broken = True
+        return check.segment()
+    finally:
+        conn.close()
+
+
+class SegmentCheck:
+    """:func:`check_sqlite_segment` fed by the caller: rows of the ``events`` table as plain
+    ``sqlite3`` returns them (:data:`~events.chain.ROW_COLUMNS` tuples), in position order,
+    from :attr:`first_position` (the row ``lo - 1`` whose stored hash the segment starts from;
+    :data:`LOWEST_POSITION` for ``lo`` = 1) to ``hi``, in batches (:meth:`feed`);
+    :meth:`segment` says what they gave. A partition's fold feeds it the rows of its range
+    from the scan it folds from (:mod:`projections.shell.parallel`): one read of the rows."""
+
+    __slots__ = ("lo", "hi", "first_position", "watch", "watched", "previous", "expected", "rows", "recorded", "broken")
+
+    def __init__(self, lo: int, hi: int, watch: Iterable[int] = ()) -> None:
+        self.lo, self.hi = lo, hi
+        self.first_position = lo - 1 if lo > 1 else LOWEST_POSITION
+        self.watch = set(watch)
+        self.watched: dict[int, bytes] = {}
+        self.previous: bytes | None = GENESIS if lo <= 1 else None  # None: row lo - 1 not read yet
+        self.expected, self.rows, self.recorded = lo, 0, 0
+        self.broken = False  # a link does not hold (or row lo - 1 has no hash): not intact
+
+    def feed(self, batch: Sequence[Sequence[Any]]) -> bool:
+        """Check the next rows; False once the segment is known not to be intact (feeding
+        more is useless)."""
+        if self.broken:
+            return False
+        start = 0
+        if self.previous is None:
+            if not batch:
+                return True
+            first = batch[0]
+            if first[0] != self.lo - 1 or not _valid(first[9]):
+                self.broken = True
+                return False
+            self.previous, start = bytes(first[9]), 1
+        previous, expected, rows, recorded, watch, watched = (
+            self.previous,
+            self.expected,
+            self.rows,
+            self.recorded,
+            self.watch,
+            self.watched,
+        )
         # events.chain.row_hash inlined (the same canonical bytes, one SHA-256 of the joined
         # bytes): this loop is the chain check of verify and of every reader. A hash read by
         # plain sqlite3 is valid (``_valid``) when it is a 32-byte blob.
         qi, i4, qqqi, sha256, join = _QI, _I4, _QQQI, hashlib.sha256, b"".join
         try:
-            while batch := cursor.fetchmany(20_000):
-                for position, sid, version, eid, type_, schema, ts_us, recorded_us, data, stored in batch:
-                    if position != expected or type(stored) is not bytes or len(stored) != 32:
-                        return Segment(lo, hi, False, rows, previous, recorded, watched)
-                    s, e, t, d = sid.encode(), eid.encode(), type_.encode(), data.encode()
-                    if (
-                        sha256(
-                            join(
-                                (
-                                    previous,
-                                    qi(position, len(s)),
-                                    s,
-                                    qi(version, len(e)),
-                                    e,
-                                    i4(len(t)),
-                                    t,
-                                    qqqi(schema, ts_us, recorded_us, len(d)),
-                                    d,
-                                )
+            for position, sid, version, eid, type_, schema, ts_us, recorded_us, data, stored in (
+                batch[start:] if start else batch
+            ):
+                if position != expected or type(stored) is not bytes or len(stored) != 32:
+                    self.broken = True
+                    break
+                s, e, t, d = sid.encode(), eid.encode(), type_.encode(), data.encode()
+                if (
+                    sha256(
+                        join(
+                            (
+                                previous,
+                                qi(position, len(s)),
+                                s,
+                                qi(version, len(e)),
+                                e,
+                                i4(len(t)),
+                                t,
+                                qqqi(schema, ts_us, recorded_us, len(d)),
+                                d,
                             )
-                        ).digest()
-                        != stored
-                    ):
-                        return Segment(lo, hi, False, rows, previous, recorded, watched)
-                    previous, expected, recorded = stored, expected + 1, recorded_us
-                    rows += 1
-                    if position in watch:
-                        watched[position] = previous
-        except (*_TYPE_ERRORS, sqlite3.OperationalError):  # a retyped value, text that is not UTF-8
-            return Segment(lo, hi, False, rows, previous, recorded, watched)
-        return Segment(lo, hi, expected == hi + 1, rows, previous, recorded, watched)
-    finally:
-        conn.close()
+                        )
+                    ).digest()
+                    != stored
+                ):
+                    self.broken = True
+                    break
+                previous, expected, recorded = stored, expected + 1, recorded_us
+                rows += 1
+                if position in watch:
+                    watched[position] = previous
+        except _TYPE_ERRORS:  # a retyped value
+            self.broken = True
+        self.previous, self.expected, self.rows, self.recorded = previous, expected, rows, recorded
+        return not self.broken
+
+    def segment(self) -> Segment:
+        """What the rows fed gave (row ``lo - 1`` never fed: not intact)."""
+        if self.previous is None:
+            return Segment(self.lo, self.hi, False, 0, b"", 0, {})
+        intact = not self.broken and self.expected == self.hi + 1
+        return Segment(self.lo, self.hi, intact, self.rows, self.previous, self.recorded, self.watched)
+
+    def plain(self) -> tuple[Any, ...]:
+        """:meth:`segment` as :func:`check_sqlite_segment_plain` gives it."""
+        return _plain(self.segment())
 
 
 def check_sqlite_segment_plain(db_path: str, lo: int, hi: int, watch: Sequence[int] = ()) -> tuple[Any, ...]:
     """:func:`check_sqlite_segment` as a tuple of plain values (``Segment(*result)`` rebuilds
     it): what a worker process hands back (no pickled objects)."""
-    s = check_sqlite_segment(db_path, lo, hi, watch)
+    return _plain(check_sqlite_segment(db_path, lo, hi, watch))
+
+
+def _plain(s: Segment) -> tuple[Any, ...]:
     return (s.lo, s.hi, s.intact, s.rows, s.last_hash, s.last_recorded_at_us, dict(s.watched))
 
 

@@ -20,6 +20,12 @@ file to table through ``sqlite3``'s ``executemany``) and the checkpoint in ONE
 transaction, exactly as the sequential runner's last batch would have (CASE-16: a crash
 before the commit leaves no rows and no checkpoint, and the next run starts over).
 
+A checked fold (``verify`` on a large log: :func:`fold_partition_checked`) also checks the
+hash chain's links of one range of positions per partition, from the same scan: the
+partition's rows before its range, every row of the range (with its hash; the partition's
+own folded), then the partition's rows after it, in position order
+(:class:`events.chain_walk.SegmentCheck`). The rows are read once.
+
 Only the log-wide "now" is shared between sessions: the resources fold evaluates orphans
 against the ts of the last event applied, which the merge takes from the partition holding
 the log's last position — the same value a sequential fold ends with.
@@ -31,6 +37,7 @@ sequentially.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import os
 import sqlite3
@@ -39,7 +46,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -48,6 +55,9 @@ from events.records import StoredEvent, decode_row
 from projections.projector import Projector
 from projections.shell import checkpoint
 from projections.shell.turn_rows import TURN_COLUMNS, fold_batch, turn_values
+
+if TYPE_CHECKING:
+    from events.chain_walk import SegmentCheck
 
 PARALLEL_MIN_EVENTS = 200_000
 """Logs shorter than this are rebuilt sequentially by default."""
@@ -60,11 +70,16 @@ per worker for no measurable CPU gain)."""
 _COLUMNS = ("position", "stream_id", "version", "event_id", "type", "schema_version", "ts_us", "recorded_at_us", "data")
 # ``+stream_id``: no index for this term, so SQLite scans the table in position order (one
 # pass, no sort) and checks each row against the temporary table in C. The chain hash is
-# not read: the fold never looks at it (the chain is checked apart, events.chain_walk).
+# not read: the fold never looks at it.
 _SELECT = (
-    f"SELECT {', '.join(_COLUMNS)} FROM events WHERE position <= ? AND +stream_id IN temp.dl_partition "
+    f"SELECT {', '.join(_COLUMNS)} FROM events WHERE position BETWEEN ? AND ? AND +stream_id IN temp.dl_partition "
     "ORDER BY position"
 )
+# A checked fold's chain range (row lo - 1 included, as events.chain_walk.check_sqlite_segment
+# reads it): every session's rows, with their hash.
+_SELECT_RANGE = f"SELECT {', '.join(_COLUMNS)}, hash FROM events WHERE position BETWEEN ? AND ? ORDER BY position"
+_LOWEST_POSITION = -(2**63)
+"""The lowest 64-bit position (a row below 1 was written around the store, yet is folded)."""
 
 RESULT_MAGIC = "duplex-ledger-partition"
 """First item of a worker's result (:func:`encode_result`)."""
@@ -115,8 +130,9 @@ def default_workers() -> int:
 class PartitionResult:
     """A worker's projector, and the file its finalized turn rows were spooled to (so neither
     the worker nor the caller holds every turn table in memory); ``segment``: what the chain
-    check of a range of positions beside the fold found (:func:`fold_partition_checked`, as
-    :func:`events.chain_walk.check_sqlite_segment_plain` values), None when none was asked."""
+    check of a range of positions found from the fold's scan (:func:`folded_partition`'s
+    ``chain``, as :func:`events.chain_walk.check_sqlite_segment_plain` values), None when none
+    was asked."""
 
     projector: Projector
     turns_path: str
@@ -216,13 +232,12 @@ def fold_partition_checked(
     batch_size: int = WORKER_BATCH,
 ) -> tuple[bytes, tuple[Any, ...]]:
     """Worker: :func:`fold_partition`, and the hash chain's links of rows ``chain`` = (lo, hi)
-    checked beside it (:func:`events.chain_walk.check_sqlite_segment_plain`: each link depends
-    on two stored rows only, so the ranges of all partitions together check the whole chain).
+    checked from the same scan (:func:`folded_partition`'s ``chain``: each link depends on two
+    stored rows only, so the ranges of all partitions together check the whole chain).
     ``watch``: positions whose stored hash to hand back. Both as plain data."""
-    from events.chain_walk import check_sqlite_segment_plain
-
-    folded = fold_partition(db_path, part, sessions, until_position, spool_dir, batch_size)
-    return folded, check_sqlite_segment_plain(db_path, *chain, watch)
+    with gc_paused():
+        result = folded_partition(db_path, part, sessions, until_position, spool_dir, batch_size, chain, watch)
+        return encode_result(result), result.segment  # type: ignore[return-value]  # set: chain given
 
 
 def chain_ranges(head: int, parts: int) -> list[tuple[int, int]]:
@@ -242,36 +257,100 @@ def folded_partition(
     until_position: int,
     spool_dir: str,
     batch_size: int = WORKER_BATCH,
+    chain: tuple[int, int] | None = None,
+    watch: Sequence[int] = (),
 ) -> PartitionResult:
     """Fold the events of ``sessions`` (partition number ``part``) with position <=
     ``until_position``, spooling finalized turn rows to a SQLite file in ``spool_dir``
     (in a worker process, or on a thread of the caller for the partition it folds itself).
-    Raises what decoding raises (the caller sees it)."""
+    ``chain`` = (lo, hi): also check the hash chain's links of rows lo..hi (every session's),
+    read by the same scan (:class:`events.chain_walk.SegmentCheck`; the ``watch`` positions'
+    stored hashes kept), in the result's ``segment`` as
+    :func:`~events.chain_walk.check_sqlite_segment_plain` gives it. Raises what decoding
+    raises (the caller sees it)."""
+    if chain is None:
+        return _folded(db_path, part, sessions, until_position, spool_dir, batch_size, None)
+    from events.chain_walk import SegmentCheck, check_sqlite_segment_plain
+
+    try:
+        return _folded(db_path, part, sessions, until_position, spool_dir, batch_size, SegmentCheck(*chain, watch))
+    except sqlite3.Error:
+        # A row sqlite3 cannot read (text that is not UTF-8, a damaged page): the fold and the
+        # chain check read apart, so each meets it as it does on its own (the fold raises
+        # when the row is one of its sessions'; the range is not intact).
+        os.remove(_spool_path(spool_dir, part))
+    result = _folded(db_path, part, sessions, until_position, spool_dir, batch_size, None)
+    return dataclasses.replace(result, segment=check_sqlite_segment_plain(db_path, *chain, watch))
+
+
+def _spool_path(spool_dir: str, part: int) -> str:
+    return os.path.join(spool_dir, f"turns-{part}.db")
+
+
+def _folded(
+    db_path: str,
+    part: int,
+    sessions: Sequence[str],
+    until_position: int,
+    spool_dir: str,
+    batch_size: int,
+    check: SegmentCheck | None,
+) -> PartitionResult:
+    """:func:`folded_partition`: one scan, the chain range's rows fed to ``check``."""
     conn = _read_only(db_path)
     conn.execute("CREATE TEMP TABLE dl_partition (stream_id TEXT PRIMARY KEY) WITHOUT ROWID")
     conn.executemany("INSERT INTO temp.dl_partition VALUES (?)", ((s,) for s in sessions))
-    spool_path = os.path.join(spool_dir, f"turns-{part}.db")
+    spool_path = _spool_path(spool_dir, part)
     spool = sqlite3.connect(spool_path)
     spool.execute("PRAGMA journal_mode=OFF")  # a scratch file: lost with the rebuild if it fails
     spool.execute(f"CREATE TABLE turns ({', '.join(TURN_COLUMNS)})")
     insert = f"INSERT INTO turns VALUES ({', '.join('?' * len(TURN_COLUMNS))})"
     projector = Projector()
     events = n_turns = 0
+
+    def fold(rows: Sequence[tuple[Any, ...]]) -> None:
+        nonlocal events, n_turns
+        turn_rows, _ = fold_batch(projector, decode_tuples(rows), row=turn_values)
+        if turn_rows:
+            spool.executemany(insert, turn_rows)
+        events += len(rows)
+        n_turns += len(turn_rows)
+
     # The collector paused for the whole fold (events.gc_pause): what is built is acyclic.
     with gc_paused():
         try:
-            cursor = conn.execute(_SELECT, (until_position,))
-            while rows := cursor.fetchmany(batch_size):
-                turn_rows, _ = fold_batch(projector, decode_tuples(rows), row=turn_values)
-                if turn_rows:
-                    spool.executemany(insert, turn_rows)
-                events += len(rows)
-                n_turns += len(turn_rows)
+            if check is None:
+                for rows in _batches(conn.execute(_SELECT, (_LOWEST_POSITION, until_position)), batch_size):
+                    fold(rows)
+            else:
+                # One scan in position order, in three reads: the partition's rows before the
+                # chain range, every row of the range (the partition's folded), the
+                # partition's rows after it.
+                first, hi = check.first_position, check.hi
+                if first > _LOWEST_POSITION:
+                    before = (_LOWEST_POSITION, min(first - 1, until_position))
+                    for rows in _batches(conn.execute(_SELECT, before), batch_size):
+                        fold(rows)
+                # A row of the range whose stream id is not text is no partition's (SQLite would
+                # compare it as text): the range is not intact, and the ordered walk names it.
+                own = set(sessions)
+                for rows in _batches(conn.execute(_SELECT_RANGE, (first, hi)), batch_size):
+                    check.feed(rows)
+                    fold([row[:9] for row in rows if row[1] in own and row[0] <= until_position])
+                if hi < until_position:
+                    for rows in _batches(conn.execute(_SELECT, (hi + 1, until_position)), batch_size):
+                        fold(rows)
             spool.commit()
         finally:
             conn.close()
             spool.close()
-    return PartitionResult(projector, spool_path, n_turns, events)
+    segment = None if check is None else check.plain()
+    return PartitionResult(projector, spool_path, n_turns, events, segment)
+
+
+def _batches(cursor: sqlite3.Cursor, size: int) -> Iterator[list[Any]]:
+    while rows := cursor.fetchmany(size):
+        yield rows
 
 
 def spooled_turn_values(paths: list[str]) -> Iterator[tuple[Any, ...]]:

@@ -12,13 +12,11 @@ is the workers' side, kept light because every worker imports it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from events.chain_walk import check_sqlite_segment_plain
 from events.gc_pause import gc_paused
 from events.store.store import EventStore
 from events.store.url import sqlite_path
@@ -62,21 +60,21 @@ async def fold_partitions(
     """Fold each partition of ``plan`` up to ``head``: every one but the last in a spawned
     worker (its result decoded by :func:`~projections.shell.parallel.decode_result`), the
     last on a thread here. Turn rows are spooled under ``spool_dir``. ``chain``: a range of
-    positions per partition whose hash-chain links that partition's process checks beside
-    its fold (:func:`~projections.shell.parallel.fold_partition_checked`; its ``segment``),
-    with the stored hashes of the ``watch`` positions. ``progress(done, head)`` after each
-    partition. Raises what a partition raises, once every partition has ended."""
+    positions per partition whose hash-chain links that partition's process checks from the
+    scan it folds from (:func:`~projections.shell.parallel.fold_partition_checked`; its
+    ``segment``), with the stored hashes of the ``watch`` positions. ``progress(done, head)``
+    after each partition. Raises what a partition raises, once every partition has ended;
+    the worker processes' exit is not waited for."""
     loop = asyncio.get_running_loop()
     results: list[parallel.PartitionResult] = []
     here = len(plan) - 1  # the last partition is folded on a thread of this process
 
     def fold_here() -> parallel.PartitionResult:
-        result = parallel.folded_partition(path, here, plan[here], head, spool_dir)
-        if chain is None:
-            return result
-        return dataclasses.replace(result, segment=check_sqlite_segment_plain(path, *chain[here], watch))
+        mine = None if chain is None else chain[here]
+        return parallel.folded_partition(path, here, plan[here], head, spool_dir, chain=mine, watch=watch)
 
-    with parallel.pool(here) if here else contextlib.nullcontext() as pool:
+    pool = parallel.pool(here) if here else None
+    try:
         pending: list[asyncio.Future[Any]] = [
             loop.run_in_executor(pool, parallel.fold_partition, path, part, sessions, head, spool_dir)
             if chain is None
@@ -97,8 +95,14 @@ async def fold_partitions(
                 if progress is not None:
                     progress(head * len(results) // len(plan), head)
         finally:
-            # A failed partition: the others still end before their spool folder goes.
+            # A failed partition: the others still end before their spool folder goes (a
+            # worker closes its spool file before it hands back its result or its error).
             await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        # Every partition has ended: the workers' exit (their interpreter freeing the fold
+        # state, ≈ 0.1 s) is not waited for; the pool's own thread joins them.
+        if pool is not None:
+            pool.shutdown(wait=False)
     return results
 
 
