@@ -135,7 +135,8 @@ class ProjectionRunner:
         projections.shell.parallel). The old rows are deleted on the write thread while the
         workers fold (the delete, and the WAL checkpoint a previous rebuild's rows leave
         due, can take seconds on a large log); the new rows and the checkpoint are written
-        after it, in one transaction (SQLite copies the spooled rows itself,
+        after it, in one transaction that first deletes again what another writer (a second
+        rebuild, ``serve`` catching up) committed meanwhile (SQLite copies the spooled rows itself,
         :func:`~projections.shell.readmodels.insert_spooled`, while the fold state is merged and
         encoded here)."""
         path = partitions.db_path(self.store)
@@ -155,6 +156,9 @@ class ProjectionRunner:
             snapshot: concurrent.futures.Future[tuple[list[dict], list[dict], bytes]] = concurrent.futures.Future()
 
             def write(conn: Any) -> None:
+                # Again, in this transaction: rows another writer (a second rebuild, `serve`
+                # catching up) committed since the early delete would collide with ours.
+                readmodels.clear_read_models(conn)
                 readmodels.insert_spooled(conn, spools)
                 resources, findings, state = snapshot.result()  # what the merge raised: rolled back
                 readmodels.write_batch(

@@ -88,3 +88,26 @@ async def test_a_merge_that_fails_rolls_the_rows_back_and_frees_the_write_thread
         assert (await _rebuild(store, 2))[0] == sequential
     finally:
         await store.close()
+
+
+async def test_a_rebuild_that_races_another_writes_its_own_rows_whole(tmp_path, monkeypatch) -> None:
+    """Two ``rebuild`` s of one ledger at once (a second process, or ``serve`` catching up):
+    the other's rows land between this rebuild's early delete and its write. The write
+    transaction clears again before it inserts, so it succeeds (no ``UNIQUE constraint
+    failed``) and leaves exactly a sequential rebuild's rows and checkpoint."""
+    from projections.shell import partitions
+
+    store = await _store(tmp_path / "l.db", EVENTS)
+    try:
+        expected, _ = await _rebuild(store, 1)
+        fold = partitions.fold_partitions
+
+        async def raced(*args, **kwargs):  # type: ignore[no-untyped-def]
+            found = await fold(*args, **kwargs)
+            await _rebuild(store, 1)  # the other writer's whole rebuild, committed meanwhile
+            return found
+
+        monkeypatch.setattr(partitions, "fold_partitions", raced)
+        assert (await _rebuild(store, 2))[0] == expected
+    finally:
+        await store.close()
