@@ -74,6 +74,8 @@ class LazyCommands(TyperGroup):
             return super().parse_args(ctx, args)
         except BrokenPipeError:
             raise typer.Exit(closed_pipe()) from None
+        except OSError as exc:  # ``duplex-ledger --help > /dev/full``
+            raise typer.Exit(output_failed(exc)) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; a closed pipe on stdout/stderr ends it quietly with exit 141
