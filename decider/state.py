@@ -146,17 +146,25 @@ def next_incarnation(history: Iterable[Any]) -> int:
     """The incarnation a session opens under, from its earlier events (DOMAIN §2.1): one more
     than the highest incarnation a predecessor ran under, 0 for a first open. A predecessor's
     incarnation is the one the resources fold judged it by: a reopen after a close that stated
-    no higher one ran as the next (:func:`projections.resources.reopened_incarnation`). Ids of
-    a closed predecessor can then never be confused with the new session's."""
+    no higher one ran as the next (:func:`projections.resources.reopened_incarnation`); an open
+    of a session still open (no close or takeover since its open) is refused by the fold
+    (``open_while_open``): the open session's incarnation stands, and the refused open's only
+    raises the bound. Ids of a closed predecessor (or of a refused open) can then never be
+    confused with the new session's."""
     highest: int | None = None
     current: int | None = None
     ended = False
     for e in history:
         if isinstance(e, _OPENED):
             stated = cast(SessionOpened, e).incarnation
+            if current is not None and not ended:  # open_while_open: the fold keeps ``current``
+                highest = stated if highest is None else max(highest, stated)
+                continue
             current = reopened_incarnation(current, stated) if ended and current is not None else stated
             highest = current if highest is None else max(highest, current)
             ended = False
         elif isinstance(e, _ENDS):
             ended = True
+            if current is None:  # an end before any open ends the fold's incarnation 0
+                current = highest = 0
     return 0 if highest is None else highest + 1

@@ -74,6 +74,8 @@ class LazyCommands(TyperGroup):
             return super().parse_args(ctx, args)
         except BrokenPipeError:
             raise typer.Exit(closed_pipe()) from None
+        except OSError as exc:  # ``duplex-ledger --help > /dev/full``
+            raise typer.Exit(output_failed(exc)) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; a closed pipe on stdout/stderr ends it quietly with exit 141
@@ -131,7 +133,14 @@ def main() -> None:
     try:
         result = app(standalone_mode=False)
     except typer.TyperException as exc:  # click's usage errors (typer's own copy of click)
-        if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `duplex-ledger` alone: the help on stderr, as click's
+            try:  # standalone mode shows it (standalone_mode=False only raises it)
+                exc.show()  # type: ignore[attr-defined]
+            except BrokenPipeError:
+                raise SystemExit(closed_pipe()) from None
+            except OSError:  # stderr on a full disk: the exit code is all that is left
+                pass
+        else:
             ctx = getattr(exc, "ctx", None)
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             say(f"error: {exc.format_message()}{hint}")  # type: ignore[attr-defined]

@@ -117,6 +117,14 @@ def test_help_at_80_columns_keeps_every_default_whole(command):
         assert "sqlite+aiosqlite:///./duplex-ledger.db" in " ".join(out.split())
 
 
+def test_no_command_shows_the_help_on_stderr_and_exits_2():
+    """``duplex-ledger`` alone printed nothing at all and exited 2 (hostile): click raises its
+    help as an error when not in standalone mode, and the entry point dropped it."""
+    out = _cli()
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("Usage: duplex-ledger") and all(f"  {name}" in out.stderr for name in COMMANDS)
+
+
 def test_help_lists_every_command_without_importing_them():
     code = (
         "import sys; from reports.cli import app; from typer.testing import CliRunner; "

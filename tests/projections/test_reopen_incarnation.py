@@ -7,7 +7,10 @@ the closed session and across a checkpoint."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from decider.state import next_incarnation
 from projections.projector import SWEEP_EVERY, Projector
 from projections.resources import reopened_incarnation
 from projections.shell import checkpoint
@@ -158,3 +161,69 @@ def test_an_open_while_open_counts_no_second_session_in_the_metrics():
     rollup = fold.rollups[0]
     assert rollup.opened_ts == 1.0  # the session's own open, not the refused one at 2.5
     assert sum(rollup.turns_by_reason.values()) == len(Projector().apply_all(b.stored).turn_tables) == 3
+
+
+LIFE_STEPS = st.lists(st.one_of(st.integers(0, 6), st.sampled_from(["close", "takeover"])), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=LIFE_STEPS)
+def test_the_engine_opens_above_what_the_fold_judged_whatever_the_history_holds(steps):
+    """The incarnation the session engine states for a (re)open (:func:`next_incarnation`, read
+    from the stream's history) is above the one the resources fold judged the session by, so
+    the fold accepts that open silently and binds the engine's ids (a fresh engine folds only
+    the new incarnation's events, so it mints from what it stated). Hostile retest of the
+    open_while_open rule: a refused open (an imported log; the engine never writes one) was
+    taken as the session's incarnation by the engine, and a later reopen's ids were all
+    ``stale_fence`` offline."""
+    b = LogBuilder()
+    for i, step in enumerate(steps):
+        if step == "close":
+            b.add("SessionClosed", "s1", 1.0 + i, reason="session_close")
+        elif step == "takeover":
+            b.add("SessionTakenOver", "s1", 1.0 + i, replica_id="r2", replica_incarnation=0)
+        else:
+            b.add("SessionOpened", "s1", 1.0 + i, model="m", incarnation=step)
+    b.add("SessionClosed", "s1", 100.0, reason="session_close")
+    stated = next_incarnation(e.event for e in b.stored)
+    reopen = b.add("SessionOpened", "s1", 101.0, model="m", incarnation=stated).position
+    x = turn(b, 102.0, stated, 0, "resp-next")
+    p = Projector().apply_all(b.stored)
+    assert [f.kind for f in p.findings() if f.first_position >= reopen and f.kind != "stale_finalize"] == []
+    assert p.session_resources("s1").incarnation == stated
+    assert {t.response_id: t.request_id for t in p.turn_tables}["resp-next"] == x
+
+
+async def test_a_live_reopen_after_an_imported_open_while_open_binds_its_ids(tmp_path):
+    """The same through the session engine (scripted FAKE ports, tests.fakes): a history with
+    a refused second open, then a reopen stating no higher incarnation; the engine's next
+    session must be judged by the offline fold as the engine ran it."""
+    from engine_bridge.engine import SessionEngine
+    from events.store import EventStore
+    from tests.fakes.fake_port import FakeStagePort
+
+    url = f"sqlite+aiosqlite:///{tmp_path}/ledger.db"
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0, model="m", incarnation=5)
+    b.add("SessionOpened", "s1", 2.0, model="m", incarnation=0)  # open_while_open: refused
+    b.add("SessionClosed", "s1", 3.0, reason="session_close")
+    b.add("SessionOpened", "s1", 4.0, model="m", incarnation=0)  # judged as 6
+    b.add("SessionClosed", "s1", 5.0, reason="session_close")
+    store = await EventStore.open(url, create=True)
+    await store.append("s1", b.events, expected_version=0)
+    await store.close()
+    ports = [FakeStagePort(0, "thinker", reply="hello there"), FakeStagePort(1, "talker")]
+    async with await SessionEngine.open(url, ports) as engine:
+        session = await engine.open_session("s1")
+        await session.append_text("hi")
+        await session.commit()
+        await session.wait_idle(10)
+        await session.close()
+        assert session.incarnation == 7
+    store = await EventStore.open(url)
+    try:
+        p = Projector().apply_all([stored async for stored in store.read_all(from_position=1)])
+    finally:
+        await store.close()
+    assert [f.kind for f in p.findings()] == ["open_while_open", "incarnation_not_advanced"]
+    assert [t.request_id for t in p.turn_tables] == [eph("s1", 0, incarnation=7)]
