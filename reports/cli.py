@@ -150,7 +150,8 @@ def main() -> None:
     except BrokenPipeError:  # a usage error's line to a closed stderr
         raise SystemExit(closed_pipe()) from None
     try:
-        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+        if sys.stdout is not None:  # None: started with stdout closed (>&-); click wrote nothing
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
     except BrokenPipeError:
         raise SystemExit(closed_pipe()) from None
     except OSError as exc:  # or a full disk

@@ -38,13 +38,15 @@ class Owner:
 class SessionLifecycle:
     """``open``: opened and not closed since; ``owner``: the last owner; ``version``: the
     stream version of the last lifecycle event; ``served_by``: the replica that opened the
-    session's current incarnation (the one that held its ids, even after a takeover)."""
+    session's current incarnation (the one that held its ids, even after a takeover);
+    ``taken_over``: a ``SessionTakenOver`` came after the current incarnation's open."""
 
     session_id: str
     open: bool
     owner: Owner
     version: int
     served_by: Owner = Owner(None, None)
+    taken_over: bool = False
 
 
 async def session_lifecycles(
@@ -102,9 +104,12 @@ def _step(
         return SessionLifecycle(
             stream_id, False, before.owner if before else nobody, version, before.served_by if before else nobody
         )
-    owner = Owner(payload.get("replica_id"), payload.get("replica_incarnation"))
     if kind == "SessionOpened":
+        if before is not None and before.open and not before.taken_over:
+            return before  # an open of an open session: refused by the fold (open_while_open), changes nothing
+        owner = Owner(payload.get("replica_id"), payload.get("replica_incarnation"))
         return SessionLifecycle(stream_id, True, owner, version, owner)
+    owner = Owner(payload.get("replica_id"), payload.get("replica_incarnation"))
     return SessionLifecycle(
-        stream_id, bool(before and before.open), owner, version, before.served_by if before else nobody
+        stream_id, bool(before and before.open), owner, version, before.served_by if before else nobody, True
     )

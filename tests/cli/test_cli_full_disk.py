@@ -66,3 +66,20 @@ def test_stdout_on_a_full_disk_is_one_error_line_and_exit_1(ledger: str, args: l
     assert proc.stderr.splitlines() == [
         "error: could not write the output: No space left on device (errno 28); the output is incomplete"
     ]
+
+
+@pytest.mark.parametrize("args", [["tables"], ["audit"], ["verify"]], ids=" ".join)
+def test_a_closed_stdout_is_no_traceback(ledger: str, args: list[str]) -> None:
+    """Started with stdout closed (``>&-``): Python has no ``sys.stdout``; the command ends
+    with its own exit code and no ``AttributeError`` traceback from the final flush."""
+    command = " ".join([sys.executable, "-m", "reports.cli", *args, "--db", ledger])
+    proc = subprocess.run(
+        ["bash", "-c", f"exec 1>&-; {command}"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert "Traceback" not in proc.stderr and "AttributeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
