@@ -147,7 +147,12 @@ class _Closed(BaseModel):
     # strict: the door (construction, append, import) takes no lax coercion — "3" is not 3,
     # true is not 1, "yes" is not true (issue 22). The read path of committed rows validates
     # with strict=False (events.records), so every log written before still reads back.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
+    # ser_json_inf_nan: a NaN/inf that got past validation (model_construct, model_copy's
+    # update) is written as the token NaN/Infinity, which the store refuses
+    # (events.store.rows.refuse_non_finite), not as null, which it could not read back.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, strict=True, ser_json_inf_nan="constants"
+    )
 
 
 class LimitedModel(_Closed):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 from pydantic_core import to_json as _to_json
 
@@ -27,6 +28,7 @@ from events.limits import (
     MAX_STREAM_ID_BYTES,
     MAX_TS_US,
     MIN_TS_US,
+    check_value,
     id_length_error,
 )
 from events.records import EventRecord, StoredEvent, decode_row, to_record
@@ -77,6 +79,22 @@ def payload_json(event: EventBase) -> str:
     return event.__pydantic_serializer__.to_json(event, exclude=_ENVELOPE).decode()  # type: ignore[no-any-return]
 
 
+def refuse_non_finite(event: EventBase, data_utf8: bytes, event_id: str) -> None:
+    """Raise InvalidRow naming the field when ``event`` (built around validation:
+    ``model_construct``, ``model_copy(update=…)``) holds a NaN or infinite number, or an
+    integer beyond 64 bits, that its payload text ``data_utf8`` would carry (DOMAIN §5.7 D12:
+    the store could not read it back). Cheap for every append: the payload is searched for the
+    ``NaN``/``Infinity`` tokens the models write for them (``ser_json_inf_nan="constants"``),
+    and only a payload holding one (a text that spells it, too) has its fields walked."""
+    if b"NaN" not in data_utf8 and b"Infinity" not in data_utf8:
+        return
+    for name, value in event.__dict__.items():
+        try:
+            check_value(value.model_dump() if isinstance(value, BaseModel) else value, name)
+        except ValueError as exc:
+            raise InvalidRow(f"event {event_id}: cannot be stored: {exc}") from None
+
+
 class NewRow(NamedTuple):
     """One event ready to insert. A NamedTuple, built once per appended event on the caller's
     side (a frozen dataclass's ``__init__`` cost ~1.2 µs of an append's ~8 µs: issue 23 step
@@ -106,7 +124,7 @@ class NewRow(NamedTuple):
                 event.schema_version,
                 ts_to_us(event.ts),
                 payload_json(event),
-            )
+            )._refusing_non_finite(event)
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
 
@@ -140,6 +158,7 @@ class NewRow(NamedTuple):
             data = data_utf8.decode()
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
+        refuse_non_finite(event, data_utf8, event_id)
         # the common case, every id short by its length in code points, decided inline
         request_id = fields.get("request_id")
         if (
@@ -165,6 +184,10 @@ class NewRow(NamedTuple):
         except (struct.error, UnicodeEncodeError):
             pieces = None
         return _new_tuple(cls, (stream_id, event_id, type_, schema_version, ts_us, data, None, None, pieces))
+
+    def _refusing_non_finite(self, event: EventBase) -> NewRow:
+        refuse_non_finite(event, self.data.encode("utf-8", "surrogatepass"), self.event_id)
+        return self
 
     def check(self) -> NewRow:
         """This row, with :attr:`pieces` encoded; raises :class:`InvalidRow` unless the store

@@ -171,3 +171,22 @@ async def test_the_longest_ids_are_stored_and_read_back_and_one_more_byte_is_ref
         assert await store.head_position() == 2
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+async def test_a_non_finite_number_past_validation_is_refused_naming_the_field(store: EventStore, bad: float) -> None:
+    """An event built around validation (``model_copy(update=…)``) with a NaN/inf: pydantic
+    wrote it as ``null``, which the store took and could not read back (every later read of
+    the log failed naming no position; hostile retest of issue 23). The models now write the
+    token, and the append refuses it naming the field (DOMAIN §5.7 D12); nothing is written."""
+    await store.append("S1", [SessionOpened(session_id="S1", ts=1.0)], expected_version=0)
+    turn = TurnCommitted(session_id="S1", ts=2.0, turn_id=0, response_id="r1", create_response=True)
+    for many in (False, True):  # the one-event call and the several-event call
+        events = [turn.model_copy(update={"overlap_speech_ms": bad})]
+        if many:
+            events.insert(0, turn.model_copy(update={"turn_id": 1, "response_id": "r0"}))
+        with pytest.raises(InvalidRow, match=r"number at overlap_speech_ms -?(nan|inf) is not finite"):
+            await store.append("S1", events, expected_version=1)
+    text = turn.model_copy(update={"response_id": "NaN-Infinity"})  # a text that spells the tokens
+    await store.append("S1", [text], expected_version=1)
+    assert [s.event.type for s in await store.read_stream("S1")] == ["SessionOpened", "TurnCommitted"]
