@@ -165,17 +165,26 @@ class _Live:
         )
         self.task = self.progress.add_task("trace lines", total=len(trace.lines), status="")
         self.turns = trace.turns
+        self.last: RunProgress | None = None
 
     def say(self, text: str) -> None:
         """One conversation line: model output and ids are log text (no markup, controls escaped)."""
         self.progress.console.print(terminal(text), markup=False, highlight=False, soft_wrap=True)
 
     def on_progress(self, p: RunProgress) -> None:
+        self.last = p
         self.progress.update(
             self.task,
             completed=p.lines_done,
             status=p.status(),
         )
+
+    def finished(self) -> None:
+        """Off a terminal (CI, ``| tee``) the bar's last row is cut at the console's width:
+        its counts (the README's "kept listening") are then printed whole on a line of their own."""
+        if self.last is not None and not self.progress.console.is_terminal:
+            done = f"trace lines {self.last.lines_done}/{self.last.lines_total} · {self.last.status()}"
+            self.progress.console.print(done, markup=False, highlight=False, soft_wrap=True)
 
     def on_line(self, line: TraceLine, outcome: LineOutcome) -> None:
         tag = f"[{line.session}]"
@@ -287,6 +296,7 @@ async def _drive(
                     on_line=live.on_line,
                     on_event=live.on_event,
                 )
+            live.finished()
         timings["trace_s"] = result.wall_s
     finally:
         for port in reversed(ports):
