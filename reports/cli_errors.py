@@ -413,22 +413,39 @@ def guard_stderr() -> None:
         sys.stderr = _GuardedStderr(sys.stderr)  # type: ignore[assignment]
 
 
-def committed(summary: str, what: str) -> None:
+def committed(summary: str | Callable[[], None], what: str) -> bool:
     """Print ``summary`` on stdout for a command whose change to the ledger is already
-    committed (``what``: ``the import (8 events)``). When it cannot be written — a full disk,
-    a failing device, a closed pipe — stdout is pointed at ``/dev/null``, one ``warning:`` line
-    on stderr says that ``what`` was committed and why the summary is missing, and the command
-    goes on to exit 0: it did what it was asked, and a retry loop must not run it again
-    (module doc). The warning itself is best effort."""
+    committed (``what``: ``the import (8 event(s) from f.jsonl)``); ``summary`` is a line, or a
+    function that prints the command's closing report (``run``'s tables and audit). When it
+    cannot be written — a full disk, a failing device, a closed pipe — stdout is pointed at
+    ``/dev/null``, one ``warning:`` line on stderr says that ``what`` was committed and why its
+    summary is missing, and False is returned; the command then exits with its own code (0 for
+    ``events import``): it did what it was asked, and a retry loop must not run it again
+    (module doc). The warning itself is best effort. True when the summary was written."""
     try:
-        typer.echo(summary)
+        if callable(summary):
+            summary()
+            if sys.stdout is not None:
+                sys.stdout.flush()
+        else:
+            typer.echo(summary)
+        return True
+    except SystemExit as exc:  # a plain rich Console's on_broken_pipe exits 1 while handling it
+        if not isinstance(exc.__context__, BrokenPipeError):
+            raise
+        failure: OSError = exc.__context__
     except OSError as exc:
-        _quiet_stream(sys.stdout)
-        reason = "the reader went away" if isinstance(exc, BrokenPipeError) else f"{exc.strerror} (errno {exc.errno})"
-        try:
-            say(f"warning: {what} was committed; its summary could not be written: {reason}")
-        except OSError:  # stderr is a closed pipe too: the exit code (0) is all that is left
-            _quiet_stream(sys.stderr)
+        failure = exc
+    _quiet_stream(sys.stdout)
+    if isinstance(failure, BrokenPipeError):
+        reason = "the reader went away"
+    else:
+        reason = f"{failure.strerror or type(failure).__name__} (errno {failure.errno})"
+    try:
+        say(f"warning: {what} was committed; its summary could not be written: {reason}")
+    except OSError:  # stderr is a closed pipe too: the exit code is all that is left
+        _quiet_stream(sys.stderr)
+    return False
 
 
 def _quiet_stream(stream: Any) -> None:
