@@ -48,7 +48,9 @@ Exit codes (the same error gives the same code from every command):
   which reads as a failure of the command; ``rg`` exits 0, which hides that the output was
   cut. The process does not take SIGPIPE's default action itself: a database socket that
   breaks must still be an error line, not a silent death. ``reports.cli`` ends every command
-  this way (:func:`closed_pipe`), rich's consoles included (their own hook exits 1).
+  this way (:func:`closed_pipe`), rich's consoles included (their own hook exits 1). A
+  command that has changed the ledger is the exception: its change is committed, so it exits
+  with its own code (see "0 — committed" above).
 
 Every message is one line per problem on stderr, printed without rich markup (user data such
 as ``--session '[/]'`` is text, not markup), with characters the terminal cannot encode
@@ -343,12 +345,7 @@ def output_failed(exc: OSError) -> int:
         say(os_error_line(exc))
     except OSError:  # stderr is just as broken: the exit code is all that is left
         pass
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # not a file (a test's capture)
-        pass
-    os.close(devnull)
+    _quiet_stream(sys.stdout)
     return OPERATIONAL
 
 
@@ -378,16 +375,13 @@ class _GuardedStderr:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    def _dropped(self) -> None:
-        _quiet_stream(self._stream)
-
     def write(self, text: str) -> int:
         try:
             return int(self._stream.write(text))
         except BrokenPipeError:
             raise
         except OSError:
-            self._dropped()
+            _quiet_stream(self._stream)
             return len(text)
 
     def flush(self) -> None:
@@ -396,7 +390,7 @@ class _GuardedStderr:
         except BrokenPipeError:
             raise
         except OSError:
-            self._dropped()
+            _quiet_stream(self._stream)
             try:  # what stayed in the buffer now goes to /dev/null
                 self._stream.flush()
             except OSError:
@@ -461,11 +455,6 @@ def closed_pipe() -> int:
     """The reader of stdout (or stderr) went away: point both at ``/dev/null`` so that nothing
     written later — the interpreter's final flush included — fails again, and return
     :data:`PIPE_CLOSED`. Python's documented way ("Note on SIGPIPE", ``signal`` module)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
     for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError, AttributeError):  # not a file (a test's capture): nothing to quiet
-            continue
-    os.close(devnull)
+        _quiet_stream(stream)
     return PIPE_CLOSED
