@@ -26,7 +26,7 @@ import typer
 from typer import _click as click  # typer's own copy of click (typer >= 0.24)
 from typer.core import TyperGroup
 
-from reports.cli_errors import OPERATIONAL, REJECTED, closed_pipe, output_failed, say
+from reports.cli_errors import OPERATIONAL, REJECTED, closed_pipe, guard_stderr, output_failed, say
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("reports.cli_events", "Database schema: upgrade, downgrade, current, grant."),
@@ -129,7 +129,10 @@ def main() -> None:
     """Console-script entry point (``duplex-ledger``). A usage error (an unknown option, a value
     out of range) is one line on stderr and exit 2, like every other rejected input
     (:mod:`reports.cli_errors`), not click's multi-line box. A reader that closed the pipe
-    (``duplex-ledger audit | head -1``) ends the command quietly with exit 141, as git does."""
+    (``duplex-ledger audit | head -1``) ends the command quietly with exit 141, as git does. A
+    message that cannot be written to stderr (``2>/dev/full``) changes no exit code
+    (:func:`reports.cli_errors.guard_stderr`)."""
+    guard_stderr()
     try:
         result = app(standalone_mode=False)
     except typer.TyperException as exc:  # click's usage errors (typer's own copy of click)

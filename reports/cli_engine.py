@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from engine_bridge.messages import ClientEvent, EngineConfig
 from events.store.url import redact
 from reports import cli_projections
-from reports.cli_errors import checked_url, fail, report
+from reports.cli_errors import checked_url, committed, fail, report
 from reports.cli_errors import run as run_body  # `run` is this module's command
 from reports.cli_numbers import finite_option
 from reports.cli_projections import DB_HELP, AuditFormat, TablesFormat
@@ -361,18 +361,22 @@ def _live_run(
                 markup=False,
                 highlight=False,
             )
-    typer.echo(TABLES_MARK)
-    cli_projections.tables(db=url, session=None, response=None, until_position=None, fmt=TablesFormat.text)
-    typer.echo(AUDIT_MARK)
-    try:
-        cli_projections.audit(db=url, session=None, max_idle=30.0, until_position=None, fmt=AuditFormat.text, now=None)
-        code = 0
-    except typer.Exit as exc:
-        code = exc.exit_code
-    typer.echo("Re-project them later from the same ledger:")
     prog = program_name()
-    typer.echo(f"  {prog} tables --db {redact(url)}")
-    typer.echo(f"  {prog} audit --db {redact(url)}")
+    codes: list[int] = []
+
+    def closing_report() -> None:
+        typer.echo(TABLES_MARK)
+        cli_projections.tables(db=url, session=None, response=None, until_position=None, fmt=TablesFormat.text)
+        typer.echo(AUDIT_MARK)
+        codes.append(_audit_code(url))
+        typer.echo("Re-project them later from the same ledger:")
+        typer.echo(f"  {prog} tables --db {redact(url)}")
+        typer.echo(f"  {prog} audit --db {redact(url)}")
+
+    what = f"the run (its sessions are in {redact(url)}; `{prog} tables` and `{prog} audit` re-project them)"
+    if not committed(closing_report, what) and not codes:
+        codes.append(_audit_code(url))  # stdout now goes to /dev/null: the audit's verdict still sets the code
+    code = codes[0]
     err.print(
         f"done in {time.monotonic() - started:.1f} s (thinker start {timings.get('thinker_start_s', 0):.1f} s, "
         f"talker start {timings.get('talker_start_s', 0):.1f} s, trace {timings.get('trace_s', 0):.1f} s)",
@@ -382,6 +386,16 @@ def _live_run(
         err.print(f"serving {servers[0].url} for {metrics_linger_s:g} s more (--metrics-linger-s)", highlight=False)
         time.sleep(metrics_linger_s)
     raise typer.Exit(code)
+
+
+def _audit_code(url: str) -> int:
+    """Print the audit of the ledger at ``url`` (what ``duplex-ledger audit`` prints) and
+    return its exit code: 0 clean, 1 leaks or a broken chain."""
+    try:
+        cli_projections.audit(db=url, session=None, max_idle=30.0, until_position=None, fmt=AuditFormat.text, now=None)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    return 0
 
 
 def demo(

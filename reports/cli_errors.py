@@ -20,7 +20,25 @@ Exit codes (the same error gives the same code from every command):
 
 * **1 — the output could not be written**: stdout is a full disk or a failing device
   (``> /dev/full``): one ``error: could not write the output: …`` line, no traceback
-  (:func:`output_failed`).
+  (:func:`output_failed`). The same for ``--output FILE`` when writing it fails with ENOSPC,
+  EIO, EFBIG or EDQUOT (the file system failed); an ``--output`` path that cannot be used at all
+  (a directory, a missing directory, permission denied, a read-only file system) is rejected
+  input, exit 2 (:func:`output_error_code`).
+
+* **Messages that cannot be written change no exit code.** A command's exit code is its own: a
+  line for stderr (an ``error:``, a ``note:``, a progress line) that cannot be written because
+  stderr is a full disk or a failing device (``2>/dev/full``) is dropped, stderr is pointed at
+  ``/dev/null`` and the command goes on — a rejection still exits 2, a clean ``audit`` 0
+  (:func:`guard_stderr`, installed by ``reports.cli.main``). A closed stderr *pipe* is still
+  the reader going away (141, below).
+
+* **0 — committed, but the summary could not be written**: a command that changed the ledger
+  (``events import``, ``rebuild``, ``db upgrade``/``downgrade``/``grant``) has committed before
+  it prints its summary line. When that line cannot be written (a full disk, a failing device,
+  a closed pipe), stderr says ``warning: … was committed …; its summary could not be written:
+  …`` and the exit is 0: an operator's retry loop (``until duplex-ledger events import f; do
+  …``) must not run it again — a file whose lines carry no ``event_id`` would be imported
+  twice (:func:`committed`).
 
 * **141 — the reader went away**: stdout (or stderr) is a pipe whose reader closed it
   (``duplex-ledger audit | head -1``). The command stops at once and quietly — no message, no
@@ -30,7 +48,9 @@ Exit codes (the same error gives the same code from every command):
   which reads as a failure of the command; ``rg`` exits 0, which hides that the output was
   cut. The process does not take SIGPIPE's default action itself: a database socket that
   breaks must still be an error line, not a silent death. ``reports.cli`` ends every command
-  this way (:func:`closed_pipe`), rich's consoles included (their own hook exits 1).
+  this way (:func:`closed_pipe`), rich's consoles included (their own hook exits 1). A
+  command that has changed the ledger is the exception: its change is committed, so it exits
+  with its own code (see "0 — committed" above).
 
 Every message is one line per problem on stderr, printed without rich markup (user data such
 as ``--session '[/]'`` is text, not markup), with characters the terminal cannot encode
@@ -325,24 +345,116 @@ def output_failed(exc: OSError) -> int:
         say(os_error_line(exc))
     except OSError:  # stderr is just as broken: the exit code is all that is left
         pass
+    _quiet_stream(sys.stdout)
+    return OPERATIONAL
+
+
+def output_error_code(exc: OSError) -> int:
+    """The exit code of a failed write to a named output file: :data:`OPERATIONAL` (1) when the
+    file system failed (ENOSPC, EIO, EFBIG, EDQUOT: the path was fine), :data:`REJECTED` (2)
+    when the path cannot be written at all (EISDIR, ENOENT, EACCES, EROFS…)."""
+    return OPERATIONAL if exc.errno in _OUTPUT_ERRNOS else REJECTED
+
+
+def _quiet(fd: int) -> None:
+    """Point file descriptor ``fd`` at ``/dev/null`` (later writes, the interpreter's final
+    flush included, succeed and go nowhere)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # not a file (a test's capture)
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+class _GuardedStderr:
+    """``sys.stderr`` for the CLI: a write or flush that fails (a full disk, a failing device)
+    is dropped and the file descriptor is pointed at ``/dev/null``, so that a message that
+    cannot be written changes no exit code. A closed pipe (BrokenPipeError) still propagates:
+    the reader went away (exit 141). Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError:
+            _quiet_stream(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError:
+            _quiet_stream(self._stream)
+            try:  # what stayed in the buffer now goes to /dev/null
+                self._stream.flush()
+            except OSError:
+                pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_stderr() -> None:
+    """Install :class:`_GuardedStderr` as ``sys.stderr`` (once; nothing when stderr is closed,
+    ``2>&-``). Called by the console-script entry point before any command runs."""
+    if sys.stderr is not None and not isinstance(sys.stderr, _GuardedStderr):
+        sys.stderr = _GuardedStderr(sys.stderr)  # type: ignore[assignment]
+
+
+def committed(summary: str | Callable[[], None], what: str) -> bool:
+    """Print ``summary`` on stdout for a command whose change to the ledger is already
+    committed (``what``: ``the import (8 event(s) from f.jsonl)``); ``summary`` is a line, or a
+    function that prints the command's closing report (``run``'s tables and audit). When it
+    cannot be written — a full disk, a failing device, a closed pipe — stdout is pointed at
+    ``/dev/null``, one ``warning:`` line on stderr says that ``what`` was committed and why its
+    summary is missing, and False is returned; the command then exits with its own code (0 for
+    ``events import``): it did what it was asked, and a retry loop must not run it again
+    (module doc). The warning itself is best effort. True when the summary was written."""
+    try:
+        if callable(summary):
+            summary()
+            if sys.stdout is not None:
+                sys.stdout.flush()
+        else:
+            typer.echo(summary)
+        return True
+    except SystemExit as exc:  # a plain rich Console's on_broken_pipe exits 1 while handling it
+        if not isinstance(exc.__context__, BrokenPipeError):
+            raise
+        failure: OSError = exc.__context__
+    except OSError as exc:
+        failure = exc
+    _quiet_stream(sys.stdout)
+    if isinstance(failure, BrokenPipeError):
+        reason = "the reader went away"
+    else:
+        reason = f"{failure.strerror or type(failure).__name__} (errno {failure.errno})"
+    try:
+        say(f"warning: {what} was committed; its summary could not be written: {reason}")
+    except OSError:  # stderr is a closed pipe too: the exit code is all that is left
+        _quiet_stream(sys.stderr)
+    return False
+
+
+def _quiet_stream(stream: Any) -> None:
+    """:func:`_quiet` the file descriptor of ``stream`` (nothing for one without: a test's
+    capture, or None when the process started with it closed)."""
+    try:
+        _quiet(stream.fileno())
+    except (OSError, ValueError, AttributeError):
         pass
-    os.close(devnull)
-    return OPERATIONAL
 
 
 def closed_pipe() -> int:
     """The reader of stdout (or stderr) went away: point both at ``/dev/null`` so that nothing
     written later — the interpreter's final flush included — fails again, and return
     :data:`PIPE_CLOSED`. Python's documented way ("Note on SIGPIPE", ``signal`` module)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
     for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError, AttributeError):  # not a file (a test's capture): nothing to quiet
-            continue
-    os.close(devnull)
+        _quiet_stream(stream)
     return PIPE_CLOSED

@@ -18,7 +18,16 @@ import typer
 
 from events.limits import MAX_POSITION
 from events.store.url import DEFAULT_URL, ENV_VAR, redact
-from reports.cli_errors import TAMPERED, check_session, checked_url, describe, run, say, tampered_line
+from reports.cli_errors import (
+    TAMPERED,
+    check_session,
+    checked_url,
+    committed,
+    describe,
+    run,
+    say,
+    tampered_line,
+)
 
 DbOption = Annotated[
     str | None,
@@ -51,7 +60,7 @@ def db_upgrade(
 
     url = checked_url(db)
     now = run(lambda: migrate.upgrade(url, revision), url)
-    typer.echo(f"{redact(url)} is at revision {now}")
+    committed(f"{redact(url)} is at revision {now}", f"the upgrade to revision {now}")
 
 
 @db_app.command("downgrade")
@@ -69,7 +78,7 @@ def db_downgrade(
     if not yes and not typer.confirm(f"Downgrade {shown} to {revision}? Tables above it are dropped with their data"):
         raise typer.Exit(1)
     now = run(lambda: migrate.downgrade(url, revision), url)
-    typer.echo(f"{shown} is at revision {now or 'base (empty)'}")
+    committed(f"{shown} is at revision {now or 'base (empty)'}", f"the downgrade to revision {now or 'base'}")
 
 
 @db_app.command("current")
@@ -110,7 +119,7 @@ def db_grant(
 
     url = checked_url(db)
     run(lambda: grant_app_role(url, role), url)
-    typer.echo(f"granted {role} SELECT/INSERT on events and the read models on {redact(url)}")
+    committed(f"granted {role} SELECT/INSERT on events and the read models on {redact(url)}", f"the grant to {role}")
 
 
 # --- events ------------------------------------------------------------------------------
@@ -163,7 +172,10 @@ def events_import(
             await store.close()
 
     result = run(body, url)
-    typer.echo(imported_line(str(file), lines, result.appended, result.skipped))
+    committed(
+        imported_line(str(file), lines, result.appended, result.skipped),
+        f"the import ({result.appended} event(s) from {file})",
+    )
 
 
 @events_app.command("export")

@@ -36,6 +36,7 @@ from reports.cli_errors import (
     UnknownResponse,
     check_session,
     checked_url,
+    committed,
     exit_if_tampered,
     fail,
     nearest,
@@ -473,7 +474,7 @@ def rebuild(
     url = checked_url(db)
     position = run(lambda: _rebuild(url, quiet, workers), url)
     if not quiet:
-        typer.echo(f"rebuilt read models up to position {position}")
+        committed(f"rebuilt read models up to position {position}", f"the rebuild (up to position {position})")
 
 
 def register(app: typer.Typer) -> None:

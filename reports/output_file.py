@@ -7,7 +7,10 @@ is refused before anything is opened for writing — writing it would destroy th
 regular file is written to a temporary file in its directory and renamed over the target
 when complete (``os.replace``), so a failed export leaves an existing target as it was; a
 device or FIFO (``/dev/stdout``, ``/dev/full``) is written in place. Every write error names
-``--output`` (exit 2, like an unopenable output), not the database.
+``--output``, not the database: exit 2 (rejected input) for a path that cannot be written at
+all (a directory, a missing directory, permission denied), exit 1 (operational: the file
+system failed) for a full disk or an I/O error while writing (ENOSPC, EIO, EFBIG, EDQUOT), as
+standard output on a full disk (:func:`reports.cli_errors.output_error_code`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from events.store.url import backend_of, sqlite_path
-from reports.cli_errors import fail
+from reports.cli_errors import fail, output_error_code
 
 LEDGER_SUFFIXES: tuple[str, ...] = ("", "-wal", "-shm", "-journal")
 """The ledger file and the siblings SQLite keeps next to it."""
@@ -61,7 +64,7 @@ def refuse_ledger_target(output: Path, url: str, option: str = "--output") -> No
 
 
 class _Checked:
-    """A text handle whose write errors exit 2 naming the option (not the database)."""
+    """A text handle whose write errors exit naming the option (not the database)."""
 
     def __init__(self, fh: TextIO, output: Path, option: str) -> None:
         self.fh, self.output, self.option = fh, output, option
@@ -74,8 +77,10 @@ class _Checked:
 
 
 def cannot_write(output: Path, exc: OSError, option: str = "--output") -> NoReturn:
-    """Exit 2 with ``--output 'PATH': cannot write: REASON``."""
-    fail(f"{option} {str(output)!r}: cannot write: {exc.strerror or exc}")
+    """Exit with ``--output 'PATH': cannot write: REASON (errno N)``: 2 for a path that cannot
+    be written, 1 when the file system failed (:func:`reports.cli_errors.output_error_code`)."""
+    reason = f"{exc.strerror} (errno {exc.errno})" if exc.strerror else str(exc)
+    fail(f"{option} {str(output)!r}: cannot write: {reason}", output_error_code(exc))
 
 
 def _mode_for(target: Path) -> int:
@@ -93,7 +98,7 @@ def output_file(output: Path, option: str = "--output") -> Iterator[_Checked]:
     ``write(str)``; on leaving the block without an error the text replaces the target
     atomically (regular files) or has been flushed (devices, FIFOs). On an error in the block
     the temporary file is removed and the target is untouched. Open, write, flush and rename
-    errors exit 2 naming ``option``. Call :func:`refuse_ledger_target` first."""
+    errors exit naming ``option`` (:func:`cannot_write`). Call :func:`refuse_ledger_target` first."""
     target = Path(os.path.realpath(output))
     regular = not target.exists() or target.is_file()
     tmp: str | None = None
