@@ -2,7 +2,10 @@
 of a fresh stream and of a 100-event stream, A/B in one process (the SQLite raw read path
 against the SQLAlchemy async path), ``time.thread_time()`` of the loop thread.
 
-    python -m benchmarks.bench_open_reads [--rounds 1000] [--events 100]
+    python -m benchmarks.bench_open_reads [--rounds 1000] [--events 100] [--opens 300]
+
+``--opens N``: also N opens (and closes) of fresh sessions through ``SessionEngine`` with the
+fake ports (tests/fakes, named fakes), loop CPU per ``open_session`` only, A/B in blocks.
 """
 
 from __future__ import annotations
@@ -51,9 +54,33 @@ async def main(rounds: int, events: int) -> None:
             await store.close()
 
 
+async def opens(count: int) -> None:
+    from engine_bridge.engine import SessionEngine
+    from tests.fakes.fake_port import FakeStagePort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ports = [FakeStagePort(0, "thinker", token_delay_s=0.001), FakeStagePort(1, "talker", token_delay_s=0.001)]
+        async with await SessionEngine.open(f"sqlite+aiosqlite:///{Path(tmp) / 'opens.db'}", ports) as engine:
+            backend: Any = engine.store.recorder.backend
+            raw, spent = backend.read_raw, {"sqlalchemy": 0.0, "raw": 0.0}
+            for block in range(2 * 10):
+                label = ("sqlalchemy", "raw")[block % 2]
+                backend.read_raw = raw if label == "raw" else None
+                for i in range(count // 10):
+                    start = time.thread_time()
+                    session = await engine.open_session(f"open-{block}-{i}")
+                    spent[label] += time.thread_time() - start
+                    await session.close()
+            for label, total_s in spent.items():
+                print(f"{label:>10}: open_session loop CPU {total_s / count * 1e6:7.1f} µs per open ({count} opens)")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--events", type=int, default=100)
+    parser.add_argument("--opens", type=int, default=0)
     args = parser.parse_args()
     asyncio.run(main(args.rounds, args.events))
+    if args.opens:
+        asyncio.run(opens(args.opens))

@@ -187,7 +187,7 @@ class AggregateRecorder:
     # --- reading -----------------------------------------------------------------------
     async def select_stream(self, stream_id: str, *, from_version: int = 1) -> list[StoredRow]:
         """Rows of one stream with ``version >= from_version``, in version order."""
-        fetched = await self._read_raw(_SELECT_STREAM, (stream_id, from_version))
+        fetched: Sequence[Any] | None = await self._read_raw(_SELECT_STREAM, (stream_id, from_version))
         if fetched is None:
             q = (
                 sa.select(*events.c)
