@@ -19,7 +19,9 @@ SQLite (``sqlite+aiosqlite``)
     reads (head position, stream versions) and then writes holds only a read snapshot; two such
     transactions on one file (two processes) deadlock on the upgrade and one gets SQLITE_BUSY at
     once, which no busy timeout can absorb. Reads use aiosqlite in autocommit mode: one
-    statement on a WAL snapshot, never blocking the writer.
+    statement on a WAL snapshot, never blocking the writer; the point reads of a session open
+    (a stream, a stream's version, the head) run the same way on a plain sqlite3 connection
+    owned by one reader thread (:meth:`SqliteBackend._read_raw`: one hop, issue 23).
 
 PostgreSQL (``postgresql+asyncpg``)
     One async engine; the write function runs via ``run_sync`` inside an async transaction.
