@@ -83,6 +83,9 @@ class SessionEngine:
         self.plugin = plugin or TextPlugin()
         self.config = config or EngineConfig()
         self.sessions: dict[str, Session] = {}
+        # Ids of the sessions that may still be open (a superset: pruned at each open), so the
+        # max_sessions check costs O(open sessions), not O(every session this engine served).
+        self._maybe_open: set[str] = set()
         self._closing = False  # aclose has begun
         self._opening = 0  # open_session calls in flight
         self._opens_done = asyncio.Event()  # set whenever none is in flight
@@ -212,7 +215,9 @@ class SessionEngine:
             await previous.settled()
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
-        if sum(not s.closed for s in self.sessions.values()) >= self.config.max_sessions:
+        sessions = self.sessions
+        self._maybe_open = {sid for sid in self._maybe_open if not sessions[sid].closed}
+        if len(self._maybe_open) >= self.config.max_sessions:
             raise SessionError(
                 "max_sessions_reached", f"{self.config.max_sessions} sessions open", session_id=session_id
             )
@@ -272,6 +277,7 @@ class SessionEngine:
                 raise SessionError("session_exists", "session is already open", session_id=session_id) from None
             raise SessionOwnedElsewhere(session_id, life.owner) from None
         self.sessions[session_id] = session
+        self._maybe_open.add(session_id)
         return session
 
     def _projector_for(self, session_id: str, version: int) -> Projector:

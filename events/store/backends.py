@@ -19,7 +19,9 @@ SQLite (``sqlite+aiosqlite``)
     reads (head position, stream versions) and then writes holds only a read snapshot; two such
     transactions on one file (two processes) deadlock on the upgrade and one gets SQLITE_BUSY at
     once, which no busy timeout can absorb. Reads use aiosqlite in autocommit mode: one
-    statement on a WAL snapshot, never blocking the writer.
+    statement on a WAL snapshot, never blocking the writer; the point reads of a session open
+    (a stream, a stream's version, the head) run the same way on a plain sqlite3 connection
+    owned by one reader thread (:meth:`SqliteBackend._read_raw`: one hop, issue 23).
 
 PostgreSQL (``postgresql+asyncpg``)
     One async engine; the write function runs via ``run_sync`` inside an async transaction.
@@ -45,7 +47,7 @@ from events.chain import GENESIS
 from events.chain_walk import tolerant_text
 from events.store import schema
 from events.store.errors import ReadOnlyStore
-from events.store.probe import readonly_async_engine
+from events.store.probe import readonly_async_engine, readonly_uri
 from events.store.url import backend_of, numeric_query, redact, sqlite_engine_url, sqlite_path, sqlite_synchronous
 from events.store.writer_thread import WriterThread
 
@@ -147,6 +149,12 @@ class Backend:
     :data:`schema.ROW_COLUMNS` order, for a backend whose driver reads them faster than a
     Core select (SQLite); None: the recorder runs the Core select."""
 
+    read_raw: Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]] | None = None
+    """``(sql, parameters)`` -> the statement's rows as plain driver tuples, read in one hop
+    (SQLite: :meth:`SqliteBackend._read_raw`); None: the recorder runs the Core select. Raises
+    the driver's own error (``sqlite3.Error``), on which the recorder runs the Core select, so
+    a failing read fails exactly as it did without this path."""
+
     def lock_for_append(self, conn: Connection) -> None:
         """Serialise position allocation with every other writer (inside the transaction)."""
 
@@ -197,6 +205,12 @@ class SqliteBackend(Backend):
         self.select_rows_raw = self._select_rows_raw
         self._write_engine: Engine | None = None
         self._write_conn: Connection | None = None
+        # The point reads of a session open (its stream, a stream's version, the head: issue
+        # 23) run on one thread owning a plain sqlite3 autocommit connection: one hop, no
+        # SQLAlchemy pool or aiosqlite (~5 hops and ~300 µs of loop CPU a read).
+        self._read_thread = WriterThread("duplex-ledger-sqlite-reader")
+        self._read_conn: sqlite3.Connection | None = None
+        self.read_raw = self._read_raw
 
     def _make_reader(self) -> AsyncEngine:
         return readonly_async_engine(self.url) if self.read_only else super()._make_reader()
@@ -233,6 +247,35 @@ class SqliteBackend(Backend):
                 return list(await driver.execute_fetchall(*query))
             finally:
                 driver.text_factory = str
+
+    def _read_connection(self) -> sqlite3.Connection:
+        """The read thread's connection, opened on first use: autocommit (each statement reads
+        its own WAL snapshot, which holds every commit acknowledged before the statement
+        began, and never blocks the writer), ``mode=ro`` on a read-only store, the store's
+        busy timeout."""
+        if self._read_conn is None:
+            timeout_s = self.busy_timeout_ms / 1000
+            if self.read_only:
+                uri = readonly_uri(sqlite_path(self.url))
+                conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+            else:
+                conn = sqlite3.connect(sqlite_path(self.url), timeout=timeout_s, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+            self._read_conn = conn
+        return self._read_conn
+
+    def _fetch_in_thread(self, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
+        return self._read_connection().execute(sql, parameters).fetchall()
+
+    async def _read_raw(self, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
+        """``sql`` on the read thread's sqlite3 connection: its rows as sqlite3 gives them
+        (the column types SQLAlchemy's rows carry here too: no result processors on SQLite)."""
+        return await self._read_thread.call(self._fetch_in_thread, sql, parameters)
+
+    def _close_read_in_thread(self) -> None:
+        if self._read_conn is not None:
+            self._read_conn.close()
+            self._read_conn = None
 
     def _reader_kwargs(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000}}
@@ -355,6 +398,9 @@ class SqliteBackend(Backend):
     async def dispose(self) -> None:
         await self._thread.call(self._dispose_in_thread)
         await self._thread.stop()
+        if self._read_conn is not None:
+            await self._read_thread.call(self._close_read_in_thread)
+        await self._read_thread.stop()
         await super().dispose()
 
 

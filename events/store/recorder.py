@@ -32,6 +32,7 @@ import random
 import sqlite3
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -41,11 +42,15 @@ from events.store.backends import HEAD, Backend
 from events.store.errors import ConcurrencyError, StoreError
 from events.store.planning import AppendCall, BatchState, Existing, Settled, plan_calls
 from events.store.rows import StoredRow
-from events.store.schema import events
+from events.store.schema import ROW_COLUMNS, events
 
 _is_bulk = operator.itemgetter(3)  # AppendCall.bulk
 _IN_CHUNK = 900  # bound on parameters per IN (...) list
 _MAX_CACHED_STREAMS = 100_000
+# The Core selects below as SQL for the backend's raw read (same columns, filters and order).
+_SELECT_STREAM = f"SELECT {', '.join(ROW_COLUMNS)} FROM events WHERE stream_id = ? AND version >= ? ORDER BY version"
+_STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE stream_id = ?"
+_MAX_POSITION = "SELECT coalesce(max(position), 0) FROM events"
 Outcome = Settled | StoreError
 
 
@@ -182,13 +187,29 @@ class AggregateRecorder:
     # --- reading -----------------------------------------------------------------------
     async def select_stream(self, stream_id: str, *, from_version: int = 1) -> list[StoredRow]:
         """Rows of one stream with ``version >= from_version``, in version order."""
-        q = (
-            sa.select(*events.c)
-            .where(events.c.stream_id == stream_id, events.c.version >= from_version)
-            .order_by(events.c.version)
-        )
-        async with self.backend.reader.connect() as conn:
-            return list(map(StoredRow._make, (await conn.execute(q)).all()))
+        fetched: Sequence[Any] | None = await self._read_raw(_SELECT_STREAM, (stream_id, from_version))
+        if fetched is None:
+            q = (
+                sa.select(*events.c)
+                .where(events.c.stream_id == stream_id, events.c.version >= from_version)
+                .order_by(events.c.version)
+            )
+            async with self.backend.reader.connect() as conn:
+                fetched = (await conn.execute(q)).all()
+        return list(map(StoredRow._make, fetched))
+
+    async def _read_raw(self, sql: str, parameters: tuple[Any, ...]) -> list[Any] | None:
+        """``sql``'s rows through the backend's one-hop raw read (SQLite), or None where the
+        backend has none (PostgreSQL) or the driver raised: the caller then runs its Core
+        select, which returns or raises exactly what it did before the raw path existed (a
+        text that is not UTF-8: SQLAlchemy's OperationalError)."""
+        raw = self.backend.read_raw
+        if raw is None:
+            return None
+        try:
+            return await raw(sql, parameters)
+        except sqlite3.Error:
+            return None
 
 
 class ApplicationRecorder(AggregateRecorder):
@@ -215,12 +236,18 @@ class ApplicationRecorder(AggregateRecorder):
 
     async def stream_version(self, stream_id: str) -> int:
         """The last version of ``stream_id`` (0 when it has no events)."""
+        fetched = await self._read_raw(_STREAM_VERSION, (stream_id,))
+        if fetched is not None:
+            return int(fetched[0][0])
         q = sa.select(sa.func.coalesce(sa.func.max(events.c.version), 0)).where(events.c.stream_id == stream_id)
         async with self.backend.reader.connect() as conn:
             return int((await conn.execute(q)).scalar_one())
 
     async def max_position(self) -> int:
         """The head position (0 for an empty log)."""
+        fetched = await self._read_raw(_MAX_POSITION, ())
+        if fetched is not None:
+            return int(fetched[0][0])
         async with self.backend.reader.connect() as conn:
             return int((await conn.execute(HEAD)).scalar_one())
 
