@@ -32,6 +32,7 @@ from realtime.protocol import (
     server_event,
     storable_text,
 )
+from realtime.request_fields import client_metadata
 from realtime.session_config import apply_update, session_object
 
 if TYPE_CHECKING:
@@ -223,7 +224,19 @@ class ClientEvents:
         await self._commit(CommitCause("item", wire, has_audio, " ".join(heard) or None, seconds), event_id)
 
     async def _on_response_create(self, event: dict[str, Any], event_id: str | None) -> None:
-        await _command(self.session.create_response, event_id=event_id)
+        """Start a response. ``response.metadata`` is validated (ProtocolError ``invalid_value``,
+        no response) and echoed on the response object (:mod:`realtime.request_fields`); the
+        other ``response`` fields are answered with the session's effective values."""
+        params = event.get("response")
+        if params is not None and not isinstance(params, dict):
+            raise ProtocolError("bad_event", "response must be an object", param="response")
+        params = params or {}
+        metadata = client_metadata(params.get("metadata"), param="response.metadata")
+        self.projection.requested_metadata = metadata
+        try:
+            await _command(self.session.create_response, event_id=event_id)
+        finally:
+            self.projection.requested_metadata = None
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")

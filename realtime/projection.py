@@ -48,6 +48,7 @@ class ActiveResponse:
     modality: str
     text: list[str] = field(default_factory=list)
     audio_bytes: int = 0
+    metadata: dict[str, str] | None = None  # the client's (response.create's response.metadata)
     where: dict[str, Any] = field(default_factory=dict)  # its content part's address, built once
     delta_type: str = "response.output_text.delta"  # the GA name of its text deltas
 
@@ -79,6 +80,7 @@ class Projection:
         self.active: ActiveResponse | None = None
         self.finished: set[str] = set()
         self.last_error: dict[str, Any] | None = None
+        self.requested_metadata: dict[str, str] | None = None  # a response.create's being decided
         self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]] | None] = {}
 
     # ------------------------------------------------------------------ engine events
@@ -153,20 +155,21 @@ class Projection:
         response_id = data["response_id"]
         modality = self.config.output_modality
         r = self.active = ActiveResponse(response_id, f"item_{response_id}", modality)
+        r.metadata, self.requested_metadata = self.requested_metadata, None
         item = self._assistant_item(r, "in_progress", content=[])
         previous, self.last_item_id = self.last_item_id, r.item_id
         part = {"type": "text", "text": ""} if modality == "text" else {"type": "audio", "transcript": ""}
+        response = {
+            "id": response_id,
+            "object": "realtime.response",
+            "status": "in_progress",
+            "output": [],
+            "output_modalities": [modality],
+        }
+        if r.metadata is not None:
+            response["metadata"] = r.metadata
         return [
-            server_event(
-                "response.created",
-                response={
-                    "id": response_id,
-                    "object": "realtime.response",
-                    "status": "in_progress",
-                    "output": [],
-                    "output_modalities": [modality],
-                },
-            ),
+            server_event("response.created", response=response),
             server_event("response.output_item.added", response_id=response_id, output_index=0, item=item),
             server_event("conversation.item.added", item=item, previous_item_id=previous),
             server_event("response.content_part.added", part=part, **self._where(r)),
@@ -267,7 +270,10 @@ class Projection:
     def _finish(
         self, r: ActiveResponse, status: str, details: dict[str, Any] | None, metadata: dict[str, str]
     ) -> list[dict[str, Any]]:
-        """Close the open content part and item, then the response's one ``response.done``."""
+        """Close the open content part and item, then the response's one ``response.done``. Its
+        ``metadata`` is the client's (response.create's) merged with the server's ``metadata``
+        keys (``finished_reason``, ``finish_reason`` / ``wire_reason``): on a key collision the
+        server's value wins, so those keys always say what happened."""
         self.active = None
         self.finished.add(r.response_id)
         self.last_error = None
@@ -293,7 +299,7 @@ class Projection:
             "status": status,
             "output": [item],
             "output_modalities": [r.modality],
-            "metadata": metadata,
+            "metadata": {**r.metadata, **metadata} if r.metadata else metadata,
         }
         if details is not None:
             response["status_details"] = details

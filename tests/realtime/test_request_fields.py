@@ -1,0 +1,75 @@
+"""Fields a newcomer with the ``openai`` SDK sets (research §5.1): ``response.create``'s
+``metadata`` is the client's and is echoed on the response object; ``max_output_tokens`` is
+the engine's fixed budget, shown as the effective value, with an ``error`` when another one was
+asked for; a ``response.create`` after audio without transcript says why there is no input.
+All on the FAKE engine (tests/fakes), through a real WebSocket client (the SDK)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.realtime.conftest import sdk_client
+from tests.realtime.ledger import settled_ledger
+from tests.realtime.test_conformance import user_text
+from tests.realtime.wire import Wire
+
+
+async def _open(conn) -> Wire:
+    wire = Wire(conn)
+    created = await wire.recv()
+    assert created["type"] == "session.created"
+    return wire
+
+
+async def test_response_metadata_is_echoed_merged_with_the_servers_keys(engine, state, port):
+    async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-meta"}) as c:
+        wire = await _open(c)
+        await wire.send(user_text("Hello"))
+        metadata = {"k": "v", "finished_reason": "mine", "turn": "1"}
+        await wire.send({"type": "response.create", "response": {"metadata": metadata}})
+        created = await wire.until("response.created")
+        assert created["response"]["metadata"] == metadata
+        done = await wire.until("response.done")
+        # the client's keys, the server's win a collision (they say what happened)
+        assert done["response"]["metadata"] == {
+            "k": "v",
+            "turn": "1",
+            "finished_reason": "stop",
+            "finish_reason": "stop",
+        }
+        # the next response without metadata carries only the server's keys, as before
+        await wire.send(user_text("Again"))
+        await wire.send({"type": "response.create"})
+        assert "metadata" not in (await wire.until("response.created"))["response"]
+        done = await wire.until("response.done")
+        assert done["response"]["metadata"] == {"finished_reason": "stop", "finish_reason": "stop"}
+        wire.check()
+    assert await settled_ledger(state, "rt-meta") == ["stop", "stop"]
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {f"k{i}": "v" for i in range(17)},
+        {"k" * 65: "v"},
+        {"k": "v" * 513},
+        {"k": 1},
+        ["k", "v"],
+    ],
+)
+async def test_bad_response_metadata_is_refused_with_no_response(engine, state, port, metadata):
+    async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-badm"}) as c:
+        wire = await _open(c)
+        await wire.send(user_text("Hello"))
+        await wire.send(
+            {"type": "response.create", "event_id": "r1", "response": {"metadata": metadata}}, refused="invalid_value"
+        )
+        error = await wire.error_for("r1")
+        assert error["error"]["param"] == "response.metadata"
+        # the limits themselves are accepted, and the session goes on
+        ok = {f"k{i}": "v" * 512 for i in range(15)} | {"k" * 64: ""}
+        await wire.send({"type": "response.create", "response": {"metadata": ok}})
+        assert (await wire.until("response.done"))["response"]["metadata"]["k" * 64] == ""
+        assert len(wire.of_type("response.created")) == 1
+        wire.check()
+    assert await settled_ledger(state, "rt-badm") == ["stop"]
