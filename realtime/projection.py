@@ -165,6 +165,7 @@ class Projection:
             "status": "in_progress",
             "output": [],
             "output_modalities": [modality],
+            "max_output_tokens": self.config.max_output_tokens,
         }
         if r.metadata is not None:
             response["metadata"] = r.metadata
@@ -299,6 +300,7 @@ class Projection:
             "status": status,
             "output": [item],
             "output_modalities": [r.modality],
+            "max_output_tokens": self.config.max_output_tokens,
             "metadata": {**r.metadata, **metadata} if r.metadata else metadata,
         }
         if details is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.realtime.conftest import sdk_client
+from tests.realtime.conftest import SHORT, sdk_client
 from tests.realtime.ledger import settled_ledger
 from tests.realtime.test_conformance import user_text
 from tests.realtime.wire import Wire
@@ -73,3 +73,51 @@ async def test_bad_response_metadata_is_refused_with_no_response(engine, state, 
         assert len(wire.of_type("response.created")) == 1
         wire.check()
     assert await settled_ledger(state, "rt-badm") == ["stop"]
+
+
+async def test_session_shows_the_effective_max_output_tokens(engine, state, port):
+    effective = SHORT.max_tokens
+    async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-max"}) as c:
+        wire = await _open(c)
+        assert wire.frames[0]["session"]["max_output_tokens"] == effective
+        await wire.send(
+            {"type": "session.update", "event_id": "u1", "session": {"type": "realtime", "max_output_tokens": 8}},
+            refused="fixed_by_server",
+        )
+        error = await wire.error_for("u1")
+        assert error["error"]["param"] == "session.max_output_tokens"
+        assert "fixed by the server" in error["error"]["message"] and str(effective) in error["error"]["message"]
+        updated = await wire.until("session.updated")
+        assert updated["session"]["max_output_tokens"] == effective
+        # asking for the effective value is no error; other fields of the update are applied
+        await wire.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "max_output_tokens": effective, "output_modalities": ["text"]},
+            }
+        )
+        updated = await wire.until("session.updated")
+        assert updated["session"]["output_modalities"] == ["text"] and len(wire.of_type("error")) == 1
+        # a value GA refuses refuses the whole update
+        await wire.send(
+            {
+                "type": "session.update",
+                "event_id": "u3",
+                "session": {"type": "realtime", "max_output_tokens": 0, "output_modalities": ["audio"]},
+            },
+            refused="invalid_value",
+        )
+        assert (await wire.error_for("u3"))["error"]["param"] == "session.max_output_tokens"
+        await wire.send(user_text("Hello"))
+        await wire.send(
+            {"type": "response.create", "event_id": "r1", "response": {"max_output_tokens": "inf"}},
+            refused="fixed_by_server",
+        )
+        assert (await wire.error_for("r1"))["error"]["param"] == "response.max_output_tokens"
+        created = await wire.until("response.created")
+        assert created["response"]["max_output_tokens"] == effective
+        assert created["response"]["output_modalities"] == ["text"]  # the refused update changed nothing
+        done = await wire.until("response.done")
+        assert done["response"]["max_output_tokens"] == effective
+        wire.check()
+    assert await settled_ledger(state, "rt-max") == ["stop"]
