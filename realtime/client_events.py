@@ -246,11 +246,11 @@ class ClientEvents:
         params = params or {}
         metadata = client_metadata(params.get("metadata"), param="response.metadata")
         self._fixed_by_server(params.get("max_output_tokens"), "response.max_output_tokens", event_id)
-        self.projection.requested_metadata = metadata
+        self.projection.creating, self.projection.requested_metadata = True, metadata
         try:
             await _command(self.session.create_response, event_id=event_id)
         finally:
-            self.projection.requested_metadata = None
+            self.projection.creating, self.projection.requested_metadata = False, None
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")

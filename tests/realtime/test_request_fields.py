@@ -6,9 +6,12 @@ All on the FAKE engine (tests/fakes), through a real WebSocket client (the SDK).
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from tests.realtime.conftest import SHORT, sdk_client
+from tests.realtime.fakes import tone_chunk
 from tests.realtime.ledger import settled_ledger
 from tests.realtime.test_conformance import user_text
 from tests.realtime.wire import Wire
@@ -121,3 +124,25 @@ async def test_session_shows_the_effective_max_output_tokens(engine, state, port
         assert done["response"]["max_output_tokens"] == effective
         wire.check()
     assert await settled_ledger(state, "rt-max") == ["stop"]
+
+
+async def test_response_after_audio_without_transcript_names_the_cause(engine, state, port):
+    async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-notr"}) as c:
+        wire = await _open(c)
+        await wire.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(tone_chunk(3)).decode()})
+        await wire.send({"type": "input_audio_buffer.commit"})
+        await wire.until("conversation.item.input_audio_transcription.failed")
+        await wire.send({"type": "response.create", "event_id": "r1"}, refused="input_audio_buffer_empty")
+        message = (await wire.error_for("r1"))["error"]["message"]
+        assert "no transcript" in message and "input_audio" in message and "'transcript'" in message
+        # with nothing committed at all, the engine's own message stays
+        await wire.send(user_text("Hello"))
+        await wire.send({"type": "response.create"})
+        await wire.until("response.done")
+        await wire.send({"type": "response.create", "event_id": "r2"}, refused="input_audio_buffer_empty")
+        assert (await wire.error_for("r2"))["error"]["message"] == "no committed input"
+        wire.check()
+    assert await settled_ledger(state, "rt-notr") == ["stop"]
+    history = [s.event for s in await engine.store.read_stream("rt-notr")]
+    rejected = [e for e in history if e.type == "CommandRejected"]
+    assert [e.error_code for e in rejected] == ["input_audio_buffer_empty"] * 2
