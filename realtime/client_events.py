@@ -32,6 +32,7 @@ from realtime.protocol import (
     server_event,
     storable_text,
 )
+from realtime.request_fields import client_metadata, max_output_tokens_notice
 from realtime.session_config import apply_update, session_object
 
 if TYPE_CHECKING:
@@ -115,9 +116,21 @@ class ClientEvents:
             await _command(self.session.close, duplex.CLOSE_REASON, event_id=event_id)
 
     # --- GA client events
+    def _fixed_by_server(self, requested: object, param: str, event_id: str | None) -> None:
+        """Validate a requested ``max_output_tokens`` (ProtocolError ``invalid_value``: the event
+        is refused); a valid value the server does not apply gets an ``error``
+        ``fixed_by_server`` before the answer, which shows the effective value."""
+        notice = max_output_tokens_notice(requested, self.projection.config.max_output_tokens, param=param)
+        if notice is not None:
+            self.send(error_event(notice.code, notice.message, event_id=event_id, param=notice.param))
+
     async def _on_session_update(self, event: dict[str, Any], event_id: str | None) -> None:
-        self.projection.config = apply_update(self.projection.config, event.get("session"))
-        self.send(server_event("session.updated", session=session_object(self.projection.config)))
+        session = event.get("session")
+        config = apply_update(self.projection.config, session)
+        assert isinstance(session, dict)  # apply_update refused anything else
+        self._fixed_by_server(session.get("max_output_tokens"), "session.max_output_tokens", event_id)
+        self.projection.config = config
+        self.send(server_event("session.updated", session=session_object(config)))
 
     async def _transcript(self, pcm: bytes, given: object) -> str | None:
         """What the thinker hears for ``pcm``: the item part's transcript (``given``), else
@@ -223,7 +236,21 @@ class ClientEvents:
         await self._commit(CommitCause("item", wire, has_audio, " ".join(heard) or None, seconds), event_id)
 
     async def _on_response_create(self, event: dict[str, Any], event_id: str | None) -> None:
-        await _command(self.session.create_response, event_id=event_id)
+        """Start a response. ``response.metadata`` is validated (ProtocolError ``invalid_value``,
+        no response) and echoed on the response object; ``response.max_output_tokens`` as in
+        ``session.update`` (:mod:`realtime.request_fields`); the other ``response`` fields are
+        answered with the session's effective values."""
+        params = event.get("response")
+        if params is not None and not isinstance(params, dict):
+            raise ProtocolError("bad_event", "response must be an object", param="response")
+        params = params or {}
+        metadata = client_metadata(params.get("metadata"), param="response.metadata")
+        self._fixed_by_server(params.get("max_output_tokens"), "response.max_output_tokens", event_id)
+        self.projection.creating, self.projection.requested_metadata = True, metadata
+        try:
+            await _command(self.session.create_response, event_id=event_id)
+        finally:
+            self.projection.creating, self.projection.requested_metadata = False, None
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")

@@ -185,6 +185,7 @@ class RealtimeConnection:
             mode=params.mode,  # type: ignore[arg-type]
             resumable=params.resumable,
             instructions=self.state.engine.config.system_prompt,
+            max_output_tokens=self.state.engine.config.max_tokens,
             dialect="ga+duplex" if params.duplex else "ga",
         )
         self.projection = Projection(config, duplex_dialect=params.duplex)

@@ -48,6 +48,7 @@ class ActiveResponse:
     modality: str
     text: list[str] = field(default_factory=list)
     audio_bytes: int = 0
+    metadata: dict[str, str] | None = None  # the client's (response.create's response.metadata)
     where: dict[str, Any] = field(default_factory=dict)  # its content part's address, built once
     delta_type: str = "response.output_text.delta"  # the GA name of its text deltas
 
@@ -61,6 +62,15 @@ _UNSEEN: Any = object()  # Projection._handlers: an engine event type not looked
 
 #: A response's GA terminal status from the log's finished_reason (and the engine's wire reason).
 CANCEL_REASON = {"barge_in": "turn_detected", "cancel": "client_cancelled"}
+
+UNTRANSCRIBED_INPUT = (
+    "the committed audio has no transcript, so there is no input to answer: this server has no speech "
+    "recognizer and hears audio only through its transcript (an input_audio content part's 'transcript' "
+    "in conversation.item.create, or the 'transcript' key of input_audio_buffer.append)"
+)
+"""The message of ``input_audio_buffer_empty`` for a ``response.create`` after a commit of audio
+without transcript (``conversation.item.input_audio_transcription.failed``): the engine's own
+text ("no committed input", kept in the ledger's ``CommandRejected``) would hide the cause."""
 
 TURN_FAILURE_CODES = frozenset(failure.code for failure in PortFailure)
 """The ``error`` codes of a turn whose stage port refused or lost its request (``FailTurn``):
@@ -79,6 +89,9 @@ class Projection:
         self.active: ActiveResponse | None = None
         self.finished: set[str] = set()
         self.last_error: dict[str, Any] | None = None
+        self.creating = False  # a response.create is being decided (set by the client-event side)
+        self.requested_metadata: dict[str, str] | None = None  # that response.create's metadata
+        self.untranscribed = False  # the last commit was audio without transcript, no response since
         self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]] | None] = {}
 
     # ------------------------------------------------------------------ engine events
@@ -114,6 +127,7 @@ class Projection:
             server_event("conversation.item.added", item=item, previous_item_id=previous),
             server_event("conversation.item.done", item=item, previous_item_id=previous),
         ]
+        self.untranscribed = cause.has_audio and not cause.transcript
         if cause.has_audio:
             if cause.transcript:
                 out.append(
@@ -153,20 +167,22 @@ class Projection:
         response_id = data["response_id"]
         modality = self.config.output_modality
         r = self.active = ActiveResponse(response_id, f"item_{response_id}", modality)
+        r.metadata, self.requested_metadata, self.untranscribed = self.requested_metadata, None, False
         item = self._assistant_item(r, "in_progress", content=[])
         previous, self.last_item_id = self.last_item_id, r.item_id
         part = {"type": "text", "text": ""} if modality == "text" else {"type": "audio", "transcript": ""}
+        response = {
+            "id": response_id,
+            "object": "realtime.response",
+            "status": "in_progress",
+            "output": [],
+            "output_modalities": [modality],
+            "max_output_tokens": self.config.max_output_tokens,
+        }
+        if r.metadata is not None:
+            response["metadata"] = r.metadata
         return [
-            server_event(
-                "response.created",
-                response={
-                    "id": response_id,
-                    "object": "realtime.response",
-                    "status": "in_progress",
-                    "output": [],
-                    "output_modalities": [modality],
-                },
-            ),
+            server_event("response.created", response=response),
             server_event("response.output_item.added", response_id=response_id, output_index=0, item=item),
             server_event("conversation.item.added", item=item, previous_item_id=previous),
             server_event("response.content_part.added", part=part, **self._where(r)),
@@ -235,6 +251,8 @@ class Projection:
         code = str(data.get("code", "internal_error"))
         failed = self.active.response_id if self.active is not None and code in TURN_FAILURE_CODES else None
         message = client_message(str(data.get("message", "")), failed)
+        if code == "input_audio_buffer_empty" and self.creating and self.untranscribed:
+            message = UNTRANSCRIBED_INPUT
         event = error_event(code, message, event_id=data.get("event_id"), param=data.get("param"))
         self.last_error = {"type": error_type_for(code), "code": code, "message": event["error"]["message"]}
         return [event]
@@ -267,7 +285,10 @@ class Projection:
     def _finish(
         self, r: ActiveResponse, status: str, details: dict[str, Any] | None, metadata: dict[str, str]
     ) -> list[dict[str, Any]]:
-        """Close the open content part and item, then the response's one ``response.done``."""
+        """Close the open content part and item, then the response's one ``response.done``. Its
+        ``metadata`` is the client's (response.create's) merged with the server's ``metadata``
+        keys (``finished_reason``, ``finish_reason`` / ``wire_reason``): on a key collision the
+        server's value wins, so those keys always say what happened."""
         self.active = None
         self.finished.add(r.response_id)
         self.last_error = None
@@ -293,7 +314,8 @@ class Projection:
             "status": status,
             "output": [item],
             "output_modalities": [r.modality],
-            "metadata": metadata,
+            "max_output_tokens": self.config.max_output_tokens,
+            "metadata": {**r.metadata, **metadata} if r.metadata else metadata,
         }
         if details is not None:
             response["status_details"] = details

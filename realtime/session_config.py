@@ -5,7 +5,9 @@ at 24000 Hz in and out; ``turn_detection: null`` (no server VAD). The session's 
 (``response_required`` | ``auto_response``) and resumability are fixed at open (query
 parameters; the log records them in ``SessionOpened``): an update that would change them is
 refused. Everything else a client may send (instructions, voice, tools, ...) is answered with
-the EFFECTIVE value, never pretended changed. An update is transactional: refused as a whole,
+the EFFECTIVE value, never pretended changed; ``max_output_tokens`` (the engine's token budget)
+also gets an ``error`` ``fixed_by_server`` when another value was asked for
+(:mod:`realtime.request_fields`). An update is transactional: refused as a whole,
 naming the first offending field in ``param``.
 """
 
@@ -35,6 +37,7 @@ class SessionConfig:
     mode: Mode
     resumable: bool
     instructions: str
+    max_output_tokens: int  # the engine's Stage0 token budget per response (EngineConfig.max_tokens)
     output_modality: Literal["text", "audio"] = "audio"
     incarnation: int = 0
     output_audio: str = "stand_in"  # no codec: output audio is a stand-in rendering (realtime.audio)
@@ -115,6 +118,7 @@ def session_object(config: SessionConfig) -> dict[str, Any]:
         "type": "realtime",
         "model": config.model,
         "instructions": config.instructions,
+        "max_output_tokens": config.max_output_tokens,
         "output_modalities": [config.output_modality],
         "audio": {
             "input": {"format": dict(PCM_FORMAT), "turn_detection": None},

@@ -18,7 +18,7 @@ from realtime.protocol import ProtocolError, dumps, error_event, error_type_for,
 from realtime.session_config import SessionConfig, apply_update, session_object
 from tests.realtime.wire import validate_frame
 
-CONFIG = SessionConfig("s1", "duplex-ledger", "response_required", False, "Be brief.")
+CONFIG = SessionConfig("s1", "duplex-ledger", "response_required", False, "Be brief.", 32)
 
 
 @given(st.one_of(st.text(max_size=200), st.binary(max_size=200)))
