@@ -72,6 +72,12 @@ UNTRANSCRIBED_INPUT = (
 without transcript (``conversation.item.input_audio_transcription.failed``): the engine's own
 text ("no committed input", kept in the ledger's ``CommandRejected``) would hide the cause."""
 
+SERVER_METADATA_KEYS = frozenset({"finished_reason", "finish_reason", "wire_reason"})
+"""The ``response.done`` metadata keys that say how a response ended: the server's alone. A
+client's ``response.create`` metadata under one of them is dropped from ``response.done`` even
+when this ending does not set that key (a cancel sets no ``finish_reason``), so a client value
+never reads as the server's account."""
+
 TURN_FAILURE_CODES = frozenset(failure.code for failure in PortFailure)
 """The ``error`` codes of a turn whose stage port refused or lost its request (``FailTurn``):
 the request an engine message names is then the open response's."""
@@ -287,8 +293,8 @@ class Projection:
     ) -> list[dict[str, Any]]:
         """Close the open content part and item, then the response's one ``response.done``. Its
         ``metadata`` is the client's (response.create's) merged with the server's ``metadata``
-        keys (``finished_reason``, ``finish_reason`` / ``wire_reason``): on a key collision the
-        server's value wins, so those keys always say what happened."""
+        keys (``finished_reason``, ``finish_reason`` / ``wire_reason``): a client key among
+        :data:`SERVER_METADATA_KEYS` is dropped, so those keys always say what happened."""
         self.active = None
         self.finished.add(r.response_id)
         self.last_error = None
@@ -315,9 +321,14 @@ class Projection:
             "output": [item],
             "output_modalities": [r.modality],
             "max_output_tokens": self.config.max_output_tokens,
-            "metadata": {**r.metadata, **metadata} if r.metadata else metadata,
+            "metadata": {**_client_keys(r.metadata), **metadata} if r.metadata else metadata,
         }
         if details is not None:
             response["status_details"] = details
         out.append(server_event("response.done", response=response))
         return out
+
+
+def _client_keys(metadata: dict[str, str]) -> dict[str, str]:
+    """The client's ``metadata`` without the keys the server alone sets (:data:`SERVER_METADATA_KEYS`)."""
+    return {key: value for key, value in metadata.items() if key not in SERVER_METADATA_KEYS}

@@ -50,6 +50,43 @@ async def test_response_metadata_is_echoed_merged_with_the_servers_keys(engine, 
     assert await settled_ledger(state, "rt-meta") == ["stop", "stop"]
 
 
+async def test_a_client_reason_key_never_reaches_response_done(engine, state, port):
+    """The server's reason keys are its alone, also where this ending sets no such key: a
+    completed response sets no wire_reason, so a client's would read as the server's."""
+    async with sdk_client(port).realtime.connect(model="duplex-ledger", extra_query={"session_id": "rt-spoof"}) as c:
+        wire = await _open(c)
+        await wire.send(user_text("Hello"))
+        metadata = {"k": "v", "wire_reason": "turn_detected", "finished_reason": "barge_in"}
+        await wire.send({"type": "response.create", "response": {"metadata": metadata}})
+        assert (await wire.until("response.created"))["response"]["metadata"] == metadata
+        done = await wire.until("response.done")
+        assert done["response"]["metadata"] == {"k": "v", "finished_reason": "stop", "finish_reason": "stop"}
+        wire.check()
+    assert await settled_ledger(state, "rt-spoof") == ["stop"]
+
+
+async def test_a_cancelled_response_drops_a_client_finish_reason(long_engine, long_state, long_port):
+    """A cancel sets finished_reason and wire_reason but no finish_reason: a client's
+    ``finish_reason: stop`` on a cancelled response would contradict its status."""
+    async with sdk_client(long_port).realtime.connect(
+        model="duplex-ledger", extra_query={"session_id": "rt-spoof-cancel"}
+    ) as c:
+        wire = await _open(c)
+        await wire.send(user_text("Hello"))
+        await wire.send({"type": "response.create", "response": {"metadata": {"finish_reason": "stop", "k": "v"}}})
+        await wire.until("response.created")
+        await wire.send({"type": "response.cancel"})
+        done = await wire.until("response.done")
+        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["metadata"] == {
+            "k": "v",
+            "finished_reason": "cancel",
+            "wire_reason": "client_cancelled",
+        }
+        wire.check()
+    assert await settled_ledger(long_state, "rt-spoof-cancel") == ["cancel"]
+
+
 @pytest.mark.parametrize(
     "metadata",
     [
