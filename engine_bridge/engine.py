@@ -86,6 +86,7 @@ class SessionEngine:
         # Ids of the sessions that may still be open (a superset: pruned at each open), so the
         # max_sessions check costs O(open sessions), not O(every session this engine served).
         self._maybe_open: set[str] = set()
+        self._admitted = 0  # opens past the max_sessions check and not yet in self.sessions
         self._closing = False  # aclose has begun
         self._opening = 0  # open_session calls in flight
         self._opens_done = asyncio.Event()  # set whenever none is in flight
@@ -217,10 +218,26 @@ class SessionEngine:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
         sessions = self.sessions
         self._maybe_open = {sid for sid in self._maybe_open if not sessions[sid].closed}
-        if len(self._maybe_open) >= self.config.max_sessions:
+        if len(self._maybe_open) + self._admitted >= self.config.max_sessions:
             raise SessionError(
                 "max_sessions_reached", f"{self.config.max_sessions} sessions open", session_id=session_id
             )
+        self._admitted += 1  # this open holds a slot across its awaits (concurrent opens count it)
+        try:
+            return await self._open_admitted(session_id, auto_response, log_stats, plugin, protocol, connection_id)
+        finally:
+            self._admitted -= 1
+
+    async def _open_admitted(
+        self,
+        session_id: str,
+        auto_response: bool,
+        log_stats: bool,
+        plugin: ModelPlugin | None,
+        protocol: str | None,
+        connection_id: str | None,
+    ) -> Session:
+        """The open past the ``max_sessions`` check: fold, SessionOpened, start."""
         plugin = plugin or self.plugin
         closed = self.sessions.get(session_id)  # a closed predecessor (the check above), if any
         if closed is not None:

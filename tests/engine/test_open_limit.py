@@ -4,6 +4,8 @@ the scripted FAKE stage ports."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from engine_bridge.messages import EngineConfig, SessionError
@@ -36,5 +38,30 @@ async def test_max_sessions_counts_what_is_open_now(tmp_path) -> None:
         assert sorted(sid for sid, s in engine.sessions.items() if not s.closed) == ["a", "c"]
         await a2.close()
         await c.close()
+    finally:
+        await engine.aclose()
+
+
+async def test_concurrent_opens_never_exceed_max_sessions(tmp_path) -> None:
+    """An open awaits the store between its check and its entry in ``engine.sessions``: opens
+    started together each hold a slot from the check on (hostile retest: 5 of 5 opened at
+    max_sessions=2), and give it back when they end, opened or not."""
+    engine = await open_engine(tmp_path, config=LIMIT)
+    try:
+        results = await asyncio.gather(*(engine.open_session(f"s{n}") for n in range(5)), return_exceptions=True)
+        opened = [r for r in results if not isinstance(r, BaseException)]
+        codes = [r.code for r in results if isinstance(r, SessionError)]
+        assert (len(opened), codes) == (2, ["max_sessions_reached"] * 3)
+        assert sum(not s.closed for s in engine.sessions.values()) == 2
+        for session in opened:
+            await session.close()
+        # a same-id race: the loser fails session_exists and gives its slot back
+        twins = await asyncio.gather(engine.open_session("x"), engine.open_session("x"), return_exceptions=True)
+        assert [type(r).__name__ for r in twins if isinstance(r, BaseException)] == ["SessionError"]
+        y = await engine.open_session("y")
+        assert await _refused(engine, "z") == "max_sessions_reached"
+        for session in [*(r for r in twins if not isinstance(r, BaseException)), y]:
+            await session.close()
+        assert engine._admitted == 0
     finally:
         await engine.aclose()
