@@ -437,7 +437,11 @@ def committed(summary: str | Callable[[], None], what: str) -> bool:
         reason = f"{failure.strerror or type(failure).__name__} (errno {failure.errno})"
     try:
         say(f"warning: {what} was committed; its summary could not be written: {reason}")
-    except OSError:  # stderr is a closed pipe too: the exit code is all that is left
+    except OSError:  # stderr is a failing device too: the exit code is all that is left
+        _quiet_stream(sys.stderr)
+    except SystemExit as exc:  # stderr is a closed pipe too: rich's on_broken_pipe exits 1
+        if not isinstance(exc.__context__, BrokenPipeError):
+            raise
         _quiet_stream(sys.stderr)
     return False
 

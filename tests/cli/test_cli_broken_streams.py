@@ -136,6 +136,24 @@ def test_an_import_whose_reader_went_away_says_it_was_committed(tmp_path: Path) 
     assert event_count(url) == 8
 
 
+@pytest.mark.parametrize("stdout_full", [False, True])
+def test_an_import_whose_stderr_reader_went_away_too_exits_0(tmp_path: Path, stdout_full: bool) -> None:
+    """``events import f 2>&1 | true``: the summary and then the warning meet a closed pipe;
+    the import is committed, so the exit is still 0, not 141 (a pipefail retry loop would
+    import a file without event ids twice). Also with stdout on a full disk."""
+    url = url_of(tmp_path / "new.db")
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    try:
+        with FULL.open("w") as full:
+            stdout = full if stdout_full else write_fd
+            proc = cli(["events", "import", str(WORKED), "--db", url], stdout=stdout, stderr=write_fd)
+    finally:
+        os.close(write_fd)
+    assert proc.returncode == 0
+    assert event_count(url) == 8
+
+
 def test_an_import_with_both_streams_on_a_full_disk_exits_0(tmp_path: Path) -> None:
     url = url_of(tmp_path / "new.db")
     with FULL.open("w") as full:
