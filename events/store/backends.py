@@ -210,6 +210,9 @@ class SqliteBackend(Backend):
         # SQLAlchemy pool or aiosqlite (~5 hops and ~300 µs of loop CPU a read).
         self._read_thread = WriterThread("duplex-ledger-sqlite-reader")
         self._read_conn: sqlite3.Connection | None = None
+        # Its URI, fixed now: the file this store was opened on, whatever the working directory
+        # at the first read; mode=rw never creates a file (one deleted meanwhile: the Core read).
+        self._read_uri = readonly_uri(path) if read_only else path.resolve().as_uri() + "?mode=rw"
         self.read_raw = self._read_raw
 
     def _make_reader(self) -> AsyncEngine:
@@ -251,15 +254,12 @@ class SqliteBackend(Backend):
     def _read_connection(self) -> sqlite3.Connection:
         """The read thread's connection, opened on first use: autocommit (each statement reads
         its own WAL snapshot, which holds every commit acknowledged before the statement
-        began, and never blocks the writer), ``mode=ro`` on a read-only store, the store's
-        busy timeout."""
+        began, and never blocks the writer), ``mode=ro`` on a read-only store, else ``mode=rw``
+        (never creating a file), on the path resolved when the store was opened (a relative
+        URL stays the store's file after a ``chdir``), the store's busy timeout."""
         if self._read_conn is None:
             timeout_s = self.busy_timeout_ms / 1000
-            if self.read_only:
-                uri = readonly_uri(sqlite_path(self.url))
-                conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
-            else:
-                conn = sqlite3.connect(sqlite_path(self.url), timeout=timeout_s, isolation_level=None)
+            conn = sqlite3.connect(self._read_uri, uri=True, timeout=timeout_s, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
             self._read_conn = conn
         return self._read_conn

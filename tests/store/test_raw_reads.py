@@ -112,3 +112,28 @@ async def test_close_releases_the_read_connection(sqlite_url: str) -> None:
     assert backend._read_conn is not None
     await store.close()
     assert backend._read_conn is None and backend._read_thread._thread is None
+
+
+async def test_the_read_connection_is_the_stores_file_after_a_chdir(tmp_path, monkeypatch) -> None:
+    """A relative URL names the file in the working directory at the open: the read thread's
+    connection, opened at the first read, must not create (and read) another file there after a
+    ``chdir`` (hostile retest: a stray empty ``rel.db`` in the new directory); nor recreate a
+    ledger file deleted under the store."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    async with await EventStore.open("sqlite+aiosqlite:///rel.db", create=True) as store:
+        await store.append("S1", turns("S1", 2), expected_version=0)
+        monkeypatch.chdir(tmp_path / "b")
+        raw = store.recorder.backend.read_raw
+        assert raw is not None
+        assert await raw("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = ?", ("S1",)) == [(2,)]
+        assert await store.stream_version("S1") == 2
+        assert list((tmp_path / "b").iterdir()) == []
+    async with await EventStore.open(f"sqlite+aiosqlite:///{tmp_path}/gone.db", create=True) as store:
+        (tmp_path / "gone.db").unlink()
+        raw = store.recorder.backend.read_raw
+        assert raw is not None
+        with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+            await raw("SELECT 1", ())
+        assert not (tmp_path / "gone.db").exists()
