@@ -210,6 +210,7 @@ class SqliteBackend(Backend):
         # SQLAlchemy pool or aiosqlite (~5 hops and ~300 µs of loop CPU a read).
         self._read_thread = WriterThread("duplex-ledger-sqlite-reader")
         self._read_conn: sqlite3.Connection | None = None
+        self._read_closed = False  # dispose() has begun: later reads take the Core select
         # Its URI, fixed now: the file this store was opened on, whatever the working directory
         # at the first read; mode=rw never creates a file (one deleted meanwhile: the Core read).
         self._read_uri = readonly_uri(path) if read_only else path.resolve().as_uri() + "?mode=rw"
@@ -269,7 +270,11 @@ class SqliteBackend(Backend):
 
     async def _read_raw(self, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
         """``sql`` on the read thread's sqlite3 connection: its rows as sqlite3 gives them
-        (the column types SQLAlchemy's rows carry here too: no result processors on SQLite)."""
+        (the column types SQLAlchemy's rows carry here too: no result processors on SQLite).
+        Raises sqlite3.ProgrammingError once the store is closed (the recorder then runs the
+        Core select, as it did before this path existed)."""
+        if self._read_closed:  # after close: no new thread nor connection left behind
+            raise sqlite3.ProgrammingError("the store is closed: the Core select reads")
         return await self._read_thread.call(self._fetch_in_thread, sql, parameters)
 
     def _close_read_in_thread(self) -> None:
@@ -398,7 +403,8 @@ class SqliteBackend(Backend):
     async def dispose(self) -> None:
         await self._thread.call(self._dispose_in_thread)
         await self._thread.stop()
-        if self._read_conn is not None:
+        self._read_closed = True
+        if self._read_thread.started:  # queued after any read in flight (which may open it)
             await self._read_thread.call(self._close_read_in_thread)
         await self._read_thread.stop()
         await super().dispose()

@@ -133,6 +133,11 @@ class WriterThread:
             pass
         return pending
 
+    @property
+    def started(self) -> bool:
+        """Whether the thread runs (started by a call, not yet stopped)."""
+        return self._thread is not None
+
     def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)

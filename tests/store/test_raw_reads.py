@@ -137,3 +137,17 @@ async def test_the_read_connection_is_the_stores_file_after_a_chdir(tmp_path, mo
         with pytest.raises(sqlite3.OperationalError, match="unable to open"):
             await raw("SELECT 1", ())
         assert not (tmp_path / "gone.db").exists()
+
+
+async def test_a_read_after_close_leaves_no_read_thread_nor_connection(sqlite_url: str) -> None:
+    """A read on a closed store reads as before (the Core select) but starts no reader thread
+    and opens no sqlite3 connection that nothing will close (hostile retest: 30 reads after
+    close left 30 threads and 60 file descriptors)."""
+    store = await EventStore.open(sqlite_url, create=True)
+    await store.append("S1", turns("S1", 2), expected_version=0)
+    await store.close()
+    assert [e.version for e in await store.read_stream("S1")] == [1, 2]
+    assert await store.stream_version("S1") == 2
+    backend: Any = store.recorder.backend
+    assert backend._read_conn is None and not backend._read_thread.started
+    await store.close()
