@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +79,10 @@ class _Checked:
 
 def cannot_write(output: Path, exc: OSError, option: str = "--output") -> NoReturn:
     """Exit with ``--output 'PATH': cannot write: REASON (errno N)``: 2 for a path that cannot
-    be written, 1 when the file system failed (:func:`reports.cli_errors.output_error_code`)."""
+    be written, 1 when the file system failed (:func:`reports.cli_errors.output_error_code`).
+    A closed pipe is re-raised: the CLI ends as for standard output (exit 141)."""
+    if isinstance(exc, BrokenPipeError):  # --output /dev/stdout | head: the reader went away (141)
+        raise exc
     reason = f"{exc.strerror} (errno {exc.errno})" if exc.strerror else str(exc)
     fail(f"{option} {str(output)!r}: cannot write: {reason}", output_error_code(exc))
 
@@ -100,14 +104,17 @@ def output_file(output: Path, option: str = "--output") -> Iterator[_Checked]:
     the temporary file is removed and the target is untouched. Open, write, flush and rename
     errors exit naming ``option`` (:func:`cannot_write`). Call :func:`refuse_ledger_target` first."""
     target = Path(os.path.realpath(output))
-    regular = not target.exists() or target.is_file()
+    try:  # what the path opens (os.stat follows links): /dev/stdout on a pipe resolves to no
+        regular = stat.S_ISREG(os.stat(output).st_mode)  # file (``pipe:[N]``), yet opens the pipe
+    except OSError:  # a new file (or a path mkstemp then refuses, naming why)
+        regular = True
     tmp: str | None = None
     try:
         if regular:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
             fh: TextIO = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
         else:
-            fh = target.open("w", encoding="utf-8", newline="\n")
+            fh = open(output, "w", encoding="utf-8", newline="\n")
     except OSError as exc:
         cannot_write(output, exc, option)
     done = False

@@ -221,6 +221,23 @@ def test_export_output_on_a_full_disk_is_the_file_system_failing(tmp_path: Path)
     assert proc.stderr.splitlines() == ["error: --output '/dev/full': cannot write: No space left on device (errno 28)"]
 
 
+def test_output_dev_stdout_on_a_pipe_is_written_and_a_closed_one_is_141(tmp_path: Path) -> None:
+    """``--output /dev/stdout | …``: /dev/stdout resolves to ``pipe:[N]``, no file, yet opens
+    the pipe (hostile retest: exit 2 ``No such file or directory``); a reader that went away
+    is 141, as for standard output (was 2 ``Broken pipe``)."""
+    url = imported(WORKED, tmp_path / "ledger.db")
+    proc = cli(["events", "export", "--db", url, "--output", "/dev/stdout"])
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 8
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    try:
+        proc = cli(["events", "export", "--db", url, "--output", "/dev/stdout"], stdout=write_fd)
+    finally:
+        os.close(write_fd)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
 def test_an_output_path_that_cannot_be_written_is_rejected(tmp_path: Path) -> None:
     url = imported(WORKED, tmp_path / "l.db")
     proc = cli(["events", "export", "--db", url, "--output", str(tmp_path / "no" / "such" / "out.jsonl")])
