@@ -16,9 +16,10 @@ the log with the live engines (crash recovery).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from decider.state import next_incarnation
@@ -216,86 +217,82 @@ class SessionEngine:
             await previous.settled()
         if session_id in self.sessions and not self.sessions[session_id].closed:
             raise SessionError("session_exists", "session is already open", session_id=session_id)
+        with self._admission(session_id):  # this open holds a slot across its awaits
+            plugin = plugin or self.plugin
+            closed = self.sessions.get(session_id)  # a closed predecessor (the check above), if any
+            if closed is not None:
+                closed.superseded = True  # before the next incarnation is folded into the fold it shares
+            await self.replica.ensure_writable(session_id)
+            history = await self._claimable_history(session_id)
+            incarnation = next_incarnation(e.event for e in history)
+            log = SessionLog(
+                self.store,
+                session_id,
+                len(history),
+                projector=self._projector_for(session_id, len(history)),
+                ticker=self._ticker,
+                on_folded=self.metrics.apply_folded,
+            )
+            session = Session(
+                session_id,
+                log=log,
+                ports=self.ports,
+                plugin=plugin,
+                config=self.config,
+                auto_response=auto_response,
+                log_stats=log_stats,
+            )
+            if log_stats:  # M14: nothing of a log_stats-off session's tables is printed or held for printing
+                log.on_turn = lambda turn: self.printer.print_turn(session, turn)
+            log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
+            me = self.replica.me
+            try:
+                # Committed with the reservation start() makes: one append, durable before the
+                # client hears ``session.created`` (and before any engine call of the session).
+                log.emit_later(
+                    SessionOpened(
+                        session_id=session_id,
+                        ts=time.time(),
+                        incarnation=incarnation,
+                        capabilities=session.capabilities,
+                        auto_response=auto_response,
+                        num_stages=len(self.ports),
+                        log_stats=log_stats,
+                        model=self.model_name,
+                        replica_id=me.replica_id,
+                        replica_incarnation=me.incarnation,
+                        protocol=protocol,
+                        connection_id=connection_id,
+                    )
+                )
+                await session.start()
+            except StreamTakenOver:  # another replica opened it between our read and our append
+                life = lifecycle_of(session_id, (e.event for e in await self.store.read_stream(session_id)))
+                if life is None:
+                    raise
+                if life.owner == me:  # a concurrent open on this very replica won the append
+                    raise SessionError("session_exists", "session is already open", session_id=session_id) from None
+                raise SessionOwnedElsewhere(session_id, life.owner) from None
+            self.sessions[session_id] = session
+            self._maybe_open.add(session_id)
+            return session
+
+    @contextlib.contextmanager
+    def _admission(self, session_id: str) -> Iterator[None]:
+        """Admission (``max_sessions``): every session open now and every open past this check
+        and not yet in :attr:`sessions` holds a slot (concurrent opens count each other). Raises
+        SessionError ``max_sessions_reached``."""
         sessions = self.sessions
         self._maybe_open = {sid for sid in self._maybe_open if not sessions[sid].closed}
         if len(self._maybe_open) + self._admitted >= self.config.max_sessions:
             raise SessionError(
                 "max_sessions_reached", f"{self.config.max_sessions} sessions open", session_id=session_id
             )
-        self._admitted += 1  # this open holds a slot across its awaits (concurrent opens count it)
+        self._admitted += 1
         try:
-            return await self._open_admitted(session_id, auto_response, log_stats, plugin, protocol, connection_id)
+            yield
         finally:
             self._admitted -= 1
-
-    async def _open_admitted(
-        self,
-        session_id: str,
-        auto_response: bool,
-        log_stats: bool,
-        plugin: ModelPlugin | None,
-        protocol: str | None,
-        connection_id: str | None,
-    ) -> Session:
-        """The open past the ``max_sessions`` check: fold, SessionOpened, start."""
-        plugin = plugin or self.plugin
-        closed = self.sessions.get(session_id)  # a closed predecessor (the check above), if any
-        if closed is not None:
-            closed.superseded = True  # before the next incarnation is folded into the fold it shares
-        await self.replica.ensure_writable(session_id)
-        history = await self._claimable_history(session_id)
-        incarnation = next_incarnation(e.event for e in history)
-        log = SessionLog(
-            self.store,
-            session_id,
-            len(history),
-            projector=self._projector_for(session_id, len(history)),
-            ticker=self._ticker,
-            on_folded=self.metrics.apply_folded,
-        )
-        session = Session(
-            session_id,
-            log=log,
-            ports=self.ports,
-            plugin=plugin,
-            config=self.config,
-            auto_response=auto_response,
-            log_stats=log_stats,
-        )
-        if log_stats:  # M14: nothing of a log_stats-off session's tables is printed or held for printing
-            log.on_turn = lambda turn: self.printer.print_turn(session, turn)
-        log.on_fenced = lambda exc: session.fence_out(f"another replica wrote to the session: {exc}")
-        me = self.replica.me
-        try:
-            # Committed with the reservation start() makes: one append, durable before the
-            # client hears ``session.created`` (and before any engine call of the session).
-            log.emit_later(
-                SessionOpened(
-                    session_id=session_id,
-                    ts=time.time(),
-                    incarnation=incarnation,
-                    capabilities=session.capabilities,
-                    auto_response=auto_response,
-                    num_stages=len(self.ports),
-                    log_stats=log_stats,
-                    model=self.model_name,
-                    replica_id=me.replica_id,
-                    replica_incarnation=me.incarnation,
-                    protocol=protocol,
-                    connection_id=connection_id,
-                )
-            )
-            await session.start()
-        except StreamTakenOver:  # another replica opened it between our read and our append
-            life = lifecycle_of(session_id, (e.event for e in await self.store.read_stream(session_id)))
-            if life is None:
-                raise
-            if life.owner == me:  # a concurrent open on this very replica won the append
-                raise SessionError("session_exists", "session is already open", session_id=session_id) from None
-            raise SessionOwnedElsewhere(session_id, life.owner) from None
-        self.sessions[session_id] = session
-        self._maybe_open.add(session_id)
-        return session
 
     def _projector_for(self, session_id: str, version: int) -> Projector:
         """The fold a (re)opened session continues: its previous incarnation's, when this engine
