@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -27,48 +25,19 @@ from typer.testing import CliRunner
 from reports import cli_engine
 from reports.cli import app
 from reports.cli_errors import OPERATIONAL, REJECTED, output_error_code
+from tests.cli.streams import FULL, LOGS, WORKED, cli, imported, url_of
 
-ROOT = Path(__file__).resolve().parents[2]
-LOGS = ROOT / "tests" / "cases" / "logs"
-WORKED = LOGS / "worked-example.jsonl"  # 8 events, audit clean, no note
 HELD = LOGS / "case-13-reasons.jsonl"  # S3 holds an id at the end: `audit --session S3` is clean + a note
-FULL = Path("/dev/full")
 COMMITTED = "was committed; its summary could not be written: No space left on device (errno 28)"
 
 pytestmark = pytest.mark.skipif(not FULL.exists(), reason="no /dev/full on this system")
 runner = CliRunner()
 
 
-def url_of(path: Path) -> str:
-    return f"sqlite+aiosqlite:///{path}"
-
-
-def imported(log: Path, path: Path) -> str:
-    url = url_of(path)
-    result = runner.invoke(app, ["events", "import", str(log), "--db", url])
-    assert result.exit_code == 0, result.output
-    return url
-
-
 def event_count(url: str) -> int:
     result = runner.invoke(app, ["events", "export", "--db", url])
     assert result.exit_code == 0, result.output
     return len(result.output.splitlines())
-
-
-def cli(
-    args: list[str], stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE
-) -> subprocess.CompletedProcess[str]:
-    """``python -m reports.cli ARGS`` (its ``main()``, as the console script) in a subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "reports.cli", *args],
-        stdout=stdout,
-        stderr=stderr,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -9,59 +9,32 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from reports.cli import app
 from reports.cli_errors import OPERATIONAL
-
-ROOT = Path(__file__).resolve().parents[2]
-LOG = ROOT / "tests" / "cases" / "logs" / "worked-example.jsonl"
-FULL = Path("/dev/full")
+from tests.cli.streams import FULL, PRINTING_COMMANDS, ROOT, WORKED, cli, imported, with_db
 
 pytestmark = pytest.mark.skipif(not FULL.exists(), reason="no /dev/full on this system")
 
 
 @pytest.fixture(scope="module")
 def ledger(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('full') / 'ledger.db'}"
-    result = CliRunner().invoke(app, ["events", "import", str(LOG), "--db", url])
-    assert result.exit_code == 0, result.output
-    return url
+    return imported(WORKED, tmp_path_factory.mktemp("full") / "ledger.db")
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        ["audit"],
-        ["tables"],
-        ["tables", "--summary"],
-        ["metrics"],
-        ["events", "export"],  # written inside the command's event loop
+        *PRINTING_COMMANDS,
         ["events", "export", "--output", "-"],
-        ["sessions"],
-        ["digest"],
-        ["verify"],
-        ["schema"],
-        ["--help"],  # printed while the top-level arguments are parsed (hostile retest)
         ["tables", "--help"],
     ],
     ids=" ".join,
 )
 def test_stdout_on_a_full_disk_is_one_error_line_and_exit_1(ledger: str, args: list[str]) -> None:
-    db = [] if args == ["schema"] or "--help" in args else ["--db", ledger]
     with FULL.open("w") as full:
-        proc = subprocess.run(
-            [sys.executable, "-m", "reports.cli", *args, *db],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            timeout=120,
-        )
+        proc = cli(with_db(args, ledger), stdout=full)
     assert proc.returncode == OPERATIONAL, proc.stderr
     assert proc.stderr.splitlines() == [
         "error: could not write the output: No space left on device (errno 28); the output is incomplete"
