@@ -87,7 +87,7 @@ def test_resuming_from_a_decoded_checkpoint_equals_a_straight_fold() -> None:
     assert inside_open_turn >= 5  # the cuts do fall inside open turns
 
 
-def _resumed_at(stored: list, cut: int) -> tuple[list, Projector]:
+def resumed_at(stored: list, cut: int) -> tuple[list, Projector]:
     """Fold ``stored[:cut]``, checkpoint (encode, seal, open), continue with the rest: the
     finalized turns of the first leg and the resumed projector."""
     first = Projector()
@@ -112,7 +112,7 @@ def test_every_cut_of_a_generated_history_resumes_to_the_straight_fold(rnd, sess
     with _sweep_every(sweep):
         straight = Projector().apply_all(stored)
         for cut in range(1, len(stored), max(1, len(stored) // 25)):
-            done, resumed = _resumed_at(stored, cut)
+            done, resumed = resumed_at(stored, cut)
             resumed.turn_tables[:0] = done
             assert resumed.turn_tables == straight.turn_tables, cut
             assert resumed.findings() == straight.findings(), cut

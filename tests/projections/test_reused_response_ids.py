@@ -19,11 +19,10 @@ import pytest
 from typer.testing import CliRunner
 
 from projections.projector import Projector
-from projections.shell import checkpoint
-from projections.shell.runner import FOLD_VERSION
 from projections.turns import KEPT_PER_SESSION
 from reports.cli import app
 from tests.logbuilder import LogBuilder
+from tests.projections.test_checkpoint import resumed_at
 from tests.projections.test_sweep_anywhere import assert_sweep_free
 
 WITHIN = KEPT_PER_SESSION - 6
@@ -141,14 +140,7 @@ def test_partitions_and_a_checkpoint_past_the_window_keep_the_reused_id_stale(sc
     assert sorted(t.response_id for t in merged.turn_tables) == sorted(t.response_id for t in straight.turn_tables)
     assert merged.findings() == straight.findings()
     cut = len(events) - 12  # the history is folded, the reuse is not yet
-    first = Projector()
-    for s in events[:cut]:
-        first.apply(s)
-    done = first.turns.take_finalized()
-    blob = checkpoint.seal(checkpoint.encode_state(first), fold_version=FOLD_VERSION, position=cut, log_hash=b"h" * 32)
-    resumed = checkpoint.open_blob(blob, fold_version=FOLD_VERSION, expect=Projector).state
-    assert checkpoint.same_state(resumed, first)
-    resumed.apply_all(events[cut:])
+    done, resumed = resumed_at(events, cut)  # checks the resumed state equals the folded one
     assert done + resumed.turn_tables == straight.turn_tables
     assert resumed.findings() == straight.findings()
 
