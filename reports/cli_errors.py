@@ -455,6 +455,22 @@ def _quiet_stream(stream: Any) -> None:
         pass
 
 
+STDOUT_PIECE = 65_536
+"""Characters :func:`echo_text` writes to stdout at a time (a pipe's buffer on Linux)."""
+
+
+def echo_text(text: str, nl: bool = True) -> None:
+    """Write a command's whole output ``text`` (plus a newline when ``nl``) to stdout in pieces
+    of :data:`STDOUT_PIECE` characters, each flushed. When the reader of a pipe leaves while a
+    write waits, Linux returns the bytes already taken, not EPIPE, and Python's buffered writer
+    counts the rest as written: one big write to ``| head -1`` ended with exit 0. The next
+    piece then raises BrokenPipeError, which ends the command with 141 (:func:`closed_pipe`)."""
+    if nl:
+        text += "\n"
+    for start in range(0, len(text), STDOUT_PIECE):
+        typer.echo(text[start : start + STDOUT_PIECE], nl=False)
+
+
 def closed_pipe() -> int:
     """The reader of stdout (or stderr) went away: point both at ``/dev/null`` so that nothing
     written later — the interpreter's final flush included — fails again, and return

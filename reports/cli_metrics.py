@@ -15,7 +15,7 @@ from engine_bridge.prometheus import LedgerMetrics
 from events.chain_walk import ChainFault, chain_fault
 from events.limits import MAX_POSITION, overflows
 from events.store.store import EventStore
-from reports.cli_errors import checked_url, exit_if_tampered, run
+from reports.cli_errors import checked_url, echo_text, exit_if_tampered, run
 from reports.cli_numbers import max_idle_option
 from reports.cli_projections import DB_HELP
 
@@ -58,7 +58,7 @@ def metrics(
             "Prometheus carries them as floats, so they are printed, but they are no exact totals",
             err=True,
         )
-    typer.echo(text, nl=not text.endswith("\n"))
+    echo_text(text, nl=not text.endswith("\n"))
     exit_if_tampered(fault, url)
 
 

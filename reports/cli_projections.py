@@ -37,6 +37,7 @@ from reports.cli_errors import (
     check_session,
     checked_url,
     committed,
+    echo_text,
     exit_if_tampered,
     fail,
     nearest,
@@ -391,7 +392,7 @@ def tables(
             else text + render_summary.render_summaries_text(rollups)
         )
     _warn_overflows(turns, fmt)
-    typer.echo(text, nl=not text.endswith("\n"))
+    echo_text(text, nl=not text.endswith("\n"))
     exit_if_tampered(fault, url)
 
 

@@ -16,7 +16,7 @@ from enum import Enum
 
 import typer
 
-from reports.cli_errors import checked_url, exit_if_tampered, run
+from reports.cli_errors import checked_url, echo_text, exit_if_tampered, run
 from reports.cli_projections import DB_HELP
 
 
@@ -129,9 +129,9 @@ def sessions(
     url = checked_url(db)
     rows, fault = run(lambda: session_rows(url), url)
     if fmt is SessionsFormat.json:
-        typer.echo(json.dumps({"sessions": [asdict(r) for r in rows]}, indent=2))
+        echo_text(json.dumps({"sessions": [asdict(r) for r in rows]}, indent=2))
     else:
-        typer.echo(render_text(rows), nl=False)
+        echo_text(render_text(rows), nl=False)
     exit_if_tampered(fault, url)  # type: ignore[arg-type]
 
 

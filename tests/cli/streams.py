@@ -52,16 +52,18 @@ def imported(log: Path, path: Path) -> str:
     return url
 
 
+def cli_argv() -> list[str]:
+    """The console script's command line: ``python -m reports.cli`` (its ``main()``)."""
+    return [sys.executable, "-m", "reports.cli"]
+
+
+def cli_env() -> dict[str, Any]:
+    """Where and with what the CLI subprocess runs: this tree, imported first."""
+    return {"cwd": ROOT, "env": {**os.environ, "PYTHONPATH": str(ROOT)}}
+
+
 def cli(
     args: list[str], stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE
 ) -> subprocess.CompletedProcess[str]:
     """``python -m reports.cli ARGS`` (its ``main()``, as the console script) in a subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "reports.cli", *args],
-        stdout=stdout,
-        stderr=stderr,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    return subprocess.run([*cli_argv(), *args], stdout=stdout, stderr=stderr, text=True, timeout=120, **cli_env())

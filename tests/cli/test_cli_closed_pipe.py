@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from reports.cli_errors import PIPE_CLOSED
-from tests.cli.streams import PRINTING_COMMANDS, WORKED, cli, imported, with_db
+from tests.cli.streams import PRINTING_COMMANDS, WORKED, cli, cli_argv, cli_env, imported, with_db
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +50,34 @@ def test_the_same_commands_with_a_reader_exit_as_before(ledger: str) -> None:
     """The 141 is the closed pipe's, not the command's: with a reader, audit's own code stands."""
     proc = cli(["audit", "--db", ledger])
     assert proc.returncode in (0, 1) and "audit at position" in proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def long_ledger(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A ledger whose ``tables`` output is far larger than a pipe's buffer (64 KiB)."""
+    from tests.logbuilder import LogBuilder
+
+    b = LogBuilder()
+    b.add("SessionOpened", "s1", 1.0, num_stages=1)
+    for t in range(400):
+        b.stop_turn("s1", t, f"r{t}", 2.0 + t, finished=True)
+    path = tmp_path_factory.mktemp("long") / "long.jsonl"
+    path.write_text(b.jsonl())
+    return imported(path, path.with_suffix(".db"))
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_reader_that_leaves_mid_output_ends_tables_with_141(long_ledger: str, fmt: str) -> None:
+    """``tables | head -1`` on a long log: the reader goes while the one big write waits, and
+    Linux returns the bytes taken, not EPIPE, so the command used to exit 0 with its output
+    cut (final hostile retest). It is written in pieces (``cli_errors.echo_text``): 141."""
+    proc = subprocess.Popen(
+        [*cli_argv(), "tables", "--format", fmt, "--db", long_ledger],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **cli_env(),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == PIPE_CLOSED, proc.stderr.read()
