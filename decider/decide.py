@@ -94,8 +94,9 @@ WIRE_REASON = {
     "output_audio_buffer_clear": "output_audio_buffer_clear",
 }
 
-#: Cancel commands for which finding nothing to cancel is the client's mistake: one ``error``
-#: ``response_cancel_not_active`` (D14). A barge-in over silence, an input cancel of an idle
+#: Cancel commands for which finding nothing to cancel is the client's mistake, refused as any
+#: refused command is: ``CommandRejected`` in the log and one ``error``
+#: ``response_cancel_not_active`` (D14), but replying False, not raising. A barge-in over silence, an input cancel of an idle
 #: session and an ``output_audio_buffer.clear`` with no audio playing only reply False (a
 #: front decides what its protocol says of the last one).
 NOT_ACTIVE_IS_ERROR = frozenset({"response.cancel"})
@@ -676,7 +677,8 @@ def _(command: EngineAborted, state: SessionState) -> list[Step]:
 def _(command: CancelResponse, state: SessionState) -> list[Step]:
     """Cancel the response work (DOMAIN §2.4): CancelRequested, finalize with the §2.4 reason,
     epoch +1, abort the id on every pool (R1/R2). Replies False when nothing runs
-    (``response.cancel`` then also gets ``error`` ``response_cancel_not_active``, D14).
+    (``response.cancel`` is then refused as any refused command is, :func:`_reject` without
+    raising: ``CommandRejected`` in the log and ``error`` ``response_cancel_not_active``, D14).
     ``input.cancel`` drops the input buffer first. A failed abort restores the keys and
     refuses the command (``runtime_append_failed``): the work drains silently."""
     c, sid = command, state.session_id
@@ -686,8 +688,9 @@ def _(command: CancelResponse, state: SessionState) -> list[Step]:
         return steps + refused
     t = c.turn
     if t is None:
-        if c.command in NOT_ACTIVE_IS_ERROR:
-            steps.append(error_notice("response_cancel_not_active", f"{c.command}: no response in progress to cancel"))
+        if c.command in NOT_ACTIVE_IS_ERROR:  # refused as every refused command is: logged and told
+            message = f"{c.command}: no response in progress to cancel"
+            steps += _reject(state, c.ts, c.command, "response_cancel_not_active", message, refuse=False)
         return [*steps, Reply(False)]
     wire, reason = WIRE_REASON.get(c.source, c.source), reason_for_cancel_source(c.source)
     events: list[Any] = [

@@ -49,6 +49,9 @@ from engine_bridge.session_log import SessionLog
 from engine_bridge.turn_run import TurnRun
 from engine_bridge.turn_runner import TurnRunner
 
+RESPONSE_TERMINALS = frozenset({"response.done", "response.cancelled"})
+"""The client events that end a response (D14): they carry the response's ``token_counts``."""
+
 
 @dataclass
 class Execution:
@@ -139,6 +142,8 @@ class StepExecutor:
             elif type(step) is Notify:
                 if step.type == "error":
                     self.client.send("error", **step.data, event_id=run.event_id)
+                elif step.type in RESPONSE_TERMINALS and run.turn is not None:
+                    self._send_terminal(step, run.turn)
                 else:
                     self.client.send(step.type, **step.data)
             elif type(step) is Reply:
@@ -146,6 +151,14 @@ class StepExecutor:
             else:
                 await self._control(step, run)
         return reply
+
+    def _send_terminal(self, step: Notify, turn: TurnRun) -> None:
+        """A response's terminal client event, with the engine's ``token_counts`` of that
+        response so far (:meth:`TurnRun.token_counts`) when ``turn`` is its turn."""
+        if step.data.get("response_id") == turn.ref.response_id:
+            self.client.send(step.type, **step.data, token_counts=turn.token_counts())
+        else:
+            self.client.send(step.type, **step.data)
 
     def _record(self, step: Record, run: Execution) -> None:
         """A Record that needs no wait: pipelined intents, a running turn's results (held),

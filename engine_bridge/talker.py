@@ -77,6 +77,7 @@ async def talk(
         turn.outputs.add(chunk)
         frames = len(chunk.new_token_ids) * config.frames_per_talker_token
         if frames:
+            turn.stage1_tokens_out += len(chunk.new_token_ids)
             feed.send_batch(
                 "response.audio.delta",
                 (

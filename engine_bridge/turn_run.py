@@ -31,6 +31,11 @@ class TurnRun:
     # the ephemeral request's output stream and its first item, or the resident open/update.
     stage0: AsyncIterator[StageChunk] | None = None
     first: asyncio.Future[Any] | None = None
+    # Tokens of the response so far (token_counts): Stage0's prompt, Stage0's tokens sent as
+    # text deltas, Stage1's tokens sent as audio deltas.
+    stage0_tokens_in: int | None = None
+    stage0_tokens_out: int = 0
+    stage1_tokens_out: int = 0
 
     @property
     def request_id(self) -> str:
@@ -38,6 +43,20 @@ class TurnRun:
 
     def answer(self) -> str:
         return "".join(self.text)
+
+    def token_counts(self) -> dict[str, int]:
+        """The engine's token counts of this turn's response so far, the ``token_counts`` of
+        its terminal client event (``response.done`` / ``response.cancelled``):
+        ``stage0_tokens_in`` the Stage0 prompt's tokens as submitted (``StageRequestSubmitted.
+        num_tokens_in``: an ephemeral request's whole prompt; a resident stream's update, only
+        the update's own tokens — absent when the turn was never submitted),
+        ``stage0_tokens_out`` Stage0's tokens sent as text deltas, ``stage1_tokens_out`` the
+        talker's (Stage1) tokens sent as audio deltas. A cancelled response counts what it
+        sent before the cancel."""
+        counts = {"stage0_tokens_out": self.stage0_tokens_out, "stage1_tokens_out": self.stage1_tokens_out}
+        if self.stage0_tokens_in is not None:
+            counts["stage0_tokens_in"] = self.stage0_tokens_in
+        return counts
 
 
 def generation_params(config: EngineConfig, max_tokens: int, stage_id: int = 0) -> GenerationParams:

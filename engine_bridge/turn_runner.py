@@ -79,7 +79,7 @@ class TurnRunner:
         """Run the submitted turn ``ref`` (``kind``: initial / update of the resident stream).
         The Stage0 engine call is made here, in the caller's step (vLLM's ``add_request`` before
         ``commit()`` returns, issue 15); the turn's task reads its outputs from the next pass."""
-        turn = TurnRun(ref, text, speak)
+        turn = TurnRun(ref, text, speak, stage0_tokens_in=num_tokens_in)
         self.active = turn
         self.idle.clear()
         recorder = SegmentRecorder(
@@ -211,6 +211,7 @@ class TurnRunner:
                     reason="error",
                     finish_reason="error",
                     text=turn.answer(),
+                    token_counts=turn.token_counts(),
                 )
 
     def _record(self, turn: TurnRun, recorder: SegmentRecorder, batch: list[StageChunk]) -> None:
@@ -225,6 +226,7 @@ class TurnRunner:
         response_id, out = turn.ref.response_id, []
         for chunk in batch:
             if chunk.new_token_ids:
+                turn.stage0_tokens_out += len(chunk.new_token_ids)
                 turn.text.append(chunk.text_delta)
                 out.append({"response_id": response_id, "delta": chunk.text_delta})
         self.feed.send_batch("response.text.delta", out)

@@ -32,7 +32,7 @@ from realtime.protocol import (
     server_event,
     storable_text,
 )
-from realtime.request_fields import client_metadata, max_output_tokens_notice
+from realtime.request_fields import client_metadata, max_output_tokens_notice, response_overrides
 from realtime.session_config import apply_update, session_object
 
 if TYPE_CHECKING:
@@ -237,20 +237,31 @@ class ClientEvents:
 
     async def _on_response_create(self, event: dict[str, Any], event_id: str | None) -> None:
         """Start a response. ``response.metadata`` is validated (ProtocolError ``invalid_value``,
-        no response) and echoed on the response object; ``response.max_output_tokens`` as in
-        ``session.update`` (:mod:`realtime.request_fields`); the other ``response`` fields are
-        answered with the session's effective values."""
+        no response) and echoed on the response object; the per-response overrides
+        (``output_modalities`` honoured for this response, ``instructions`` and
+        ``max_output_tokens`` fixed by the server, the rest refused: :func:`response_overrides`)
+        are decided before anything is told; the notices go before the answer."""
         params = event.get("response")
         if params is not None and not isinstance(params, dict):
             raise ProtocolError("bad_event", "response must be an object", param="response")
         params = params or {}
         metadata = client_metadata(params.get("metadata"), param="response.metadata")
-        self._fixed_by_server(params.get("max_output_tokens"), "response.max_output_tokens", event_id)
-        self.projection.creating, self.projection.requested_metadata = True, metadata
+        config = self.projection.config
+        overrides = response_overrides(
+            params,
+            output_modality=config.output_modality,
+            instructions=config.instructions,
+            max_output_tokens=config.max_output_tokens,
+        )
+        for notice in overrides.notices:
+            self.send(error_event(notice.code, notice.message, event_id=event_id, param=notice.param))
+        projection = self.projection
+        projection.creating, projection.requested_metadata = True, metadata
+        projection.requested_modality = overrides.output_modality
         try:
             await _command(self.session.create_response, event_id=event_id)
         finally:
-            self.projection.creating, self.projection.requested_metadata = False, None
+            projection.creating, projection.requested_metadata, projection.requested_modality = False, None, None
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")

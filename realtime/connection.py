@@ -11,9 +11,11 @@ the writer's own step, no task hop), projects the engine's events to GA server e
 queue of :class:`realtime.outbound.Outbound` — what one engine write (or one front answer)
 produced is ONE queue item, one wake-up of its sender: a client too slow to drain it
 (``ConnectionOptions.outbound_queue_max`` events queued) is closed (1008) and its session
-closed as a ``disconnect``, so it never slows another connection. A dropped socket, a failed
-send or the idle timeout (``idle_timeout_s``) close the session with reason ``disconnect``
-(DOMAIN §2.4 -> ``close``). When the session ends (``session.closed``) the socket is closed
+closed as a ``disconnect``, so it never slows another connection. The client's normal
+closure (close code 1000: the SDK's ``connection.close()``) closes the session with reason
+``session_close``; a dropped socket (any other code, 1006 for a lost transport), a failed send
+or the idle timeout (``idle_timeout_s``) with reason ``disconnect`` (:func:`session_end_reason`;
+both DOMAIN §2.4 session-end reasons -> ``close``). When the session ends (``session.closed``) the socket is closed
 with 1000 (1001 on server shutdown).
 """
 
@@ -61,6 +63,21 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+NORMAL_CLOSURE = 1000
+"""WebSocket close code of a normal closure (RFC 6455 §7.4.1), what ``connection.close()`` of the
+``openai`` SDK sends (research/realtime.md §2.1)."""
+
+
+def session_end_reason(end_reason: str | None) -> str:
+    """The session's close reason for how its connection ended (``RealtimeConnection.
+    end_reason``), one of DOMAIN §2.4's session-end reasons: ``session_close`` when the client
+    closed the socket normally (``client_closed_1000``: it ended the session, as the duplex
+    dialect's ``session.close`` does); ``disconnect`` for every other end (another close code —
+    1001 going away, 1006 a lost transport —, a failed receive or send, a client too slow, the
+    idle timeout, a stop): the transport ended under the session."""
+    return "session_close" if end_reason == f"client_closed_{NORMAL_CLOSURE}" else "disconnect"
 
 
 @dataclass(frozen=True)
@@ -259,18 +276,20 @@ class RealtimeConnection:
             await dispatch(frame)
 
     async def _shutdown(self) -> None:
-        """The session is closed (``disconnect`` unless it already closed), its feed delivers
-        the session's last events, then the socket is closed (if it is still open)."""
+        """The session is closed (unless it already closed) with :func:`session_end_reason`
+        of how the connection ended, its feed delivers the session's last events, then the
+        socket is closed (if it is still open)."""
         session = self.session
         if session is not None and not session.closed:
             if self.end_reason:
                 logger.info("%s: session %s ends: %s", self.connection_id, session.session_id, self.end_reason)
+            reason = session_end_reason(self.end_reason)
             try:
-                await session.close("disconnect")
+                await session.close(reason)
             except SessionError as exc:
-                logger.info("%s: close on disconnect refused: %s", self.connection_id, exc)
+                logger.info("%s: close on %s refused: %s", self.connection_id, reason, exc)
             except Exception:  # noqa: BLE001 - the session is closed all the same (logged)
-                logger.exception("%s: close on disconnect failed", self.connection_id)
+                logger.exception("%s: close on %s failed", self.connection_id, reason)
         if session is not None:
             try:
                 await asyncio.wait_for(self.feed_ended.wait(), 10.0)

@@ -26,6 +26,7 @@ from realtime import duplex
 from realtime.audio import encode_audio, render_output_audio
 from realtime.protocol import client_message, error_event, error_type_for, new_event_id, server_event
 from realtime.session_config import SessionConfig, session_object
+from realtime.usage import response_usage
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Projection:
         self.last_error: dict[str, Any] | None = None
         self.creating = False  # a response.create is being decided (set by the client-event side)
         self.requested_metadata: dict[str, str] | None = None  # that response.create's metadata
+        self.requested_modality: str | None = None  # its output modality (None: the session's)
         self.untranscribed = False  # the last commit was audio without transcript, no response since
         self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]] | None] = {}
 
@@ -171,9 +173,10 @@ class Projection:
 
     def _on_response_created(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         response_id = data["response_id"]
-        modality = self.config.output_modality
+        modality = self.requested_modality or self.config.output_modality
         r = self.active = ActiveResponse(response_id, f"item_{response_id}", modality)
         r.metadata, self.requested_metadata, self.untranscribed = self.requested_metadata, None, False
+        self.requested_modality = None
         item = self._assistant_item(r, "in_progress", content=[])
         previous, self.last_item_id = self.last_item_id, r.item_id
         part = {"type": "text", "text": ""} if modality == "text" else {"type": "audio", "transcript": ""}
@@ -220,10 +223,12 @@ class Projection:
             return []
         reason, finish_reason = data.get("reason", "stop"), data.get("finish_reason")
         metadata = {"finished_reason": str(reason), "finish_reason": str(finish_reason)}
+        counts = data.get("token_counts")
         if reason == "stop":
             if finish_reason == "length":
-                return self._finish(r, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}, metadata)
-            return self._finish(r, "completed", None, metadata)
+                incomplete = {"type": "incomplete", "reason": "max_output_tokens"}
+                return self._finish(r, "incomplete", incomplete, metadata, counts)
+            return self._finish(r, "completed", None, metadata, counts)
         error = self.last_error or {"type": "server_error", "code": f"response_{reason}", "message": str(reason)}
         details = {
             "type": "failed",
@@ -231,7 +236,7 @@ class Projection:
         }
         if reason == "abort":
             details["error"] = {"type": "server_error", "code": "engine_aborted", "message": "the engine ended it"}
-        return self._finish(r, "failed", details, metadata)
+        return self._finish(r, "failed", details, metadata, counts)
 
     def _on_response_cancelled(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         r = self._live(data)
@@ -239,17 +244,19 @@ class Projection:
             return []
         reason, wire = data.get("finished_reason", "cancel"), data.get("reason", "")
         metadata = {"finished_reason": str(reason), "wire_reason": str(wire)}
+        counts = data.get("token_counts")
         if reason in CANCEL_REASON:
             cleared = []  # the client's output_audio_buffer.clear: told before the response's terminal event
             if wire == "output_audio_buffer_clear":
                 cleared = [server_event("output_audio_buffer.cleared", response_id=r.response_id)]
             return cleared + self._finish(
-                r, "cancelled", {"type": "cancelled", "reason": CANCEL_REASON[reason]}, metadata
+                r, "cancelled", {"type": "cancelled", "reason": CANCEL_REASON[reason]}, metadata, counts
             )
         if wire == duplex.CLOSE_REASON:  # the client's own session.close
-            return self._finish(r, "cancelled", {"type": "cancelled", "reason": "client_cancelled"}, metadata)
+            cancelled = {"type": "cancelled", "reason": "client_cancelled"}
+            return self._finish(r, "cancelled", cancelled, metadata, counts)
         error = {"type": "server_error", "code": "session_closed", "message": f"the session closed ({wire})"}
-        return self._finish(r, "failed", {"type": "failed", "error": error}, metadata)
+        return self._finish(r, "failed", {"type": "failed", "error": error}, metadata, counts)
 
     def _on_error(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         """The GA ``error``; its message names client-facing ids only (:func:`client_message`:
@@ -289,12 +296,18 @@ class Projection:
         }
 
     def _finish(
-        self, r: ActiveResponse, status: str, details: dict[str, Any] | None, metadata: dict[str, str]
+        self,
+        r: ActiveResponse,
+        status: str,
+        details: dict[str, Any] | None,
+        metadata: dict[str, str],
+        token_counts: object = None,
     ) -> list[dict[str, Any]]:
         """Close the open content part and item, then the response's one ``response.done``. Its
         ``metadata`` is the client's (response.create's) merged with the server's ``metadata``
         keys (``finished_reason``, ``finish_reason`` / ``wire_reason``): a client key among
-        :data:`SERVER_METADATA_KEYS` is dropped, so those keys always say what happened."""
+        :data:`SERVER_METADATA_KEYS` is dropped, so those keys always say what happened. Its
+        ``usage`` is :func:`realtime.usage.response_usage` of the engine's ``token_counts``."""
         self.active = None
         self.finished.add(r.response_id)
         self.last_error = None
@@ -325,6 +338,9 @@ class Projection:
         }
         if details is not None:
             response["status_details"] = details
+        usage = response_usage(token_counts)
+        if usage is not None:
+            response["usage"] = usage
         out.append(server_event("response.done", response=response))
         return out
 

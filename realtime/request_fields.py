@@ -10,9 +10,22 @@ they changed").
   ``SamplingParams.max_tokens`` of every speaking turn), fixed at the engine's start. A valid
   request for another value is not applied: the client gets an ``error``
   :data:`FIXED_BY_SERVER` naming the field, and the answer shows the effective value.
+* ``response.create``'s other per-response overrides (:func:`response_overrides`), as OpenAI's
+  GA server would apply them to that response alone: ``output_modalities`` is honoured (the
+  rendering of the answer is the front's); ``instructions`` other than the session's (the
+  engine's system prompt, fixed at its start) get the :data:`FIXED_BY_SERVER` notice and the
+  response uses the session's; what would change what the response answers or where it goes
+  (``conversation`` other than ``"auto"``, ``input``, ``tools``, ``tool_choice`` forcing a
+  tool, ``prompt``) is refused with :data:`UNSUPPORTED_RESPONSE_CREATE` (no response). A
+  value equal to the session's is accepted silently. vLLM's own realtime route has no
+  ``response.create`` at all (research/realtime.md §0 3.), so GA is the model here.
 """
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from realtime.protocol import ProtocolError
 
@@ -23,6 +36,11 @@ MAX_OUTPUT_TOKENS_LIMIT = 4096
 """GA's largest integer ``max_output_tokens`` (besides ``"inf"``)."""
 FIXED_BY_SERVER = "fixed_by_server"
 """The ``error`` code of a valid request for a value the server does not apply."""
+UNSUPPORTED_RESPONSE_CREATE = "unsupported_response_create"
+"""The ``error`` code of a ``response.create`` asking for what this server cannot answer (no
+response is created)."""
+OUTPUT_MODALITIES = (["text"], ["audio"])
+"""GA's two ``output_modalities`` (both at once is not allowed; research §1.4)."""
 
 
 def client_metadata(value: object, *, param: str) -> dict[str, str] | None:
@@ -55,26 +73,124 @@ def client_metadata(value: object, *, param: str) -> dict[str, str] | None:
     return dict(value)
 
 
+def json_text(value: object, *, max_chars: int = 40) -> str:
+    """``value`` as JSON spells it (``0``, ``"inf"``, ``true``, ``null``), cut to ``max_chars``
+    characters (then ``…``): how an error message quotes a client's value, so ``0`` never reads
+    as the string ``'0'``. A value JSON cannot spell (NaN, an object of non-string keys) is
+    quoted by ``repr``."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= max_chars else text[:max_chars] + "…"
+
+
+def _as_integer(value: object) -> object:
+    """A JSON number with a fractional part of zero (``6.0``) as the integer it is (``6``):
+    JSON has one number type, so ``6`` and ``6.0`` are the same value to a client; anything
+    else unchanged (``6.5``, ``inf``, a string, a bool)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def max_output_tokens_notice(value: object, effective: int, *, param: str) -> ProtocolError | None:
     """What to tell a client that asked for ``max_output_tokens`` ``value`` when the server's
     cap is ``effective``: None when absent or equal; a ProtocolError :data:`FIXED_BY_SERVER`
     naming ``param`` for a valid other value (a notice: the event is answered all the same,
     with the effective value). Raises ProtocolError ``invalid_value`` for a value GA refuses
-    (not an integer 1..4096 nor ``"inf"``)."""
-    if value is None or value == effective and not isinstance(value, bool):
+    (not an integer 1..4096 nor ``"inf"``). One rule for every number: one whose fractional
+    part is zero is that integer (``6.0`` is ``6``), whether or not it equals ``effective``."""
+    number = _as_integer(value)
+    if number is None or isinstance(number, int) and not isinstance(number, bool) and number == effective:
         return None
-    valid = value == "inf" or (
-        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_OUTPUT_TOKENS_LIMIT
+    valid = number == "inf" or (
+        isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= MAX_OUTPUT_TOKENS_LIMIT
     )
     if not valid:
         raise ProtocolError(
             "invalid_value",
-            f"{param}: {str(value)[:40]!r} is not an integer 1..{MAX_OUTPUT_TOKENS_LIMIT} nor 'inf'",
+            f'{param}: {json_text(value)} is not an integer 1..{MAX_OUTPUT_TOKENS_LIMIT} nor "inf"',
             param=param,
         )
     return ProtocolError(
         FIXED_BY_SERVER,
-        f"{param}: {value!r} was not applied: the cap is fixed by the server at {effective} tokens per response "
-        "(the engine's token budget); the answer shows the effective value",
+        f"{param}: {json_text(value)} was not applied: the cap is fixed by the server at {effective} tokens per "
+        "response (the engine's token budget); the answer shows the effective value",
         param=param,
     )
+
+
+@dataclass(frozen=True)
+class ResponseOverrides:
+    """What a ``response.create`` asks of its response: the ``output_modality`` it gets (the
+    client's or the session's) and the notices (``error`` :data:`FIXED_BY_SERVER`, in field
+    order) to send before it."""
+
+    output_modality: Literal["text", "audio"]
+    notices: tuple[ProtocolError, ...] = ()
+
+
+def _unsupported(param: str, message: str) -> ProtocolError:
+    return ProtocolError(UNSUPPORTED_RESPONSE_CREATE, f"{param}: {message}", param=param)
+
+
+def response_overrides(
+    params: dict[str, Any], *, output_modality: Literal["text", "audio"], instructions: str, max_output_tokens: int
+) -> ResponseOverrides:
+    """The per-response overrides of a ``response.create``'s ``response`` object ``params``
+    against the session's effective ``output_modality``, ``instructions`` and
+    ``max_output_tokens`` (see the module docstring). Transactional: raises ProtocolError
+    (``param`` ``response.<field>``) for the first field refused, before any notice is told —
+    ``invalid_value`` for a value GA refuses (``output_modalities`` other than ``["text"]`` /
+    ``["audio"]``, non-string ``instructions``, a bad ``max_output_tokens``),
+    :data:`UNSUPPORTED_RESPONSE_CREATE` for a valid request this server cannot answer."""
+    modality = output_modality
+    requested = params.get("output_modalities")
+    if requested is not None:
+        if requested not in OUTPUT_MODALITIES:
+            raise ProtocolError(
+                "invalid_value",
+                f'response.output_modalities: {json_text(requested)} is not ["text"] nor ["audio"]',
+                param="response.output_modalities",
+            )
+        modality = requested[0]
+    notices: list[ProtocolError] = []
+    wanted = params.get("instructions")
+    if wanted is not None:
+        if not isinstance(wanted, str):
+            raise ProtocolError(
+                "invalid_value", "response.instructions must be a string", param="response.instructions"
+            )
+        if wanted != instructions:
+            notices.append(
+                ProtocolError(
+                    FIXED_BY_SERVER,
+                    "response.instructions were not applied: the instructions are this server's system prompt, "
+                    "fixed at its start (session.instructions); the response uses them",
+                    param="response.instructions",
+                )
+            )
+    conversation = params.get("conversation")
+    if conversation not in (None, "auto"):
+        raise _unsupported(
+            "response.conversation",
+            f"{json_text(conversation)} is not served: every response joins the session's conversation "
+            '(and its log); only "auto"',
+        )
+    if params.get("input") is not None:
+        raise _unsupported(
+            "response.input", "a response over given items is not served: a response answers the committed input"
+        )
+    if params.get("tools"):
+        raise _unsupported("response.tools", "tools are not served (session.tools is [])")
+    if params.get("tool_choice") not in (None, "auto", "none"):
+        raise _unsupported("response.tool_choice", "tools are not served (session.tools is [])")
+    if params.get("prompt") is not None:
+        raise _unsupported("response.prompt", "prompt templates are not served")
+    notice = max_output_tokens_notice(
+        params.get("max_output_tokens"), max_output_tokens, param="response.max_output_tokens"
+    )
+    if notice is not None:
+        notices.append(notice)
+    return ResponseOverrides(modality, tuple(notices))

@@ -169,6 +169,7 @@ async def test_every_bad_event_is_an_error_and_the_session_goes_on(engine, state
     assert [e.error_code for e in history if e.type == "CommandRejected"] == [
         "input_audio_buffer_empty",
         "input_audio_buffer_empty",
+        "response_cancel_not_active",
         "input_audio_buffer_empty",
         "conversation_already_has_active_response",
     ]
