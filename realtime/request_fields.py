@@ -16,8 +16,10 @@ they changed").
   engine's system prompt, fixed at its start) get the :data:`FIXED_BY_SERVER` notice and the
   response uses the session's; what would change what the response answers or where it goes
   (``conversation`` other than ``"auto"``, ``input``, ``tools``, ``tool_choice`` forcing a
-  tool, ``prompt``) is refused with :data:`UNSUPPORTED_RESPONSE_CREATE` (no response). A
-  value equal to the session's is accepted silently. vLLM's own realtime route has no
+  tool, ``prompt``) is refused with :data:`UNSUPPORTED_RESPONSE_CREATE` (no response);
+  ``audio.output.format`` is checked as ``session.update``'s (only ``audio/pcm`` at 24 kHz),
+  and an ``audio.output.voice`` gets the :data:`FIXED_BY_SERVER` notice (the output audio is a
+  stand-in rendering with no voice). A value equal to the session's is accepted silently. vLLM's own realtime route has no
   ``response.create`` at all (research/realtime.md §0 3.), so GA is the model here.
 """
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from realtime.protocol import ProtocolError
+from realtime.session_config import check_audio_format
 
 METADATA_MAX_PAIRS = 16
 METADATA_KEY_MAX_CHARS = 64
@@ -169,6 +172,22 @@ def response_overrides(
                     "response.instructions were not applied: the instructions are this server's system prompt, "
                     "fixed at its start (session.instructions); the response uses them",
                     param="response.instructions",
+                )
+            )
+    audio = params.get("audio")
+    if audio is not None:
+        output = audio.get("output") if isinstance(audio, dict) else None
+        if not isinstance(audio, dict) or not isinstance(output, dict | None):
+            raise ProtocolError("bad_event", "response.audio.output must be an object", param="response.audio")
+        output = output or {}
+        check_audio_format(output.get("format"), "response.audio.output.format")
+        if output.get("voice") is not None:
+            notices.append(
+                ProtocolError(
+                    FIXED_BY_SERVER,
+                    f"response.audio.output.voice: {json_text(output.get('voice'))} was not applied: the output "
+                    "audio is a stand-in rendering with no voice (session x_duplex_ledger.output_audio)",
+                    param="response.audio.output.voice",
                 )
             )
     conversation = params.get("conversation")

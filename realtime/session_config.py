@@ -48,7 +48,10 @@ def _refuse(code: str, param: str, message: str) -> ProtocolError:
     return ProtocolError(code, f"{param}: {message}", param=param)
 
 
-def _check_format(value: object, param: str) -> None:
+def check_audio_format(value: object, param: str) -> None:
+    """Refuse an audio ``format`` object this front cannot serve: ProtocolError
+    ``unsupported_audio_format`` naming ``param`` (or its ``.type`` / ``.rate``) unless it is
+    absent or ``audio/pcm`` at 24000 Hz (research/realtime.md §1.4)."""
     if value is None:
         return
     if not isinstance(value, dict):
@@ -88,7 +91,7 @@ def apply_update(config: SessionConfig, session: object) -> SessionConfig:
                 continue
             if not isinstance(part, dict):
                 raise _refuse("bad_event", f"session.audio.{side}", "must be an object")
-            _check_format(part.get("format"), f"session.audio.{side}.format")
+            check_audio_format(part.get("format"), f"session.audio.{side}.format")
         turn_detection = (audio.get("input") or {}).get("turn_detection")
         if turn_detection is not None:
             raise _refuse(

@@ -144,11 +144,19 @@ async def test_instructions_of_response_create_are_told_fixed_by_server(engine, 
         done = await wire.until("response.done")  # answered all the same, with the session's
         assert done["response"]["status"] == "completed"
         await wire.send(user_text("Again"))
-        await wire.send({"type": "response.create", "response": {"instructions": session_instructions}})
+        pcm = {"type": "audio/pcm", "rate": 24000}
+        same = {"instructions": session_instructions, "audio": {"output": {"format": pcm}}}
+        await wire.send({"type": "response.create", "response": same})
         await wire.until("response.done")
-        assert len(wire.of_type("error")) == 1  # the same value as the session's: no notice
+        assert len(wire.of_type("error")) == 1  # the same values as the session's: no notice
+        # a voice: there is none to choose (stand-in audio), told so, answered all the same
+        await wire.send(user_text("Once more"))
+        voice = {"audio": {"output": {"voice": "marin"}}}
+        await wire.send({"type": "response.create", "event_id": "r3", "response": voice}, refused=FIXED_BY_SERVER)
+        assert (await wire.error_for("r3"))["error"]["param"] == "response.audio.output.voice"
+        assert (await wire.until("response.done"))["response"]["status"] == "completed"
         wire.check()
-    assert await settled_ledger(state, "rt-ins") == ["stop", "stop"]
+    assert await settled_ledger(state, "rt-ins") == ["stop", "stop", "stop"]
 
 
 @pytest.mark.parametrize(
@@ -166,6 +174,17 @@ async def test_instructions_of_response_create_are_told_fixed_by_server(engine, 
         ({"output_modalities": ["audio", "text"]}, "invalid_value", "response.output_modalities"),
         ({"output_modalities": "text"}, "invalid_value", "response.output_modalities"),
         ({"instructions": 3}, "invalid_value", "response.instructions"),
+        (
+            {"audio": {"output": {"format": {"type": "audio/pcmu"}}}},
+            "unsupported_audio_format",
+            "response.audio.output.format.type",
+        ),
+        (
+            {"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+            "unsupported_audio_format",
+            "response.audio.output.format.rate",
+        ),
+        ({"audio": "pcm"}, "bad_event", "response.audio"),
         # refused as a whole: the valid-but-fixed instructions get no notice of their own
         ({"instructions": "other", "conversation": "none"}, "unsupported_response_create", "response.conversation"),
     ],
