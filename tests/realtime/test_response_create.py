@@ -12,11 +12,13 @@ from __future__ import annotations
 import pytest
 from openai.types.realtime import RealtimeResponseUsage
 
+from engine_bridge.messages import EngineConfig
 from realtime.protocol import ProtocolError
 from realtime.request_fields import FIXED_BY_SERVER, max_output_tokens_notice
 from realtime.usage import response_usage
-from tests.realtime.conftest import SHORT, sdk_client
+from tests.realtime.conftest import SHORT, fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
+from tests.realtime.server_fixture import make_app, serve_app
 from tests.realtime.test_conformance import user_text
 from tests.realtime.wire import Wire
 
@@ -89,6 +91,30 @@ async def test_a_cancelled_response_carries_the_usage_produced_so_far(long_engin
     tokens = await _ledger_tokens(long_engine, "rt-use-cancel", done["id"])
     assert 0 < tokens["text"] < 2000 and tokens["audio"] == 0  # cut mid-Stage0: the talker never ran
     assert done["usage"] == _expected_usage(tokens)
+
+
+async def test_an_incomplete_response_carries_its_usage(tmp_path):
+    """Cut at the token budget (Stage0 ``length``): GA ``incomplete``, its usage the budget's
+    tokens, as the log holds them."""
+    engine = await fake_engine(tmp_path, EngineConfig(max_tokens=8, talker_max_tokens=4, flush_interval_s=0.005))
+    try:
+        app = make_app(engine)
+        async with serve_app(engine, app=app) as port:
+            async with sdk_client(port).realtime.connect(
+                model="duplex-ledger", extra_query={"session_id": "rt-use-len"}
+            ) as c:
+                wire = await _open(c)
+                await wire.send(user_text("Tell me a long story"))
+                await wire.send({"type": "response.create"})
+                done = (await wire.until("response.done"))["response"]
+                assert done["status"] == "incomplete"
+                wire.check()
+            assert await settled_ledger(app.state.realtime, "rt-use-len") == ["stop"]
+        tokens = await _ledger_tokens(engine, "rt-use-len", done["id"])
+        assert tokens["text"] == 8  # the budget
+        assert done["usage"] == _expected_usage(tokens)
+    finally:
+        await engine.aclose()
 
 
 def test_usage_is_gas_shape_and_absent_without_counts():
