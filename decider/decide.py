@@ -96,9 +96,9 @@ WIRE_REASON = {
 
 #: Cancel commands for which finding nothing to cancel is the client's mistake, refused as any
 #: refused command is: ``CommandRejected`` in the log and one ``error``
-#: ``response_cancel_not_active`` (D14), but replying False, not raising. A barge-in over silence, an input cancel of an idle
-#: session and an ``output_audio_buffer.clear`` with no audio playing only reply False (a
-#: front decides what its protocol says of the last one).
+#: ``response_cancel_not_active`` (D14), but replying False, not raising. A barge-in over
+#: silence, an input cancel of an idle session and an ``output_audio_buffer.clear`` with no
+#: audio playing only reply False (a front decides what its protocol says of the last one).
 NOT_ACTIVE_IS_ERROR = frozenset({"response.cancel"})
 
 

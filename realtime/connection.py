@@ -15,8 +15,8 @@ closed as a ``disconnect``, so it never slows another connection. The client's n
 closure (close code 1000: the SDK's ``connection.close()``) closes the session with reason
 ``session_close``; a dropped socket (any other code, 1006 for a lost transport), a failed send
 or the idle timeout (``idle_timeout_s``) with reason ``disconnect`` (:func:`session_end_reason`;
-both DOMAIN §2.4 session-end reasons -> ``close``). When the session ends (``session.closed``) the socket is closed
-with 1000 (1001 on server shutdown).
+both DOMAIN §2.4 session-end reasons -> ``close``). When the session ends (``session.closed``)
+the socket is closed with 1000 (1001 on server shutdown).
 """
 
 from __future__ import annotations
