@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 
 from engine_bridge.messages import EngineConfig
 from realtime.connection import ConnectionOptions
+from reports.cli_metrics import project_metrics
 from tests.realtime.conftest import fake_engine, sdk_client
 from tests.realtime.ledger import settled_ledger
 from tests.realtime.server_fixture import make_app, serve_app
@@ -80,7 +82,7 @@ async def test_input_clear_leaves_the_running_response_alone(long_engine, long_s
 
 
 @pytest.mark.parametrize("how", ["clean_close", "transport_abort"])
-async def test_disconnect_mid_response(long_engine, long_app, long_port, how, caplog):
+async def test_disconnect_mid_response(long_engine, long_app, long_port, how, caplog, tmp_path):
     caplog.set_level(logging.INFO)
     sid = f"rt-drop-{how}"
     state = long_app.state.realtime
@@ -104,6 +106,14 @@ async def test_disconnect_mid_response(long_engine, long_app, long_port, how, ca
     # the SDK's close() (1000) ends the session; a dropped transport (1006) is a disconnect
     expected = "session_close" if how == "clean_close" else "disconnect"
     assert [e.reason for e in history if e.type == "SessionClosed"] == [expected]
+    exposition = (await project_metrics(f"sqlite+aiosqlite:///{tmp_path}/ledger.db")).exposition()
+    closed = {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == "duplex_ledger:sessions_closed_total" and sample.value
+    }
+    assert closed == {expected: 1.0}  # the metric tells a client's close from a drop too
     # reconnecting with the same session_id is the next incarnation
     async with client.realtime.connect(model="duplex-ledger", extra_query={"session_id": sid}) as conn:
         wire = Wire(conn)
