@@ -28,6 +28,7 @@ from reports.cli_errors import (
     say,
     tampered_line,
 )
+from reports.path_params import file_path
 
 DbOption = Annotated[
     str | None,
@@ -91,7 +92,9 @@ def db_downgrade(
     before, now = run(body, url)
     already = f"the database was already at revision {now or 'base'}" if before == now else None
     committed(
-        f"{shown} is at revision {now or 'base (empty)'}", f"the downgrade to revision {now or 'base'}", unchanged=already
+        f"{shown} is at revision {now or 'base (empty)'}",
+        f"the downgrade to revision {now or 'base'}",
+        unchanged=already,
     )
 
 
@@ -205,7 +208,14 @@ def events_export(
         int, typer.Option("--from-position", min=0, max=MAX_POSITION, help="First position (inclusive).")
     ] = 0,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", dir_okay=False, help="Write here instead of stdout ('-': stdout).")
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            parser=file_path(dash=True),
+            metavar="<file>",
+            help="Write here instead of stdout ('-': stdout).",
+        ),
     ] = None,
 ) -> None:
     """Export events as JSONL in log order (format: see README). Exporting a whole log and

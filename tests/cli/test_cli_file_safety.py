@@ -90,6 +90,25 @@ def test_an_output_that_is_the_ledger_or_its_siblings_is_refused_untouched(
     assert dl("events", "export", "--db", url_of(path)).output.count("\n") == len(LOG.read_text().splitlines())
 
 
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_an_empty_output_path_is_refused_as_empty_not_as_a_directory(
+    templates: dict[str, Path], tmp_path: Path, writer: str
+) -> None:
+    """Hostile pass: ``--output ''`` said "file '' is a directory" (typer reads '' as '.')."""
+    path = ledger_at(templates, REVISIONS[-1], tmp_path)
+    r = dl(*WRITERS[writer](url_of(path), ""))
+    assert r.exit_code == 2, r.output
+    assert "the path is empty: name a file, or '-' for standard output" in r.output
+    assert "directory" not in r.output
+    directory = dl(*WRITERS[writer](url_of(path), str(tmp_path)))  # a real directory still is one
+    assert directory.exit_code == 2 and f"file {str(tmp_path)!r} is a directory" in directory.output
+
+
+def test_an_empty_digest_path_is_refused_as_empty(templates: dict[str, Path], tmp_path: Path) -> None:
+    r = dl("verify", "--db", url_of(ledger_at(templates, REVISIONS[-1], tmp_path)), "--digest", "")
+    assert r.exit_code == 2 and "--digest" in r.output and "the path is empty: name a file" in r.output
+
+
 def test_a_failing_export_leaves_an_existing_target_as_it_was(
     templates: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
