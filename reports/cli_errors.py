@@ -298,6 +298,7 @@ def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault |
     from sqlalchemy.exc import DBAPIError
 
     from events.chain_walk import events_structure_fault, walk_log, walk_sqlite
+    from events.store.sidecars import no_new_sidecars
     from events.store.url import backend_of, resolve_url, sqlite_path
 
     try:
@@ -306,7 +307,8 @@ def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault |
             path = sqlite_path(url)
             if not path.is_file():
                 return None
-            return walk_sqlite(str(path.resolve())).finish() or events_structure_fault(str(path.resolve()))
+            with no_new_sidecars(path):  # a refused file is left as it was found: no -wal/-shm
+                return walk_sqlite(str(path.resolve())).finish() or events_structure_fault(str(path.resolve()))
 
         if isinstance(exc, (DBAPIError, OSError, TimeoutError)):
             return None
