@@ -83,19 +83,26 @@ def _locked_fd(path: Path, start: int, length: int) -> int | None:
     ``start``, or None (missing, not openable for writing, or locked elsewhere). A descriptor
     whose lock was refused is kept open, never closed: closing any descriptor of a file drops
     every POSIX lock this process holds on it, and the holder may be a live SQLite connection
-    of this process."""
+    of this process. It is the one tried next time for that file (one kept per file at most)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # gone, a symlink, or not ours to lock: leave the files
+        st = os.lstat(path)
+    except OSError:
         return None
+    fd = _KEPT_OPEN.pop((st.st_dev, st.st_ino), None)
+    if fd is None:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            st = os.fstat(fd)
+        except OSError:  # gone, a symlink, or not ours to lock: leave the files
+            return None
     if _write_lock(fd, start, length):
         return fd
-    _KEPT_OPEN.append(fd)
+    _KEPT_OPEN[(st.st_dev, st.st_ino)] = fd
     return None
 
 
-_KEPT_OPEN: list[int] = []
-"""Descriptors whose lock was refused (:func:`_locked_fd`): kept open for the process's life."""
+_KEPT_OPEN: dict[tuple[int, int], int] = {}
+"""Descriptors whose lock was refused (:func:`_locked_fd`), by (st_dev, st_ino) of their file."""
 
 
 def remove_new_sidecars(path: Path, missing: tuple[str, ...]) -> list[Path]:

@@ -162,3 +162,17 @@ def test_a_read_beside_a_live_writer_sees_its_appends_and_leaves_its_files(tmp_p
     assert _names(tmp_path / "l.db") == ["l.db"]  # the writer's own close removed them
     export = CliRunner().invoke(app, ["events", "export", "--db", url_of(tmp_path / "l.db")])
     assert len(export.output.splitlines()) == 31
+
+
+def test_a_file_held_by_this_process_costs_one_kept_descriptor_however_often_it_is_tried(tmp_path: Path) -> None:
+    db = _wal_db(tmp_path / "l.db")
+    missing = sidecars_missing(db)
+    live = _read_only(db)
+    try:
+        kept = len(sidecars._KEPT_OPEN)
+        for _ in range(5):
+            assert remove_new_sidecars(db, missing) == []
+        assert len(sidecars._KEPT_OPEN) == kept + 1
+    finally:
+        live.close()
+    assert len(remove_new_sidecars(db, missing)) == 2 and len(sidecars._KEPT_OPEN) == kept  # reused, then closed
