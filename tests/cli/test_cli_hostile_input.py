@@ -271,7 +271,6 @@ def test_a_byte_order_mark_at_the_start_of_the_file_is_skipped(tmp_path: Path) -
     assert r.exit_code == 0, r.output
     assert without("events", "import", str(plain)).exit_code == 0
 
-
     def exported(cli: Cli) -> list[dict]:  # recorded_at is the import's clock, and the hash covers it
         rows = [json.loads(line) for line in cli("events", "export").stdout.splitlines()]
         return [{k: v for k, v in row.items() if k not in ("recorded_at", "hash")} for row in rows]
