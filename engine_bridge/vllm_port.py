@@ -14,7 +14,8 @@ at receipt (vLLM mutates its own objects). vLLM iterators are always closed with
 Errors: ``VLLMValidationError`` for an over-long prompt → :class:`PromptTooLong` (before any
 output); ``EngineDeadError`` (or a shut-down port) → :class:`EngineDead`; any other vLLM client
 or generate error → :class:`StagePortError`; any exception from ``engine.abort`` →
-:class:`AbortFailed`.
+:class:`AbortFailed`. A mapped error's message names the stage, not the engine request id (it
+can reach a client); the id is its ``request_id`` and is logged (``logger.warning``).
 
 Resident streams (``open_stream``): one vLLM request whose prompt is an async generator of
 ``StreamingInput`` fed from an ``asyncio.Queue``. A segment is done when an output carries a
@@ -42,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -64,6 +66,8 @@ from engine_bridge.ports import (
 )
 
 __all__ = ["VllmStagePort", "copy_metrics", "plain_chat_prompt"]
+
+logger = logging.getLogger(__name__)
 
 #: Finished-request stats kept per engine before the oldest are dropped (never popped ones).
 FINISHED_STATS_CAP = 4096
@@ -279,13 +283,20 @@ class VllmStagePort:
         )
 
     def _map_error(self, e: BaseException, request_id: str) -> StagePortError:
+        """The port error for vLLM's ``e`` on ``request_id`` (module doc, Errors). Its message
+        can reach a client (``FailTurn`` → the client's ``error``), so it names the stage, not
+        the engine request id (an internal id, DOMAIN §1), which is replaced in vLLM's own text
+        too; the id travels as the error's ``request_id`` (the ledger's ``CommandRejected``
+        keeps it in its own field). The operator's log gets one warning naming the id."""
         v = self._v
-        where = f"stage {self.stage_id} ({self.name}) request {request_id!r}"
+        where = f"stage {self.stage_id} ({self.name})"
+        logger.warning("%s request %r failed: %s: %s", where, request_id, type(e).__name__, e)
+        text = str(e).replace(request_id, "<request>") if request_id else str(e)
         if isinstance(e, v.EngineDeadError):
-            return EngineDead(f"{where}: engine dead: {e}", request_id)
-        if isinstance(e, v.VLLMValidationError) and "context length" in str(e):
-            return PromptTooLong(f"{where}: {e}", request_id)
-        return StagePortError(f"{where}: {type(e).__name__}: {e}", request_id)
+            return EngineDead(f"{where}: engine dead: {text}", request_id)
+        if isinstance(e, v.VLLMValidationError) and "context length" in text:
+            return PromptTooLong(f"{where}: {text}", request_id)
+        return StagePortError(f"{where}: {type(e).__name__}: {text}", request_id)
 
     def _chunk(self, out: Any, *, resident: bool) -> StageChunk:
         c = out.outputs[0] if out.outputs else None

@@ -170,8 +170,20 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+BOM = "\ufeff"
+
+
+def _without_bom(text: str | bytes) -> str | bytes:
+    """``text`` without a UTF-8 byte order mark at its start (the first line of a file some
+    Windows editors and PowerShell's ``Out-File -Encoding utf8`` save with one)."""
+    if isinstance(text, bytes):
+        return text.removeprefix(BOM.encode("utf-8"))
+    return text.removeprefix(BOM)
+
+
 def _load(text: str | bytes, lineno: int) -> Any:
-    """The line's JSON value. Raises JsonlError for bytes that are not UTF-8, invalid JSON,
+    """The line's JSON value. Raises JsonlError for bytes that are not UTF-8, a byte order
+    mark (one at the start of the file is skipped before: :func:`parse_lines`), invalid JSON,
     nesting deeper than Python's parser allows and integers too long to parse."""
     if isinstance(text, bytes):
         try:
@@ -180,6 +192,17 @@ def _load(text: str | bytes, lineno: int) -> Any:
             raise JsonlError(
                 [LineError(lineno, "", f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1}")]
             ) from None
+    if text.startswith(BOM):
+        raise JsonlError(
+            [
+                LineError(
+                    lineno,
+                    "",
+                    "starts with a UTF-8 byte order mark (U+FEFF), taken only at the start of the "
+                    "file: remove it (a file joined from files saved with one?)",
+                )
+            ]
+        )
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except DuplicateKey as exc:
@@ -371,8 +394,11 @@ def _gap(row: ImportRow, claim: ChainClaim, previous: ChainClaim | None, previou
 
 def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     """Validate every line (text, or bytes that must be UTF-8; blank lines are skipped).
-    Raises JsonlError with every bad line, including an event id repeated within the input and
-    a line whose chain ``hash`` does not match (module docstring)."""
+    A UTF-8 byte order mark at the start of the first line is skipped (RFC 8259 §8.1 lets a
+    parser ignore one; Windows tools write it, and it is no part of any event); one at the
+    start of a later line is refused. Raises JsonlError with every bad line, including an event
+    id repeated within the input and a line whose chain ``hash`` does not match (module
+    docstring)."""
     rows: list[ImportRow] = []
     errors: list[LineError] = []
     first_line: dict[UUID, int] = {}
@@ -382,6 +408,8 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     hashless: list[int] = []  # lines without a hash: refused when any other line has one
     chained = False
     for lineno, text in enumerate(lines, start=1):
+        if lineno == 1:
+            text = _without_bom(text)
         if not text.strip():
             continue
         try:

@@ -36,7 +36,8 @@ Exit codes (the same error gives the same code from every command):
   (``events import``, ``rebuild``, ``db upgrade``/``downgrade``/``grant``) has committed before
   it prints its summary line. When that line cannot be written (a full disk, a failing device,
   a closed pipe), stderr says ``warning: … was committed …; its summary could not be written:
-  …`` and the exit is 0: an operator's retry loop (``until duplex-ledger events import f; do
+  …`` (``nothing was committed (…)`` when it found nothing to change: ``db upgrade`` at head,
+  a re-import) and the exit is 0: an operator's retry loop (``until duplex-ledger events import f; do
   …``) must not run it again — a file whose lines carry no ``event_id`` would be imported
   twice (:func:`committed`).
 
@@ -297,6 +298,7 @@ def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault |
     from sqlalchemy.exc import DBAPIError
 
     from events.chain_walk import events_structure_fault, walk_log, walk_sqlite
+    from events.store.sidecars import no_new_sidecars
     from events.store.url import backend_of, resolve_url, sqlite_path
 
     try:
@@ -305,7 +307,8 @@ def log_fault(url: str | None, exc: BaseException | None = None) -> ChainFault |
             path = sqlite_path(url)
             if not path.is_file():
                 return None
-            return walk_sqlite(str(path.resolve())).finish() or events_structure_fault(str(path.resolve()))
+            with no_new_sidecars(path):  # a refused file is left as it was found: no -wal/-shm
+                return walk_sqlite(str(path.resolve())).finish() or events_structure_fault(str(path.resolve()))
 
         if isinstance(exc, (DBAPIError, OSError, TimeoutError)):
             return None
@@ -407,7 +410,7 @@ def guard_stderr() -> None:
         sys.stderr = _GuardedStderr(sys.stderr)  # type: ignore[assignment]
 
 
-def committed(summary: str | Callable[[], None], what: str) -> bool:
+def committed(summary: str | Callable[[], None], what: str, *, unchanged: str | None = None) -> bool:
     """Print ``summary`` on stdout for a command whose change to the ledger is already
     committed (``what``: ``the import (8 event(s) from f.jsonl)``); ``summary`` is a line, or a
     function that prints the command's closing report (``run``'s tables and audit). When it
@@ -415,7 +418,10 @@ def committed(summary: str | Callable[[], None], what: str) -> bool:
     ``/dev/null``, one ``warning:`` line on stderr says that ``what`` was committed and why its
     summary is missing, and False is returned; the command then exits with its own code (0 for
     ``events import``): it did what it was asked, and a retry loop must not run it again
-    (module doc). The warning itself is best effort. True when the summary was written."""
+    (module doc). ``unchanged``: the command found nothing to change (``the database was
+    already at revision R``); the warning then says ``nothing was committed (<unchanged>)``
+    instead of claiming a commit. The warning itself is best effort. True when the summary was
+    written."""
     try:
         if callable(summary):
             summary()
@@ -436,7 +442,8 @@ def committed(summary: str | Callable[[], None], what: str) -> bool:
     else:
         reason = f"{failure.strerror or type(failure).__name__} (errno {failure.errno})"
     try:
-        say(f"warning: {what} was committed; its summary could not be written: {reason}")
+        done = f"{what} was committed" if unchanged is None else f"nothing was committed ({unchanged})"
+        say(f"warning: {done}; its summary could not be written: {reason}")
     except OSError:  # stderr is a failing device too: the exit code is all that is left
         _quiet_stream(sys.stderr)
     except SystemExit as exc:  # stderr is a closed pipe too: rich's on_broken_pipe exits 1

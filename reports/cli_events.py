@@ -28,6 +28,7 @@ from reports.cli_errors import (
     say,
     tampered_line,
 )
+from reports.path_params import file_path
 
 DbOption = Annotated[
     str | None,
@@ -59,8 +60,14 @@ def db_upgrade(
     from events.store import migrate
 
     url = checked_url(db)
-    now = run(lambda: migrate.upgrade(url, revision), url)
-    committed(f"{redact(url)} is at revision {now}", f"the upgrade to revision {now}")
+
+    async def body() -> tuple[str | None, str | None]:
+        before = await migrate.current_revision(url)
+        return before, await migrate.upgrade(url, revision)
+
+    before, now = run(body, url)
+    already = f"the database was already at revision {now}" if before == now else None
+    committed(f"{redact(url)} is at revision {now}", f"the upgrade to revision {now}", unchanged=already)
 
 
 @db_app.command("downgrade")
@@ -77,8 +84,18 @@ def db_downgrade(
     shown = redact(url)
     if not yes and not typer.confirm(f"Downgrade {shown} to {revision}? Tables above it are dropped with their data"):
         raise typer.Exit(1)
-    now = run(lambda: migrate.downgrade(url, revision), url)
-    committed(f"{shown} is at revision {now or 'base (empty)'}", f"the downgrade to revision {now or 'base'}")
+
+    async def body() -> tuple[str | None, str | None]:
+        before = await migrate.current_revision(url)
+        return before, await migrate.downgrade(url, revision)
+
+    before, now = run(body, url)
+    already = f"the database was already at revision {now or 'base'}" if before == now else None
+    committed(
+        f"{shown} is at revision {now or 'base (empty)'}",
+        f"the downgrade to revision {now or 'base'}",
+        unchanged=already,
+    )
 
 
 @db_app.command("current")
@@ -175,6 +192,11 @@ def events_import(
     committed(
         imported_line(str(file), lines, result.appended, result.skipped),
         f"the import ({result.appended} event(s) from {file})",
+        unchanged=None
+        if result.appended
+        else f"every event from {file} was already stored"
+        if result.skipped
+        else f"{file} holds no event",
     )
 
 
@@ -186,7 +208,14 @@ def events_export(
         int, typer.Option("--from-position", min=0, max=MAX_POSITION, help="First position (inclusive).")
     ] = 0,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", dir_okay=False, help="Write here instead of stdout ('-': stdout).")
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            parser=file_path(dash=True),
+            metavar="<file>",
+            help="Write here instead of stdout ('-': stdout).",
+        ),
     ] = None,
 ) -> None:
     """Export events as JSONL in log order (format: see README). Exporting a whole log and

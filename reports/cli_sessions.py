@@ -4,7 +4,8 @@ before ``audit --session`` / ``tables --session`` / ``timeline --session`` are a
 Built from the log alone, in memory (nothing is written, no vllm): the lifecycle fold of
 :func:`events.store.owners.session_lifecycles` (open/closed, the replica that served it), the
 request_resources fold of :func:`projections.shell.runner.project_as_of` (engine ids still held,
-DOMAIN §3.3), and one pass over the events for positions, ts and turn counts. The rows folded
+DOMAIN §3.3, and the finalized turn tables counted in ``turns``), and one pass over the events
+for positions and ts. The rows folded
 are hash-chain checked first, as every command that folds the log does (exit 1, ``TAMPERED``).
 """
 
@@ -27,9 +28,13 @@ class SessionsFormat(str, Enum):  # noqa: UP042 - typer's choice type
 
 @dataclass(slots=True)
 class SessionRow:
-    """One session of the log. ``turns``: user turns committed (TurnCommitted events, DOMAIN
-    §2.3); ``held``: engine request ids the session
-    still holds (request_resources, by id); positions are log positions, ts epoch seconds."""
+    """One session of the log. ``turns``: the session's finalized assistant turns, one per turn
+    table ``tables`` prints for it (one assistant turn = one response_id = one table set, DOMAIN
+    §5), so ``sessions`` and ``tables``/``tables --summary`` (``turns_total``) agree on one log.
+    Not the user commits (TurnCommitted, §2.3): a commit that asks no response, a listen-only
+    turn or a turn still open has no table, and a response begun with no commit of its own has
+    one. ``held``: engine request ids the session still holds (request_resources,
+    by id); positions are log positions, ts epoch seconds."""
 
     session_id: str
     state: str  # "open" | "closed"
@@ -61,11 +66,12 @@ async def session_rows(url: str) -> tuple[list[SessionRow], object]:
                     stored.stream_id, "open", None, first_position=stored.position, first_ts=ts
                 )
             row.last_position, row.last_ts = stored.position, ts
-            kind = stored.event.type  # type: ignore[attr-defined]
-            row.turns += kind == "TurnCommitted"
         lives = await session_lifecycles(store, until_position=head)
         projector = await project_as_of(store, until_position=head)
         fault = await chain_fault(store, head)
+    for turn in projector.turn_tables:
+        if turn.session_id in rows:
+            rows[turn.session_id].turns += 1
     for sid, row in rows.items():
         life = lives.get(sid)
         if life is not None:
@@ -122,7 +128,7 @@ def sessions(
     fmt: SessionsFormat = typer.Option(SessionsFormat.text, "--format", help="text or json."),
 ) -> None:
     """List the sessions of the log: id, state (open/closed), the replica that served it,
-    user turns committed, engine ids still held, first and last log position and ts.
+    assistant turns finalized (one per turn table `tables` prints), engine ids still held, first and last log position and ts.
 
     Nothing is written. Exit 0; 1 when the log's hash chain is broken (after the list); 2
     for a bad --db (missing file, not a ledger)."""

@@ -20,6 +20,7 @@ from events.records import StoredEvent
 from events.store.store import EventStore
 from reports.cli_errors import check_session, checked_url, exit_if_tampered, run
 from reports.cli_projections import DB_HELP
+from reports.path_params import file_path
 
 
 async def session_events(db: str | None, session: str) -> tuple[list[StoredEvent], ChainFault | None]:
@@ -36,7 +37,12 @@ async def session_events(db: str | None, session: str) -> tuple[list[StoredEvent
 def timeline(
     session: str = typer.Option(..., "--session", help="The session id to draw."),
     output: Path = typer.Option(
-        ..., "--output", "-o", dir_okay=False, help="HTML file to write ('-': standard output)."
+        ...,
+        "--output",
+        "-o",
+        parser=file_path(dash=True),
+        metavar="<file>",
+        help="HTML file to write ('-': standard output).",
     ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:

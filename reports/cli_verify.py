@@ -55,6 +55,7 @@ from projections.shell import consistency, parallel, partitions
 from projections.shell.runner import FOLD_VERSION
 from reports.cli_errors import describe, say
 from reports.cli_projections import DB_HELP
+from reports.path_params import file_path
 
 BATCH = 10_000
 out = Console(highlight=False, soft_wrap=True)
@@ -256,7 +257,8 @@ def verify(
         Path | None,
         typer.Option(
             "--digest",
-            dir_okay=False,
+            parser=file_path(),
+            metavar="<file>",
             help="A digest printed earlier by `duplex-ledger digest` (JSON file): also "
             "catches a truncated tail or a rewritten, rehashed history.",
         ),

@@ -48,6 +48,7 @@ from events.chain_walk import tolerant_text
 from events.store import schema
 from events.store.errors import ReadOnlyStore
 from events.store.probe import readonly_async_engine, readonly_uri
+from events.store.sidecars import remove_new_sidecars, sidecars_missing
 from events.store.url import backend_of, numeric_query, redact, sqlite_engine_url, sqlite_path, sqlite_synchronous
 from events.store.writer_thread import WriterThread
 
@@ -197,6 +198,8 @@ class SqliteBackend(Backend):
         self.synchronous = synchronous_of(url, synchronous)
         self.busy_timeout_ms = busy_timeout_ms
         path = sqlite_path(url)
+        self._path = path
+        self._sidecars_missing = sidecars_missing(path)  # removed again at dispose when SQLite would
         if not read_only and not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
         super().__init__(url, read_only=read_only)
@@ -408,6 +411,7 @@ class SqliteBackend(Backend):
             await self._read_thread.call(self._close_read_in_thread)
         await self._read_thread.stop()
         await super().dispose()
+        remove_new_sidecars(self._path, self._sidecars_missing)
 
 
 class PostgresBackend(Backend):

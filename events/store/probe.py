@@ -4,7 +4,8 @@ A read command (``events export``, ``audit``, ``tables``, ``db current`` …) mu
 file byte-identical, another application's included: no journal-mode switch, no rewritten
 0-byte file. So the file is opened through a ``file:…?mode=ro`` URI (the path escaped as a
 file URI, so ``#``, ``?`` and ``%`` in it are not parsed) and nothing sets a pragma that
-persists. What cannot be opened as a database (a directory, a text file) is
+persists; the ``-wal``/``-shm`` files SQLite creates for such a read are removed after it when
+SQLite itself would have (:mod:`events.store.sidecars`). What cannot be opened as a database (a directory, a text file) is
 :class:`~events.store.errors.NotALedger`; a missing file is
 :class:`~events.store.errors.LedgerNotFound` (nothing created).
 """
@@ -22,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from events.store.errors import LedgerNotFound, NotALedger
+from events.store.sidecars import no_new_sidecars
 from events.store.url import redact, remove_sqlite_file, require_existing, sqlite_path
 
 T = TypeVar("T")
@@ -58,6 +60,11 @@ def read_sqlite(url: str, fn: Callable[..., T], *args: Any) -> T:
     transaction is rolled back (it wrote nothing). Raises LedgerNotFound, NotALedger, or what
     ``fn`` raises."""
     path = check_openable(url)
+    with no_new_sidecars(path):  # the -wal/-shm this read brings (events.store.sidecars)
+        return _read_sqlite(path, url, fn, *args)
+
+
+def _read_sqlite(path: Path, url: str, fn: Callable[..., T], *args: Any) -> T:
     engine = create_engine(
         "sqlite+pysqlite://",
         # the driver's own implicit BEGIN comes only before DML: every SELECT would be its own snapshot

@@ -144,16 +144,40 @@ def test_a_rejected_import_with_stdout_on_a_full_disk_is_no_commit(tmp_path: Pat
     ("args", "what"),
     [
         (["rebuild"], "the rebuild (up to position 8)"),
-        (["db", "upgrade"], "the upgrade to revision 0004_replica_leases"),
+        (["db", "upgrade"], "the upgrade to revision 0004_replica_leases"),  # a new file: created
     ],
     ids=["rebuild", "db upgrade"],
 )
 def test_a_ledger_change_whose_summary_cannot_be_written_exits_0(tmp_path: Path, args: list[str], what: str) -> None:
-    url = imported(WORKED, tmp_path / "l.db")
+    url = imported(WORKED, tmp_path / "l.db") if args == ["rebuild"] else url_of(tmp_path / "new.db")
     with FULL.open("w") as full:
         proc = cli([*args, "--db", url], stdout=full)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [f"warning: {what} {COMMITTED}"]
+
+
+UNCHANGED = "; its summary could not be written: No space left on device (errno 28)"
+
+
+@pytest.mark.parametrize(
+    ("args", "unchanged"),
+    [
+        (["db", "upgrade"], "the database was already at revision 0004_replica_leases"),
+        (["events", "import", str(WORKED)], f"every event from {WORKED} was already stored"),
+    ],
+    ids=["db upgrade at head", "import of stored events"],
+)
+def test_a_command_that_changed_nothing_does_not_say_it_committed(
+    tmp_path: Path, args: list[str], unchanged: str
+) -> None:
+    """Hostile pass: ``db upgrade`` at head and a re-import said 'warning: … was committed'
+    with stdout on a full disk, though nothing changed; they say so now (exit 0 still)."""
+    url = imported(WORKED, tmp_path / "l.db")
+    with FULL.open("w") as full:
+        proc = cli([*args, "--db", url], stdout=full)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [f"warning: nothing was committed ({unchanged}){UNCHANGED}"]
+    assert event_count(url) == 8
 
 
 @pytest.mark.parametrize(("log", "code"), [(WORKED, 0), (HELD, 1)], ids=["clean", "leaks"])

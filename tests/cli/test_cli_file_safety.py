@@ -90,6 +90,25 @@ def test_an_output_that_is_the_ledger_or_its_siblings_is_refused_untouched(
     assert dl("events", "export", "--db", url_of(path)).output.count("\n") == len(LOG.read_text().splitlines())
 
 
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_an_empty_output_path_is_refused_as_empty_not_as_a_directory(
+    templates: dict[str, Path], tmp_path: Path, writer: str
+) -> None:
+    """Hostile pass: ``--output ''`` said "file '' is a directory" (typer reads '' as '.')."""
+    path = ledger_at(templates, REVISIONS[-1], tmp_path)
+    r = dl(*WRITERS[writer](url_of(path), ""))
+    assert r.exit_code == 2, r.output
+    assert "the path is empty: name a file, or '-' for standard output" in r.output
+    assert "directory" not in r.output
+    directory = dl(*WRITERS[writer](url_of(path), str(tmp_path)))  # a real directory still is one
+    assert directory.exit_code == 2 and f"file {str(tmp_path)!r} is a directory" in directory.output
+
+
+def test_an_empty_digest_path_is_refused_as_empty(templates: dict[str, Path], tmp_path: Path) -> None:
+    r = dl("verify", "--db", url_of(ledger_at(templates, REVISIONS[-1], tmp_path)), "--digest", "")
+    assert r.exit_code == 2 and "--digest" in r.output and "the path is empty: name a file" in r.output
+
+
 def test_a_failing_export_leaves_an_existing_target_as_it_was(
     templates: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,7 +219,9 @@ def test_a_truncated_sqlite_file_is_rejected_by_every_command_and_left_as_it_is(
     templates: dict[str, Path], tmp_path: Path, keep: float
 ) -> None:
     """A ledger file cut short (a half-finished copy) is rejected input, exit 2, naming the
-    file as damaged, never exit 1 (which means leaks or tampering) and never changed."""
+    file as damaged, never exit 1 (which means leaks or tampering) and never changed; no
+    command leaves a file beside it either (hostile pass: empty cut.db-wal and cut.db-shm
+    stayed, the read's SQLite sidecars, :mod:`events.store.sidecars`)."""
     whole = templates[REVISIONS[-1]].read_bytes()
     path = tmp_path / "cut.db"
     path.write_bytes(whole[: int(len(whole) * keep)])
@@ -210,6 +231,33 @@ def test_a_truncated_sqlite_file_is_rejected_by_every_command_and_left_as_it_is(
         assert r.exit_code == 2, (name, r.output)
         assert "damaged or truncated" in r.output or "not a ledger" in r.output, (name, r.output)
         assert path.read_bytes() == before, name
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.db"], name
+
+
+READ_ONLY = {
+    **{name: args for name, args in READERS.items() if not name.startswith(("db upgrade", "db downgrade"))},
+    "sessions": ("sessions",),
+    "digest": ("digest",),
+    "tables --summary": ("tables", "--summary"),
+    "timeline": ("timeline", "--session", "S1", "--output", "-"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READ_ONLY))
+def test_a_read_only_command_leaves_no_file_beside_a_ledger_it_read(
+    templates: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """A mode=ro read of a WAL-mode ledger makes SQLite create -wal and -shm, which only a
+    connection that can write removes: `sessions`, `audit`, `events export`… left both
+    behind. They are removed when no connection holds the file (events.store.sidecars)."""
+    path = ledger_at(templates, REVISIONS[-1], tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.db"]
+    before = path.read_bytes()
+    r = dl(*READ_ONLY[name], "--db", url_of(path))
+    assert r.exit_code in (0, 1), r.output  # 1: case 09 leaks by design (audit)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.db"]
+    if name not in ("audit", "tables"):  # these two catch the stored read models up (a write)
+        assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("revision", REVISIONS)

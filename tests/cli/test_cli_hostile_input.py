@@ -255,3 +255,35 @@ def test_an_edited_event_row_is_named_and_rebuild_keeps_the_evidence(sqlite_cli:
     r = sqlite_cli("rebuild", "--quiet")
     assert r.exit_code == 1 and "hash chain is broken at position 5" in r.output
     assert path.read_bytes() == before
+
+
+def test_a_byte_order_mark_at_the_start_of_the_file_is_skipped(tmp_path: Path) -> None:
+    """A JSONL file saved with a UTF-8 BOM (Windows editors, PowerShell) imports as the same
+    file without it (RFC 8259 §8.1); the BOM was refused with Python's 'decode using
+    utf-8-sig', which names no line and no remedy."""
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(CASE_18.read_bytes())
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + CASE_18.read_bytes())
+    with_bom = Cli(f"sqlite+aiosqlite:///{tmp_path / 'bom.db'}")
+    without = Cli(f"sqlite+aiosqlite:///{tmp_path / 'plain.db'}")
+    r = with_bom("events", "import", str(bom))
+    assert r.exit_code == 0, r.output
+    assert without("events", "import", str(plain)).exit_code == 0
+
+    def exported(cli: Cli) -> list[dict]:  # recorded_at is the import's clock, and the hash covers it
+        rows = [json.loads(line) for line in cli("events", "export").stdout.splitlines()]
+        return [{k: v for k, v in row.items() if k not in ("recorded_at", "hash")} for row in rows]
+
+    assert exported(with_bom) == exported(without) and len(exported(without)) == 23
+
+
+def test_a_byte_order_mark_on_a_later_line_is_refused_naming_the_line(tmp_path: Path) -> None:
+    lines = CASE_18.read_bytes().splitlines(keepends=True)
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes(b"".join([lines[0], b"\xef\xbb\xbf" + lines[1], *lines[2:]]))
+    r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")("events", "import", str(joined))
+    assert r.exit_code == 2
+    assert "line 2: starts with a UTF-8 byte order mark (U+FEFF)" in r.output and "remove it" in r.output
+    assert "utf-8-sig" not in r.output and str(joined) in r.output
+    assert not (tmp_path / "x.db").exists()
