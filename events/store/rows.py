@@ -118,16 +118,17 @@ class NewRow(NamedTuple):
         """The row of a typed event. Raises InvalidRow for an event built around validation
         (``model_construct``) whose ts or payload cannot be stored (NaN, lone surrogates)."""
         try:
-            return cls(
+            row = cls(
                 event.session_id,
                 str(event.event_id),
                 event.type,  # type: ignore[attr-defined]
                 event.schema_version,
                 ts_to_us(event.ts),
                 payload_json(event),
-            )._refusing_non_finite(event)
+            )
         except (ValueError, OverflowError, TypeError, PydanticSerializationError) as exc:
             raise InvalidRow(f"event {getattr(event, 'event_id', '?')}: cannot be stored: {exc}") from exc
+        return row._refusing_non_finite(event)  # its InvalidRow as it is (not named twice)
 
     @classmethod
     def checked(cls, event: EventBase) -> NewRow:
