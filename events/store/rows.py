@@ -188,16 +188,11 @@ class NewRow(NamedTuple):
             if event_id_utf8 is None:
                 pieces = row_pieces(stream_id, event_id, type_, schema_version, ts_us, data, data_utf8)
             else:  # row_pieces' three runs, the id's bytes as written above (a test checks they agree)
+                s = _length_prefixed.get(stream_id) or _prefixed(stream_id)
+                t = _length_prefixed.get(type_) or _prefixed(type_)
                 pieces = (
-                    _length_prefixed.get(stream_id) or _prefixed(stream_id),
-                    b"".join(
-                        (
-                            _I36,
-                            event_id_utf8,
-                            _length_prefixed.get(type_) or _prefixed(type_),
-                            _QQ(schema_version, ts_us),
-                        )
-                    ),
+                    s,
+                    b"".join((_I36, event_id_utf8, t, _QQ(schema_version, ts_us))),
                     _I(len(data_utf8)) + data_utf8,
                 )
         except (struct.error, UnicodeEncodeError):
