@@ -45,6 +45,7 @@ from events.store.rows import StoredRow
 from events.store.schema import ROW_COLUMNS, events
 
 _is_bulk = operator.itemgetter(3)  # AppendCall.bulk
+_stream_of = operator.itemgetter(1)  # AppendCall.stream_id
 _IN_CHUNK = 900  # bound on parameters per IN (...) list
 _MAX_CACHED_STREAMS = 100_000
 # The Core selects below as SQL for the backend's raw read (same columns, filters and order).
@@ -163,13 +164,15 @@ class AggregateRecorder:
         if head != self._versions_head or len(versions) > _MAX_CACHED_STREAMS:
             versions.clear()
         self._versions_head = None
-        streams: set[str | None] = {c[1] for c in calls}
-        if None in streams:  # bulk calls: their rows' streams
-            streams.discard(None)
-            streams.update(r.stream_id for c in calls if c.bulk for r in c.rows)
-        missing = [s for s in streams if s is not None and s not in versions]
-        for chunk in _chunks(sorted(missing)):
-            versions.update(backend.select_versions(conn, chunk))
+        # the streams not cached (a bulk call's None: its rows' streams); one pass over the
+        # calls, none at all when every stream is cached (the live path's batches)
+        missing: set[str | None] = {s for s in map(_stream_of, calls) if s not in versions}
+        if None in missing:
+            missing.discard(None)
+            missing.update(r.stream_id for c in calls if c.bulk for r in c.rows if r.stream_id not in versions)
+        if missing:
+            for chunk in _chunks(sorted(missing)):  # type: ignore[arg-type]
+                versions.update(backend.select_versions(conn, chunk))
         state = BatchState(head=head, head_hash=head_hash, versions=versions)  # type: ignore[arg-type]
         if lookup:
             for chunk in _chunks([r.event_id for c in calls for r in c.rows]):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from events.chain import row_pieces
 from events.store.errors import ConcurrencyError, EventIdConflict
 from events.store.planning import AppendCall, BatchState, CallResult, Existing, plan_call, plan_calls
 from events.store.rows import NewRow
+from events.types import new_event_id, ts_to_us
 
 
 def row(stream: str, eid: str, version: int | None = None) -> NewRow:
@@ -175,3 +180,41 @@ def test_checked_row_is_from_event_then_check_and_refuses_alike() -> None:
         with pytest.raises(InvalidRow) as two_error:
             NewRow.from_event(event).check()
         assert str(one_error.value) == str(two_error.value)
+
+
+_TS = st.one_of(
+    st.floats(min_value=0.0, max_value=253_402_300_799.0),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**70), max_value=2**70),
+)
+_NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=0, max_value=2**70))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ts=_TS, overlap=_NUMBER, response_id=st.text(max_size=12), fresh_id=st.booleans())
+def test_checked_inline_steps_agree_with_the_functions_they_stand_for(
+    ts: float | int, overlap: float | int, response_id: str, fresh_id: bool
+) -> None:
+    """NewRow.checked inlines ts_to_us, reads a fresh id's text from its slot and enters the
+    NaN/inf refusal only for a payload holding a capital N or I (issue 23): for events built
+    around validation with any ts, any number where a float goes, any text (spelling the
+    tokens or not), it gives what from_event(...).check() gives, row or error."""
+    from events.store.errors import InvalidRow
+    from events.types import TurnCommitted
+
+    event_id = new_event_id() if fresh_id else UUID("0f0e0d0c-0b0a-4908-8706-050403020100")
+    event = TurnCommitted.model_construct(
+        session_id="S", ts=ts, turn_id=0, event_id=event_id, response_id=response_id, overlap_speech_ms=overlap
+    )
+    try:
+        one: NewRow | str = NewRow.checked(event)
+    except InvalidRow as exc:
+        one = str(exc)
+    try:
+        two: NewRow | str = NewRow.from_event(event).check()
+    except InvalidRow as exc:
+        two = str(exc)
+    assert one == two
+    if isinstance(one, NewRow) and isinstance(two, NewRow):
+        assert one.pieces == two.pieces
+        assert one.ts_us == ts_to_us(ts)
