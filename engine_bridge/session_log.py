@@ -389,16 +389,16 @@ class SessionLog:
             ) from self._broken
         now = time.time()
         projector, sid, on_folded = self.projector, self.session_id, self.on_folded
-        turns_fold = projector.turns
+        turns_fold, pending = projector.turns, self._pending
         for event in events:
             self._applied += 1
             stored = StoredEvent(self._applied, sid, self._applied, now, struct_of(event))
             accepted = projector.apply(stored)
-            self._pending.append(event)
+            pending.append(event)
             turns = turns_fold.take_finalized() if turns_fold.finalized else _NO_TURNS
             if on_folded is not None:
-                try:
-                    on_folded(stored, accepted, turns, projector.session_resources(sid))
+                try:  # the session's resources state: Projector.session_resources, inline
+                    on_folded(stored, accepted, turns, projector.resources.sessions.get(sid))
                 except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
                     logger.exception("session %s: metrics hook failed on %s", sid, event.type)
             if self.on_applied is not None:
