@@ -88,10 +88,11 @@ def _chain(done: asyncio.Future[None], source: asyncio.Future[None]) -> None:
 class _Gated:
     """The async iterator of :meth:`SessionLog.gated`."""
 
-    def __init__(self, log: SessionLog, stream: AsyncIterator[T], *, wait_first: bool) -> None:
+    def __init__(self, log: SessionLog, stream: AsyncIterator[T], *, wait_first: bool, batched: bool = False) -> None:
         self._log = log
         self._stream = stream
         self._wait_first = wait_first
+        self._batched = batched  # each item handed on as a one-item list (SessionLog.gated_batches)
 
     def __aiter__(self) -> _Gated:
         return self
@@ -106,7 +107,7 @@ class _Gated:
         # meanwhile (the next turn's update), so every intent started before it is in.
         if self._log._ahead is not None:
             await self._durable()
-        return item
+        return [item] if self._batched else item
 
     async def _durable(self) -> None:
         try:
@@ -277,6 +278,12 @@ class SessionLog:
         closed (vLLM aborts the request) and SessionLogBroken raised. The test is made when an
         item has arrived (after the wait), so intents started while the reader waited count."""
         return _Gated(self, stream, wait_first=not self.pipelined)
+
+    def gated_batches(self, stream: AsyncIterator[T]) -> AsyncIterator[list[T]]:
+        """:meth:`gated`, each item handed on as a one-item list: one engine step's delivery
+        of an ephemeral request (vLLM merges what queued for a lagging reader into one
+        output), read as a batch without a layer of its own per output (issue 23 step 4)."""
+        return _Gated(self, stream, wait_first=not self.pipelined, batched=True)
 
     def emit_later(self, *events: EventBase) -> None:
         """Apply ``events`` now; append them (in order) at the next flush."""
