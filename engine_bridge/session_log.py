@@ -72,6 +72,12 @@ def _retrieve(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
+def _release(waiter: asyncio.Future[None], _done: asyncio.Future[None]) -> None:
+    """Wake a :meth:`SessionLog.durable` reader (nothing when it was cancelled meanwhile)."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _chain(done: asyncio.Future[None], source: asyncio.Future[None]) -> None:
     """Settle ``done`` as ``source`` settled (a callback of ``source``); nothing when ``done``
     is settled already (its awaiter was cancelled)."""
@@ -261,7 +267,11 @@ class SessionLog:
         if not ahead.done():
             start = time.perf_counter()
             try:
-                await asyncio.wait((ahead,))  # a cancelled reader does not cancel the commit
+                # A waiter of its own: a cancelled reader does not cancel the commit (as with
+                # asyncio.wait, without its set, counter and callback bookkeeping).
+                waiter = asyncio.get_running_loop().create_future()
+                ahead.add_done_callback(partial(_release, waiter))
+                await waiter
             finally:
                 self.durable_wait_s += time.perf_counter() - start
         failure = ahead.exception()

@@ -206,3 +206,22 @@ async def test_a_failed_write_fails_its_waiters_and_the_next_emit_is_refused() -
     with pytest.raises(SessionLogBroken, match="disk full"):
         log.emit_later(_appended("s", 3.0))
     assert store.appended == [] and log.version == 0
+
+
+async def test_a_cancelled_durable_reader_does_not_cancel_the_pipelined_commit() -> None:
+    """A reader waiting in ``durable()`` (a gated engine stream) that is cancelled leaves the
+    intent's commit running: a later reader finds it durable."""
+    store = _HeldStore()
+    log = SessionLog(store, "s", 0)  # type: ignore[arg-type]
+    log.emit_ahead(TurnCommitted(session_id="s", ts=1.0, turn_id=0))
+    reader = asyncio.ensure_future(log.durable())
+    await asyncio.sleep(0.01)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    later = asyncio.ensure_future(log.durable())
+    await asyncio.sleep(0.01)
+    assert not later.done()  # still waiting for the commit, which was not cancelled
+    store.release.set()
+    await later
+    assert store.appended == ["TurnCommitted"] and log.version == 1 and log._ahead is None
