@@ -52,7 +52,10 @@ class ClientFeed:
         self.writes += 1
         now, sid = time.time(), self.session_id
         if self._sink is not None:
-            self._sink([ClientEvent(type_, sid, now, data) for data in batch])
+            if len(batch) == 1:  # the common delivery: one output (no comprehension frame)
+                self._sink([ClientEvent(type_, sid, now, batch[0])])
+            else:
+                self._sink([ClientEvent(type_, sid, now, data) for data in batch])
         elif len(batch) == 1:
             self.queue.put_nowait(ClientEvent(type_, sid, now, batch[0]))
         else:

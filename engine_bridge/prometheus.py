@@ -1,9 +1,10 @@
 """Prometheus exposition of :mod:`projections.metrics` with ``prometheus_client`` (issue 16).
 
 * :class:`PrometheusSink` — the families of :data:`projections.metrics.FAMILIES` as
-  ``prometheus_client`` Counter/Gauge/Histogram objects in a registry of its own (never the
-  global one, which vLLM uses). Counters are declared with their ``_total`` name, which is the
-  name exposed.
+  :class:`FamilyCollector` s (plain numbers exposed as ``prometheus_client``'s Counter / Gauge /
+  Histogram objects would expose them, issue 23) in a registry of its own (never the global
+  one, which vLLM uses). Counters are declared with their ``_total`` name, which is the name
+  exposed.
 * :class:`LedgerMetrics` — a :class:`~projections.metrics.MetricsFold` feeding that sink, plus
   the two gauges read when scraped: ``duplex_ledger:request_ids_leaked`` (from the audit) and,
   when live ports are given, ``duplex_ledger:running_counter_drift``.
@@ -19,15 +20,18 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_asgi_app
+from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app
 from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 from events.records import StoredEvent
 from projections.metrics import FAMILIES, OFFLINE_FAMILIES, MetricsFold
@@ -35,45 +39,143 @@ from projections.projector import Projector
 from projections.resources import SessionResources
 from projections.turn_tables import TurnTables
 
+COUNTER_NEGATIVE = "Counters can only be incremented by non-negative amounts."
+"""prometheus_client's refusal of a negative counter increment, raised the same way here."""
+
+
+class _Histogram:
+    """One histogram child's numbers, as ``prometheus_client.Histogram`` keeps them: the count
+    per bucket (not cumulative) and the sum, each a float added to in observation order."""
+
+    __slots__ = ("buckets", "sum", "created")
+
+    def __init__(self, size: int) -> None:
+        self.buckets = [0.0] * size
+        self.sum = 0.0
+        self.created = time.time()
+
+
+class FamilyCollector:
+    """One family of :data:`projections.metrics.FAMILIES` as a registry collector whose
+    children are plain numbers (issue 23: the live fold updates a few children per event; a
+    ``prometheus_client`` metric object spent ~1-2 µs of frames and locks on each update).
+
+    ``collect`` yields what ``prometheus_client``'s Counter / Gauge / Histogram of the same
+    name, help, label names and buckets yield after the same updates, child by child in order
+    of creation (the exposition is byte for byte theirs, tests/metrics/test_prometheus_sink.py):
+    a counter named ``…_total`` is the family without it with ``_total`` and ``_created``
+    samples; a histogram's buckets are cumulative at collection, ``le`` as Go formats floats,
+    then ``_count``, ``_sum`` (buckets starting at ≥ 0) and ``_created``; a family without
+    labels has its one child from the start. Read on the ``/metrics`` thread: a child is
+    updated by the loop thread without a lock, so a scrape may see an update in part, as
+    ``prometheus_client``'s per-value locks allow too."""
+
+    def __init__(
+        self, name: str, kind: str, documentation: str, labelnames: tuple[str, ...], buckets: tuple[float, ...]
+    ):
+        self.kind = kind
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.name = name[:-6] if kind == "counter" and name.endswith("_total") else name
+        self.children: dict[tuple[str, ...], Any] = {}  # label values -> [value] | _Histogram
+        self.function: Callable[[], float] | None = None
+        if kind == "histogram":
+            bounds = [float(b) for b in buckets]
+            if bounds != sorted(bounds):
+                raise ValueError("Buckets not in sorted order")
+            if bounds and bounds[-1] != math.inf:
+                bounds.append(math.inf)
+            if len(bounds) < 2:
+                raise ValueError("Must have at least two buckets")
+            self.bounds = bounds
+            self.le = [floatToGoString(b) for b in bounds]
+        if not labelnames:
+            self.child(())
+
+    def child(self, labels: tuple[str, ...]) -> Any:
+        """The child of ``labels`` (values in label-name order, as text; made on first use, in
+        that order): ``[value, created]`` of a counter or gauge, a :class:`_Histogram`.
+        Raises ValueError for a wrong label count."""
+        if len(labels) != len(self.labelnames):
+            raise ValueError(f"Incorrect label count: {len(labels)} for {self.labelnames}")
+        values = tuple(str(v) for v in labels)
+        found = self.children.get(values)
+        if found is None:
+            found = _Histogram(len(self.bounds)) if self.kind == "histogram" else [0.0, time.time()]
+            self.children[values] = found
+        return found
+
+    def set_function(self, f: Callable[[], float]) -> None:
+        """A gauge read when collected: ``float(f())`` (as ``Gauge.set_function``)."""
+        self.function = f
+
+    def collect(self) -> list[Metric]:
+        metric = Metric(self.name, self.documentation, self.kind, "")
+        if self.function is not None:
+            metric.add_sample(self.name, {}, float(self.function()))
+            return [metric]
+        name, labelnames = self.name, self.labelnames
+        for labels, child in list(self.children.items()):
+            series = dict(zip(labelnames, labels, strict=True))
+            if self.kind == "histogram":
+                acc = 0.0
+                for le, count in zip(self.le, list(child.buckets), strict=True):
+                    acc += count
+                    metric.add_sample(name + "_bucket", {**series, "le": le}, acc)
+                metric.add_sample(name + "_count", series, acc)
+                if self.bounds[0] >= 0:
+                    metric.add_sample(name + "_sum", series, child.sum)
+                metric.add_sample(name + "_created", series, child.created)
+            elif self.kind == "counter":
+                metric.add_sample(name + "_total", series, child[0])
+                metric.add_sample(name + "_created", series, child[1])
+            else:
+                metric.add_sample(name, series, child[0])
+        return [metric]
+
 
 class PrometheusSink:
-    """:class:`projections.metrics.MetricsSink` over ``prometheus_client`` metric objects.
+    """:class:`projections.metrics.MetricsSink` over a registry of :class:`FamilyCollector`:
+    the same exposition as ``prometheus_client`` Counter/Gauge/Histogram objects of these
+    families, updated as plain numbers (issue 23).
 
-    ``families``: the family names to declare (default: all but the live-only drift gauge,
-    which :class:`LedgerMetrics` adds when it has ports)."""
+    ``families``: the family names to declare, in exposition order (default: all but the
+    live-only drift gauge, which :class:`LedgerMetrics` adds when it has ports). Raises
+    ValueError for a negative counter increment (as ``prometheus_client``) and a wrong label
+    count."""
 
     def __init__(self, families: Iterable[str] = OFFLINE_FAMILIES) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.metrics: dict[str, Any] = {}
+        self.metrics: dict[str, FamilyCollector] = {}
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         for name in families:
             fam = FAMILIES[name]
-            kwargs: dict[str, Any] = {"labelnames": fam.labels, "registry": self.registry}
-            if fam.kind == "counter":
-                self.metrics[name] = Counter(name, fam.help, **kwargs)
-            elif fam.kind == "gauge":
-                self.metrics[name] = Gauge(name, fam.help, **kwargs)
-            else:
-                self.metrics[name] = Histogram(name, fam.help, buckets=fam.buckets, **kwargs)
+            collector = FamilyCollector(name, fam.kind, fam.help, fam.labels, fam.buckets)
+            self.registry.register(collector)  # type: ignore[arg-type]
+            self.metrics[name] = collector
 
     def _child(self, family: str, labels: tuple[str, ...]) -> Any:
-        """The family's child for ``labels``, looked up once (``labels()`` takes a lock and
-        checks its arguments on every call; the fold updates a few children per event)."""
         key = (family, labels)
         child = self._children.get(key)
         if child is None:
-            metric = self.metrics[family]
-            child = self._children[key] = metric.labels(*labels) if labels else metric
+            child = self._children[key] = self.metrics[family].child(labels)
         return child
 
     def inc(self, family: str, labels: tuple[str, ...], amount: float) -> None:
-        self._child(family, labels).inc(amount)
+        child = self._children.get((family, labels)) or self._child(family, labels)
+        if amount < 0:
+            raise ValueError(COUNTER_NEGATIVE)
+        child[0] += amount
 
     def observe(self, family: str, labels: tuple[str, ...], value: float) -> None:
-        self._child(family, labels).observe(value)
+        child = self._children.get((family, labels)) or self._child(family, labels)
+        child.sum += value
+        if value == value:  # a NaN falls in no bucket (prometheus_client's loop finds none)
+            child.buckets[bisect_left(self.metrics[family].bounds, value)] += 1
 
     def set(self, family: str, labels: tuple[str, ...], value: float) -> None:
-        self._child(family, labels).set(value)
+        child = self._children.get((family, labels)) or self._child(family, labels)
+        child[0] = float(value)
 
     def declare(self, family: str, labels: tuple[str, ...]) -> None:
         self._child(family, labels)
@@ -131,7 +233,7 @@ class LedgerMetrics:
         self.max_idle_s = max_idle_s
         self._now = now
         self.events_applied = 0
-        self.apply_s = 0.0  # perf_counter seconds spent in apply (live overhead)
+        self.apply_s = 0.0  # perf_counter seconds spent in apply (offline folds; live ones are not timed)
         self.sink.metrics["duplex_ledger:request_ids_leaked"].set_function(self._leaked)
         if self.ports is not None:
             self.sink.metrics["duplex_ledger:running_counter_drift"].set_function(self.running_counter_drift)
@@ -149,11 +251,11 @@ class LedgerMetrics:
         self, stored: StoredEvent, accepted: bool, turns: Sequence[TurnTables], resources: SessionResources | None
     ) -> None:
         """Count one event a live session's projector has folded
-        (:meth:`projections.metrics.MetricsFold.apply_folded`): nothing is folded twice."""
-        start = time.perf_counter()
-        self.fold.apply_folded(stored, accepted, turns, resources)
-        self.apply_s += time.perf_counter() - start
+        (:meth:`projections.metrics.MetricsFold.apply_folded`): nothing is folded twice. Not
+        timed (two clock reads an event, on the live path: issue 23); :attr:`apply_s` is the
+        offline :meth:`apply`'s."""
         self.events_applied += 1
+        self.fold.apply_folded(stored, accepted, turns, resources)
 
     def apply_all(self, events: Iterable[StoredEvent]) -> LedgerMetrics:
         for stored in events:

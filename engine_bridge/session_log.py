@@ -44,6 +44,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from engine_bridge.messages import StreamTakenOver
@@ -71,13 +72,21 @@ def _retrieve(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-def _chain(task: asyncio.Task[None], done: asyncio.Future[None]) -> None:
+def _release(waiter: asyncio.Future[None], _done: asyncio.Future[None]) -> None:
+    """Wake a :meth:`SessionLog.durable` reader (nothing when it was cancelled meanwhile)."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _chain(done: asyncio.Future[None], source: asyncio.Future[None]) -> None:
+    """Settle ``done`` as ``source`` settled (a callback of ``source``); nothing when ``done``
+    is settled already (its awaiter was cancelled)."""
     if done.done():
         return
-    if task.cancelled():
+    if source.cancelled():
         done.cancel()
-    elif task.exception() is not None:
-        done.set_exception(task.exception())  # type: ignore[arg-type]
+    elif source.exception() is not None:
+        done.set_exception(source.exception())  # type: ignore[arg-type]
     else:
         done.set_result(None)
 
@@ -85,10 +94,11 @@ def _chain(task: asyncio.Task[None], done: asyncio.Future[None]) -> None:
 class _Gated:
     """The async iterator of :meth:`SessionLog.gated`."""
 
-    def __init__(self, log: SessionLog, stream: AsyncIterator[T], *, wait_first: bool) -> None:
+    def __init__(self, log: SessionLog, stream: AsyncIterator[T], *, wait_first: bool, batched: bool = False) -> None:
         self._log = log
         self._stream = stream
         self._wait_first = wait_first
+        self._batched = batched  # each item handed on as a one-item list (SessionLog.gated_batches)
 
     def __aiter__(self) -> _Gated:
         return self
@@ -103,7 +113,7 @@ class _Gated:
         # meanwhile (the next turn's update), so every intent started before it is in.
         if self._log._ahead is not None:
             await self._durable()
-        return item
+        return [item] if self._batched else item
 
     async def _durable(self) -> None:
         try:
@@ -141,15 +151,16 @@ class FlushTicker:
     async def _tick(self) -> None:
         await asyncio.sleep(self.interval_s)
         due, self._due = list(self._due.values()), {}
-        # A failed flush marks its own log broken (SessionLogBroken on its next emit).
-        await asyncio.gather(*(log.flush() for log in due), return_exceptions=True)
+        # A failed flush marks its own log broken (SessionLogBroken on its next emit). Each
+        # log's write is a future (no task per log, issue 23), all started in this step.
+        await asyncio.gather(*[log.write_soon() for log in due], return_exceptions=True)
 
     async def aclose(self) -> None:
         """Flush what is due now and stop the clock."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
         due, self._due = list(self._due.values()), {}
-        await asyncio.gather(*(log.flush() for log in due), return_exceptions=True)
+        await asyncio.gather(*[log.write_soon() for log in due], return_exceptions=True)
 
 
 class SessionLog:
@@ -207,7 +218,8 @@ class SessionLog:
         self._unprinted: list[TurnTables] = []  # finalized by events of _pending: printed once durable
         self._applied = version  # provisional positions for the live fold
         self._broken: BaseException | None = None
-        self._lock = asyncio.Lock()
+        self._writing = False  # an append of this log is committing: the next write starts after it
+        self._queued: list[asyncio.Future[None]] = []  # writes asked for meanwhile: served by the next one
         self._ahead: asyncio.Future[None] | None = None  # the latest pipelined intent's commit
 
     async def emit(self, *events: EventBase) -> None:
@@ -218,8 +230,7 @@ class SessionLog:
         self._apply(events)
         start = time.perf_counter()
         try:
-            async with self._lock:
-                await self._write()
+            await self.write_soon()
         finally:
             self.durable_emits += 1
             self.durable_wait_s += time.perf_counter() - start
@@ -237,16 +248,14 @@ class SessionLog:
         loop.call_soon(self._start_ahead, done)
 
     def _start_ahead(self, done: asyncio.Future[None]) -> None:
-        task = asyncio.get_running_loop().create_task(self._commit_ahead())
-        task.add_done_callback(lambda t: _chain(t, done))
-
-    async def _commit_ahead(self) -> None:
+        """The pipelined intent's commit: a write (no task, issue 23) whose end settles ``done``."""
         start = time.perf_counter()
-        try:
-            async with self._lock:
-                await self._write()
-        finally:
-            self.ahead_commit_s += time.perf_counter() - start
+        written = self.write_soon()
+        written.add_done_callback(partial(self._ahead_written, done, start))
+
+    def _ahead_written(self, done: asyncio.Future[None], start: float, written: asyncio.Future[None]) -> None:
+        self.ahead_commit_s += time.perf_counter() - start
+        _chain(done, written)
 
     async def durable(self) -> None:
         """Until every intent started by :meth:`emit_ahead` is committed (at once when none is
@@ -258,7 +267,11 @@ class SessionLog:
         if not ahead.done():
             start = time.perf_counter()
             try:
-                await asyncio.wait((ahead,))  # a cancelled reader does not cancel the commit
+                # A waiter of its own: a cancelled reader does not cancel the commit (as with
+                # asyncio.wait, without its set, counter and callback bookkeeping).
+                waiter = asyncio.get_running_loop().create_future()
+                ahead.add_done_callback(partial(_release, waiter))
+                await waiter
             finally:
                 self.durable_wait_s += time.perf_counter() - start
         failure = ahead.exception()
@@ -275,6 +288,12 @@ class SessionLog:
         closed (vLLM aborts the request) and SessionLogBroken raised. The test is made when an
         item has arrived (after the wait), so intents started while the reader waited count."""
         return _Gated(self, stream, wait_first=not self.pipelined)
+
+    def gated_batches(self, stream: AsyncIterator[T]) -> AsyncIterator[list[T]]:
+        """:meth:`gated`, each item handed on as a one-item list: one engine step's delivery
+        of an ephemeral request (vLLM merges what queued for a lagging reader into one
+        output), read as a batch without a layer of its own per output (issue 23 step 4)."""
+        return _Gated(self, stream, wait_first=not self.pipelined, batched=True)
 
     def emit_later(self, *events: EventBase) -> None:
         """Apply ``events`` now; append them (in order) at the next flush."""
@@ -295,8 +314,82 @@ class SessionLog:
             self.ticker.schedule(self)
 
     async def flush(self) -> None:
-        async with self._lock:
-            await self._write()
+        """Until everything applied so far is committed (or its append failed: raised here)."""
+        await self.write_soon()
+
+    def write_soon(self) -> asyncio.Future[None]:
+        """Start committing everything applied so far, after the append of this log that is
+        committing (one at a time, in order: each append expects the version the one before it
+        left); returns a future settled when it is committed, with what the append raised (a
+        fenced stream: :class:`StreamTakenOver`) when it fails. No task: the store's append
+        future is followed by a callback (issue 23: one task less per intent and per tick).
+        Cancelling the returned future does not stop the write."""
+        loop = asyncio.get_running_loop()
+        if self._writing:  # served by the write that starts once this one has committed
+            queued: asyncio.Future[None] = loop.create_future()
+            self._queued.append(queued)
+            return queued
+        return self._start_write(loop)
+
+    def _start_write(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        written: asyncio.Future[None] = loop.create_future()
+        batch, self._pending, self._held = self._pending, [], 0
+        printable, self._unprinted = self._unprinted, []
+        if not batch:
+            self._print(printable)
+            written.set_result(None)
+            return written
+        try:
+            commit = asyncio.ensure_future(self.store.append(self.session_id, batch, expected_version=self.version))
+        except BaseException as exc:  # noqa: BLE001 - as the append's own failure (broken, raised to the waiter)
+            self._failed(exc, written)
+            return written
+        self._writing = True
+        commit.add_done_callback(partial(self._committed, batch, printable, written))
+        return written
+
+    def _committed(
+        self,
+        batch: list[EventBase],
+        printable: list[TurnTables],
+        written: asyncio.Future[None],
+        commit: asyncio.Future[Any],
+    ) -> None:
+        """The append of ``batch`` ended: bookkeeping, then the writes asked for meanwhile."""
+        self._writing = False
+        if commit.cancelled():  # the store's close cancelled it: nothing more is written
+            self._broken = asyncio.CancelledError()
+            written.cancel()
+        elif (failure := commit.exception()) is not None:
+            self._failed(failure, written)
+        else:
+            self.version += len(batch)
+            self.events_written += len(batch)
+            self.appends += 1
+            self._print(printable)
+            if not written.done():  # (cancelled by its awaiter: the write stands all the same)
+                written.set_result(None)
+        if self._queued:
+            queued, self._queued = self._queued, []
+            nxt = self._start_write(asyncio.get_running_loop())
+            for waiter in queued:
+                nxt.add_done_callback(partial(_chain, waiter))
+
+    def _failed(self, exc: BaseException, written: asyncio.Future[None]) -> None:
+        """An append failed: the log is broken by it; a stream another writer moved on (fenced:
+        the session was taken over, issue 14) is told to ``on_fenced`` and raised as
+        :class:`StreamTakenOver`."""
+        self._broken = exc
+        failure = exc
+        try:
+            if isinstance(exc, ConcurrencyError):
+                failure = StreamTakenOver(f"another writer appended to the stream: {exc}", session_id=self.session_id)
+                failure.__cause__ = exc
+                if self.on_fenced is not None:
+                    self.on_fenced(exc)
+        finally:
+            if not written.done():
+                written.set_exception(failure)
 
     def fence(self, reason: str) -> None:
         """Write nothing more (issue 14 fencing): what is buffered is dropped, as a crash would
@@ -313,16 +406,16 @@ class SessionLog:
             ) from self._broken
         now = time.time()
         projector, sid, on_folded = self.projector, self.session_id, self.on_folded
-        turns_fold = projector.turns
+        turns_fold, pending = projector.turns, self._pending
         for event in events:
             self._applied += 1
             stored = StoredEvent(self._applied, sid, self._applied, now, struct_of(event))
             accepted = projector.apply(stored)
-            self._pending.append(event)
+            pending.append(event)
             turns = turns_fold.take_finalized() if turns_fold.finalized else _NO_TURNS
             if on_folded is not None:
-                try:
-                    on_folded(stored, accepted, turns, projector.session_resources(sid))
+                try:  # the session's resources state: Projector.session_resources, inline
+                    on_folded(stored, accepted, turns, projector.resources.sessions.get(sid))
                 except Exception:  # noqa: BLE001 - metrics never block the session (DOMAIN §5.5)
                     logger.exception("session %s: metrics hook failed on %s", sid, event.type)
             if self.on_applied is not None:
@@ -344,27 +437,6 @@ class SessionLog:
                 on_turn(turn)
             except Exception:  # noqa: BLE001 - DOMAIN §5.5: printing failures never block
                 logger.exception("session %s: printing the tables of %s failed", self.session_id, turn.response_id)
-
-    async def _write(self) -> None:
-        batch, self._pending, self._held = self._pending, [], 0
-        printable, self._unprinted = self._unprinted, []
-        if not batch:
-            self._print(printable)
-            return
-        try:
-            await self.store.append(self.session_id, batch, expected_version=self.version)
-        except ConcurrencyError as exc:  # fenced: another replica took the session over (issue 14)
-            self._broken = exc
-            if self.on_fenced is not None:
-                self.on_fenced(exc)
-            raise StreamTakenOver(f"another writer appended to the stream: {exc}", session_id=self.session_id) from exc
-        except BaseException as exc:
-            self._broken = exc
-            raise
-        self.version += len(batch)
-        self.events_written += len(batch)
-        self.appends += 1
-        self._print(printable)
 
     async def close(self) -> None:
         await self.flush()

@@ -29,7 +29,7 @@ class TurnRun:
     outputs: OutputCoalescer | None = None  # the stage currently streaming
     # The Stage0 engine call, started eagerly by TurnRunner.start (inside the command's step):
     # the ephemeral request's output stream and its first item, or the resident open/update.
-    stage0: AsyncIterator[StageChunk] | None = None
+    stage0: AsyncIterator[list[StageChunk]] | None = None  # one-item lists (SessionLog.gated_batches)
     first: asyncio.Future[Any] | None = None
     # Tokens of the response so far (token_counts): Stage0's prompt, Stage0's tokens sent as
     # text deltas, Stage1's tokens sent as audio deltas.

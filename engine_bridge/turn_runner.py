@@ -106,7 +106,7 @@ class TurnRunner:
         budget = self.config.max_tokens if turn.speak else 1  # a listen unit produces no visible output
         params = generation_params(self.config, budget)
         if not self.resident:
-            turn.stage0 = self.log.gated(port0.generate(turn.request_id, prompt, params))
+            turn.stage0 = self.log.gated_batches(port0.generate(turn.request_id, prompt, params))
             turn.first = start_eagerly(turn.stage0.__anext__())
         elif kind != "initial":
             turn.first = start_eagerly(port0.update_stream(turn.request_id, segment=StreamSegment(prompt, params)))

@@ -207,10 +207,12 @@ class EventBase(LimitedModel):
     @field_validator("ts", mode="before")
     @classmethod
     def _normalise_ts(cls, v: Any) -> float:
-        if type(v) is float and 0 <= v <= _MAX_TS and (us := ts_to_us(v)) <= MAX_TS_US and us / 1_000_000 == v:
-            return v  # already exact to the microsecond and in range (the store's read path)
-        if type(v) is float and 0 <= v <= _SAFE_TS:
-            return ts_to_us(v) / 1_000_000  # a clock's reading: what ts_from_any gives, in one step
+        if type(v) is float and 0 <= v <= _MAX_TS:
+            us = ts_to_us(v)
+            if us <= MAX_TS_US and us / 1_000_000 == v:
+                return v  # already exact to the microsecond and in range (the store's read path)
+            if v <= _SAFE_TS:
+                return us / 1_000_000  # a clock's reading: what ts_from_any gives, in one step
         return ts_from_any(v)
 
     @field_validator("event_id", mode="before")

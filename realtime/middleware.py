@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.datastructures import Headers
@@ -111,12 +111,14 @@ class ConnectionMetrics:
         f = self.families
         accepted_at: list[float] = []
 
-        async def counting_send(message: Message) -> None:
+        def counting_send(message: Message) -> Awaitable[None]:
+            # Not a coroutine function: the app awaits ``send``'s own awaitable (one frame
+            # less on every message the connection sends; issue 23).
             if message["type"] == "websocket.accept" and not accepted_at:
                 accepted_at.append(time.monotonic())
                 f.active.inc()
                 f.total.labels("accepted").inc()
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, counting_send)

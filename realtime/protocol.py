@@ -97,8 +97,9 @@ _FAST_ENCODER = msgspec.json.Encoder()
 def new_event_id() -> str:
     """A server ``event_id``: ``event_`` and 32 hex digits, random (GA does not constrain the
     format). From a PRNG seeded from the OS at import: unique, not secret; ``uuid4`` cost a
-    system call per server event."""
-    return f"event_{_rng.getrandbits(128):032x}"
+    system call per server event. The 32 digits are 16 random bytes' hex (≈ 0.3 µs less than
+    formatting a 128-bit integer, on every server event; issue 23)."""
+    return "event_" + _rng.randbytes(16).hex()
 
 
 def server_event(type_: str, **fields: Any) -> dict[str, Any]:

@@ -58,7 +58,7 @@ async def test_live_metrics_equal_the_offline_ones(tmp_path, live_ports):
         start = time.perf_counter()
         live = scrape(port)
         scrape_ms = (time.perf_counter() - start) * 1000
-        per_event_us = engine.metrics.apply_s / engine.metrics.events_applied * 1e6
+        folded = engine.metrics.events_applied  # the live folds are not timed (issue 23)
     assert live.pop(("duplex_ledger:running_counter_drift", ())) == 0
     offline = samples((await project_metrics(url)).exposition())
     assert_same_samples(live, offline)
@@ -70,4 +70,5 @@ async def test_live_metrics_equal_the_offline_ones(tmp_path, live_ports):
     # packet beat the barge-in (a loaded CI machine: 3). Live equals offline either way (above).
     assert live[("vllm_omni:audio_ttfp_s_count", (("model_name", model), ("stage", "1")))] in (2, 3)
     assert live[("duplex_ledger:sessions_closed_total", (("reason", "session_close"),))] == 1
-    print(f"\nmetrics fold: {per_event_us:.1f} us per event; scrape {scrape_ms:.1f} ms")
+    assert folded > 0
+    print(f"\nmetrics: {folded} events counted live; scrape {scrape_ms:.1f} ms")

@@ -82,7 +82,7 @@ async def test_a_running_turns_records_commit_with_its_next_intent_or_at_its_end
         appends.clear()
         await s.commit()
         await s.wait_idle(5)
-        await eventually(lambda: not s.log._pending and not s.log._lock.locked())  # the end-of-turn flush
+        await eventually(lambda: not s.log._pending and not s.log._writing)  # the end-of-turn flush
         outputs = sum(batch.count("StageOutput") for batch in appends)
         assert outputs >= 4  # coalesced per window, both stages
         assert len(appends) <= 4, appends  # submit intent, forward intent, the turn's end (+ a tick)

@@ -166,3 +166,46 @@ async def test_outputs_of_one_engine_step_travel_as_one_batch(tmp_path, k, auto_
     split = 1 if auto_response else 0  # the response begins after the first visible output: its own write
     assert max(writes) > 1 and len(writes) <= len(alone_writes) - (k - 1) + split  # a step's outputs: one write
     assert held <= alone_held
+
+
+async def test_an_ephemeral_requests_deliveries_are_its_gated_items_one_list_each() -> None:
+    """stage0_batches of an ephemeral request: the eagerly started first delivery, then the
+    rest of the gated stream, each one engine step's output as a one-item list (no layer of
+    its own per output); a stream that ends before its first item delivers nothing; the gate
+    holds each item until the pipelined intent is durable."""
+    import asyncio
+
+    from decider import TurnRef
+    from engine_bridge.eager import start_eagerly
+    from engine_bridge.session_log import SessionLog
+    from engine_bridge.stage0_batches import stage0_batches
+    from engine_bridge.turn_run import TurnRun
+    from events.types import TurnCommitted
+
+    class HeldStore:  # a FAKE store whose append waits for ``release``
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+
+        async def append(self, stream_id, events, expected_version=None):  # type: ignore[no-untyped-def]
+            await self.release.wait()
+            return list(range(len(events)))
+
+    async def items(n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+
+    async def read(n: int, store: HeldStore) -> list[Any]:
+        log = SessionLog(store, "s", 0)  # type: ignore[arg-type]
+        log.emit_ahead(TurnCommitted(session_id="s", ts=1.0, turn_id=0))
+        turn = TurnRun(TurnRef("r", 0, 0, 0), "hi", True)
+        turn.stage0 = log.gated_batches(items(n))  # type: ignore[arg-type]
+        turn.first = start_eagerly(turn.stage0.__anext__())
+        return [batch async for batch in stage0_batches(turn)]
+
+    store = HeldStore()
+    reading = asyncio.ensure_future(read(3, store))
+    await asyncio.sleep(0.01)
+    assert not reading.done()  # nothing handed on before the intent commits
+    store.release.set()
+    assert await reading == [[0], [1], [2]]
+    assert await read(0, store) == []

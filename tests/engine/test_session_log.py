@@ -152,3 +152,76 @@ async def test_a_fenced_log_writes_nothing_more(tmp_path) -> None:
             log.emit_later(_appended("s", 2.0))
     finally:
         await store.close()
+
+
+async def test_writes_asked_for_while_one_commits_are_served_in_order_by_one_append(sqlite_url: str) -> None:
+    """Issue 23: a log's writes chain on the store's append future (no lock, no task): one
+    append at a time, each expecting the version the one before left; what is emitted while
+    one commits goes out in ONE later append, in order; a cancelled waiter stops no write."""
+    store = await EventStore.open(sqlite_url, create=True, synchronous="NORMAL")
+    appends: list[list[float]] = []
+    append = store.append
+
+    def counted(stream_id, events, expected_version=None):  # type: ignore[no-untyped-def]
+        appends.append([e.ts for e in events])
+        return append(stream_id, events, expected_version=expected_version)
+
+    store.append = counted  # type: ignore[method-assign]
+    try:
+        log = SessionLog(store, "s", 0)
+        first = asyncio.ensure_future(log.emit(_appended("s", 1.0)))  # its append starts now
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(log.emit(_appended("s", 2.0)))
+        cancelled = asyncio.ensure_future(log.emit(_appended("s", 3.0)))
+        await asyncio.sleep(0)
+        cancelled.cancel()  # its waiter goes; its events are written all the same
+        log.emit_ahead(_appended("s", 4.0))
+        await asyncio.gather(first, second)
+        await log.durable()
+        assert cancelled.cancelled()
+        await log.flush()
+        assert appends == [[1.0], [2.0, 3.0], [4.0]] or appends == [[1.0], [2.0, 3.0, 4.0]], appends
+        assert [e.event.ts for e in await store.read_stream("s")] == [1.0, 2.0, 3.0, 4.0]
+        assert log.version == log.events_written == 4 and log.appends == len(appends)
+    finally:
+        await store.close()
+
+
+async def test_a_failed_write_fails_its_waiters_and_the_next_emit_is_refused() -> None:
+    """The append's failure reaches every waiter of the write (the queued ones too) and
+    breaks the log: nothing later is recorded."""
+    store = _HeldStore(OSError("disk full"))
+    log = SessionLog(store, "s", 0)  # type: ignore[arg-type]
+    log.emit_later(_appended("s", 1.0))
+    first = asyncio.ensure_future(log.flush())
+    await asyncio.sleep(0.01)
+    log.emit_later(_appended("s", 2.0))
+    queued = asyncio.ensure_future(log.flush())  # asked for while the first append waits
+    await asyncio.sleep(0.01)
+    store.release.set()
+    with pytest.raises(OSError, match="disk full"):
+        await first
+    with pytest.raises(OSError, match="disk full"):
+        await queued
+    with pytest.raises(SessionLogBroken, match="disk full"):
+        log.emit_later(_appended("s", 3.0))
+    assert store.appended == [] and log.version == 0
+
+
+async def test_a_cancelled_durable_reader_does_not_cancel_the_pipelined_commit() -> None:
+    """A reader waiting in ``durable()`` (a gated engine stream) that is cancelled leaves the
+    intent's commit running: a later reader finds it durable."""
+    store = _HeldStore()
+    log = SessionLog(store, "s", 0)  # type: ignore[arg-type]
+    log.emit_ahead(TurnCommitted(session_id="s", ts=1.0, turn_id=0))
+    reader = asyncio.ensure_future(log.durable())
+    await asyncio.sleep(0.01)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    later = asyncio.ensure_future(log.durable())
+    await asyncio.sleep(0.01)
+    assert not later.done()  # still waiting for the commit, which was not cancelled
+    store.release.set()
+    await later
+    assert store.appended == ["TurnCommitted"] and log.version == 1 and log._ahead is None

@@ -111,3 +111,39 @@ def test_json_schema_covers_all_kinds():
     for kind in EVENT_CLASSES:
         assert kind in text
     assert "discriminator" in text
+
+
+def test_unstorable_values_are_refused_naming_each_field():
+    """DOMAIN §5.7 D12 (issue 23: one check of the whole model): every field that cannot be
+    stored is named, with check_value's reason; a nested model's field carries its path;
+    storable values in range pass, and a big value in a free-form field is found inside it."""
+    from events.types import StageMetricsReported, StageOutput, StageRequestReserved
+
+    with pytest.raises(ValidationError) as caught:
+        StageOutput(session_id="s", ts=1.0, stage_id=2**63, request_id="r", num_new_tokens=1, text_delta="a\ud800")
+    errors = [(e["type"], e["loc"], e["msg"]) for e in caught.value.errors()]
+    assert errors == [
+        ("value_error", ("stage_id",), "Value error, integer 9223372036854775808 does not fit in 64 bits (signed)"),
+        (
+            "value_error",
+            ("text_delta",),
+            "Value error, text cannot be stored as UTF-8 (surrogates not allowed at index 1)",
+        ),
+    ]
+    assert "1 validation error for StageRequestReserved\nfence.epoch" in str(
+        pytest.raises(
+            ValidationError,
+            StageRequestReserved,
+            session_id="s",
+            ts=1.0,
+            stage_id=0,
+            request_id="r",
+            fence={"epoch": -(2**63) - 1},
+        ).value
+    )
+    with pytest.raises(ValidationError, match=r"stats\n.*number at extra\['k'\]\[1\] nan is not finite"):
+        StageMetricsReported(
+            session_id="s", ts=1.0, stage_id=0, request_id="r", stats={"extra": {"k": [1.0, float("nan")]}}
+        )
+    ok = StageOutput(session_id="s", ts=1.0, stage_id=2**63 - 1, request_id="ré", num_new_tokens=0, text_delta="日本")
+    assert ok.stage_id == 2**63 - 1 and ok.text_delta == "日本"

@@ -150,3 +150,17 @@ def test_projection_without_the_dialect_sends_no_extension_event():
         assert ga.project(e) == []
         (frame,) = dialect.project(e)
         validate_frame(frame, duplex=True)
+
+
+def test_server_event_ids_are_event_and_32_random_hex_digits() -> None:
+    """A server ``event_id`` is ``event_`` + 32 lowercase hex digits, never repeated (issue 23:
+    made from 16 random bytes)."""
+    import re
+
+    from realtime.protocol import new_event_id, server_event
+
+    ids = {new_event_id() for _ in range(5000)}
+    assert len(ids) == 5000
+    assert all(re.fullmatch(r"event_[0-9a-f]{32}", i) for i in ids)
+    assert {c for i in ids for c in i[6:]} == set("0123456789abcdef")
+    assert re.fullmatch(r"event_[0-9a-f]{32}", server_event("x")["event_id"])
