@@ -240,7 +240,8 @@ class ClientEvents:
         no response) and echoed on the response object; the per-response overrides
         (``output_modalities`` honoured for this response, ``instructions`` and
         ``max_output_tokens`` fixed by the server, the rest refused: :func:`response_overrides`)
-        are decided before anything is told; the notices go before the answer."""
+        are decided before anything is told; the notices go just before ``response.created``,
+        and not at all when the engine refuses the response (its one ``error`` is the answer)."""
         params = event.get("response")
         if params is not None and not isinstance(params, dict):
             raise ProtocolError("bad_event", "response must be an object", param="response")
@@ -253,15 +254,20 @@ class ClientEvents:
             instructions=config.instructions,
             max_output_tokens=config.max_output_tokens,
         )
-        for notice in overrides.notices:
-            self.send(error_event(notice.code, notice.message, event_id=event_id, param=notice.param))
         projection = self.projection
         projection.creating, projection.requested_metadata = True, metadata
         projection.requested_modality = overrides.output_modality
+        # told just before response.created: a response.create the engine refuses (one in
+        # progress, nothing to answer) gets that refusal alone, no notice about an answer
+        projection.requested_notices = [
+            error_event(notice.code, notice.message, event_id=event_id, param=notice.param)
+            for notice in overrides.notices
+        ]
         try:
             await _command(self.session.create_response, event_id=event_id)
         finally:
             projection.creating, projection.requested_metadata, projection.requested_modality = False, None, None
+            projection.requested_notices = []
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")
