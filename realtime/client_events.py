@@ -272,11 +272,14 @@ class ClientEvents:
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")
         active = self.session.active
-        if wanted is not None and (active is None or active.ref.response_id != wanted):
+        if wanted is not None and active is not None and active.ref.response_id != wanted:
             raise ProtocolError(
                 "response_cancel_not_active", f"response {str(wanted)[:80]!r} is not in progress", param="response_id"
             )
-        await _command(self.session.cancel_response, event_id=event_id)  # nothing: the engine's error (D14)
+        # nothing in progress, whatever response_id it names: the engine's refusal, logged
+        # CommandRejected as every refused command is, and its one error (D14)
+        param = None if wanted is None else "response_id"
+        await _command(self.session.cancel_response, event_id=event_id, param=param)
 
     async def _on_output_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
         if not await _command(self.session.clear_output_audio, event_id=event_id):
