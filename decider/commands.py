@@ -260,12 +260,14 @@ class EngineAborted:
 class CancelResponse:
     """Cancel the response work (DOMAIN §2.4): ``command`` as the client named it, ``source``
     the cancel source (barge_in, response.cancel, input.cancel, output_audio_buffer_clear, or
-    a close reason); ``turn`` the work in progress (None: nothing runs)."""
+    a close reason); ``turn`` the work in progress (None: nothing runs); ``param`` the client
+    field its refusal names (``response_id`` when the client aimed at a response by id)."""
 
     ts: float
     command: str
     source: str
     turn: TurnRef | None
+    param: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

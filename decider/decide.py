@@ -690,7 +690,7 @@ def _(command: CancelResponse, state: SessionState) -> list[Step]:
     if t is None:
         if c.command in NOT_ACTIVE_IS_ERROR:  # refused as every refused command is: logged and told
             message = f"{c.command}: no response in progress to cancel"
-            steps += _reject(state, c.ts, c.command, "response_cancel_not_active", message, refuse=False)
+            steps += _reject(state, c.ts, c.command, "response_cancel_not_active", message, refuse=False, param=c.param)
         return [*steps, Reply(False)]
     wire, reason = WIRE_REASON.get(c.source, c.source), reason_for_cancel_source(c.source)
     events: list[Any] = [

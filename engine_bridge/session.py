@@ -259,11 +259,12 @@ class Session:
         when nothing runs."""
         return await self._cancel("barge_in", "barge_in", event_id)
 
-    async def cancel_response(self, *, event_id: str | None = None) -> bool:
+    async def cancel_response(self, *, event_id: str | None = None, param: str | None = None) -> bool:
         """response.cancel (log reason ``cancel``). With no response in progress the client gets
-        one ``error`` event ``response_cancel_not_active`` (with ``event_id``) and False is
-        returned, nothing raised (D14)."""
-        return await self._cancel("response.cancel", "response.cancel", event_id)
+        one ``error`` event ``response_cancel_not_active`` (with ``event_id``, and ``param`` when
+        given: the client field that named a response) and False is returned, nothing raised
+        (D14)."""
+        return await self._cancel("response.cancel", "response.cancel", event_id, param)
 
     async def cancel_input(self, *, event_id: str | None = None) -> bool:
         """input.cancel: drop the input buffer and cancel the response (log reason ``cancel``;
@@ -276,11 +277,11 @@ class Session:
         response is in progress: the front says what its protocol wants (research §5.5)."""
         return await self._cancel("output_audio_buffer.clear", "output_audio_buffer_clear", event_id)
 
-    async def _cancel(self, command: str, source: str, event_id: str | None) -> bool:
+    async def _cancel(self, command: str, source: str, event_id: str | None, param: str | None = None) -> bool:
         return await self._command(
             command,
             lambda: CancelResponse(
-                time.time(), command, source, self.runner.active.ref if self.runner.active else None
+                time.time(), command, source, self.runner.active.ref if self.runner.active else None, param
             ),
             event_id,
         )

@@ -34,10 +34,10 @@ import struct
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from events.chain import ALGORITHM, GENESIS, ROW_COLUMNS, row_hash
+from events.store.url import readonly_file_uri
 
 FaultKind = Literal["missing", "inserted", "reordered", "edited", "rewritten", "index"]
 
@@ -414,7 +414,7 @@ def check_sqlite_segment(db_path: str, lo: int, hi: int, watch: Iterable[int] = 
     the chain in order to name the fault (``ChainWalker``). The rows are checked by a
     :class:`SegmentCheck` (which a partition's fold feeds from its own scan instead)."""
     check = SegmentCheck(lo, hi, watch)
-    conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+    conn = sqlite3.connect(readonly_file_uri(db_path), uri=True)
     try:
         cursor = conn.execute(_SEGMENT_SQL, (check.first_position, hi))
         try:
@@ -544,7 +544,7 @@ def walk_sqlite(
     ``inserted``: :data:`LOWEST_POSITION`). Text that is not UTF-8 is read as :class:`NotUtf8`, so
     any value the store could not have written is named as an edit at its position rather
     than failing the read."""
-    conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+    conn = sqlite3.connect(readonly_file_uri(db_path), uri=True)
     conn.text_factory = tolerant_text
     walker = ChainWalker(watch=watch)
     try:
@@ -577,7 +577,7 @@ def _digest_if_intact(db_path: str, until_position: int | None) -> Digest | None
     walker gives then), else None."""
     hi = until_position
     if hi is None:
-        conn = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
+        conn = sqlite3.connect(readonly_file_uri(db_path), uri=True)
         try:
             hi = int(conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0])
         finally:

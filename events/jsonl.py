@@ -173,7 +173,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 BOM = "\ufeff"
 
 
-def _without_bom(text: str | bytes) -> str | bytes:
+def without_bom(text: str | bytes) -> str | bytes:
     """``text`` without a UTF-8 byte order mark at its start (the first line of a file some
     Windows editors and PowerShell's ``Out-File -Encoding utf8`` save with one)."""
     if isinstance(text, bytes):
@@ -409,7 +409,7 @@ def parse_lines(lines: Iterable[str | bytes]) -> list[ImportRow]:
     chained = False
     for lineno, text in enumerate(lines, start=1):
         if lineno == 1:
-            text = _without_bom(text)
+            text = without_bom(text)
         if not text.strip():
             continue
         try:

@@ -240,7 +240,8 @@ class ClientEvents:
         no response) and echoed on the response object; the per-response overrides
         (``output_modalities`` honoured for this response, ``instructions`` and
         ``max_output_tokens`` fixed by the server, the rest refused: :func:`response_overrides`)
-        are decided before anything is told; the notices go before the answer."""
+        are decided before anything is told; the notices go just before ``response.created``,
+        and not at all when the engine refuses the response (its one ``error`` is the answer)."""
         params = event.get("response")
         if params is not None and not isinstance(params, dict):
             raise ProtocolError("bad_event", "response must be an object", param="response")
@@ -253,24 +254,32 @@ class ClientEvents:
             instructions=config.instructions,
             max_output_tokens=config.max_output_tokens,
         )
-        for notice in overrides.notices:
-            self.send(error_event(notice.code, notice.message, event_id=event_id, param=notice.param))
         projection = self.projection
         projection.creating, projection.requested_metadata = True, metadata
         projection.requested_modality = overrides.output_modality
+        # told just before response.created: a response.create the engine refuses (one in
+        # progress, nothing to answer) gets that refusal alone, no notice about an answer
+        projection.requested_notices = [
+            error_event(notice.code, notice.message, event_id=event_id, param=notice.param)
+            for notice in overrides.notices
+        ]
         try:
             await _command(self.session.create_response, event_id=event_id)
         finally:
             projection.creating, projection.requested_metadata, projection.requested_modality = False, None, None
+            projection.requested_notices = []
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")
         active = self.session.active
-        if wanted is not None and (active is None or active.ref.response_id != wanted):
+        if wanted is not None and active is not None and active.ref.response_id != wanted:
             raise ProtocolError(
                 "response_cancel_not_active", f"response {str(wanted)[:80]!r} is not in progress", param="response_id"
             )
-        await _command(self.session.cancel_response, event_id=event_id)  # nothing: the engine's error (D14)
+        # nothing in progress, whatever response_id it names: the engine's refusal, logged
+        # CommandRejected as every refused command is, and its one error (D14)
+        param = None if wanted is None else "response_id"
+        await _command(self.session.cancel_response, event_id=event_id, param=param)
 
     async def _on_output_audio_buffer_clear(self, event: dict[str, Any], event_id: str | None) -> None:
         if not await _command(self.session.clear_output_audio, event_id=event_id):

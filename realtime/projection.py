@@ -99,6 +99,7 @@ class Projection:
         self.creating = False  # a response.create is being decided (set by the client-event side)
         self.requested_metadata: dict[str, str] | None = None  # that response.create's metadata
         self.requested_modality: str | None = None  # its output modality (None: the session's)
+        self.requested_notices: list[dict[str, Any]] = []  # its fixed_by_server errors, sent before response.created
         self.untranscribed = False  # the last commit was audio without transcript, no response since
         self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]] | None] = {}
 
@@ -177,6 +178,7 @@ class Projection:
         r = self.active = ActiveResponse(response_id, f"item_{response_id}", modality)
         r.metadata, self.requested_metadata, self.untranscribed = self.requested_metadata, None, False
         self.requested_modality = None
+        notices, self.requested_notices = self.requested_notices, []
         item = self._assistant_item(r, "in_progress", content=[])
         previous, self.last_item_id = self.last_item_id, r.item_id
         part = {"type": "text", "text": ""} if modality == "text" else {"type": "audio", "transcript": ""}
@@ -191,6 +193,7 @@ class Projection:
         if r.metadata is not None:
             response["metadata"] = r.metadata
         return [
+            *notices,
             server_event("response.created", response=response),
             server_event("response.output_item.added", response_id=response_id, output_index=0, item=item),
             server_event("conversation.item.added", item=item, previous_item_id=previous),

@@ -76,21 +76,32 @@ class TablesFormat(str, Enum):  # noqa: UP042 - typer's choice type
     markdown = "markdown"
 
 
+def _on_read_only_media(db: str | None) -> bool:
+    """A SQLite ledger on a read-only file system: no read model can be stored there, so the
+    readers fold it in memory (:func:`events.store.url.read_only_sqlite_ledger`)."""
+    from events.store.url import default_url, read_only_sqlite_ledger
+
+    return read_only_sqlite_ledger(db or default_url())
+
+
 async def _projected(
     db: str | None, until_position: int | None, session: str | None = None
 ) -> tuple[Projector, int, ChainFault | None]:
     """The projector at ``until_position`` (in memory; past the head it is the head, and the
     position reported is the head's), or caught up and persisted, with the first fault of the
-    hash chain of the rows folded (None: intact). Raises UnknownSession for a ``session`` the
-    log does not hold."""
+    hash chain of the rows folded (None: intact). A SQLite ledger on a read-only file system
+    (nothing can be persisted there) is folded in memory to its head. Raises UnknownSession for
+    a ``session`` the log does not hold."""
     from events.chain_walk import chain_fault
     from events.store.store import EventStore
     from projections.shell.runner import ProjectionRunner, project_as_of
 
-    async with await EventStore.open(db) as store:
+    in_memory = _on_read_only_media(db)
+    async with await EventStore.open(db, read_only=in_memory) as store:
         await check_session(store, session)
-        if until_position is not None:
-            at = min(until_position, await store.head_position())
+        if until_position is not None or in_memory:
+            head = await store.head_position()
+            at = head if until_position is None else min(until_position, head)
             return await project_as_of(store, until_position=at), at, await chain_fault(store, at)
         runner = ProjectionRunner(store)
         position = await runner.checked_catch_up()
@@ -258,13 +269,17 @@ def _now(value: str | None) -> float | None:
 async def _turns(
     db: str | None, session: str | None, response: str | None, until_position: int | None
 ) -> tuple[list[TurnTables], ChainFault | None]:
-    """The turns chosen, with the first fault of the hash chain of the rows folded."""
+    """The turns chosen, with the first fault of the hash chain of the rows folded (in memory
+    on read-only media: :func:`_on_read_only_media`)."""
     from events.chain_walk import chain_fault
     from events.store.store import EventStore
     from projections.shell.runner import ProjectionRunner, project_as_of
 
-    async with await EventStore.open(db) as store:
+    in_memory = _on_read_only_media(db)
+    async with await EventStore.open(db, read_only=in_memory) as store:
         await check_session(store, session)
+        if until_position is None and in_memory:
+            until_position = await store.head_position()
         if until_position is not None:
             projector = await project_as_of(store, until_position=until_position)
             turns = projector.turn_tables
@@ -301,7 +316,7 @@ async def _turns_with_summary(
     from events.store.store import EventStore
     from reports.summary_fold import summary_of
 
-    async with await EventStore.open(db) as store:
+    async with await EventStore.open(db, read_only=_on_read_only_media(db)) as store:
         await check_session(store, session)
         folded = await summary_of(store, session, until_position)
         chosen = await _chosen(store, folded.turns, session, response)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from events.jsonl import JsonlError, LineError
+from events.jsonl import JsonlError, LineError, without_bom
 
 MAX_RANGES_SHOWN = 20
 """Runs of refused line numbers named in the summary; more end in ``…``."""
@@ -26,10 +26,11 @@ class LineCount:
     blank: int = 0
 
     def counted(self, lines: Iterable[str | bytes]) -> Iterator[str | bytes]:
-        """``lines`` unchanged, counted as they pass."""
+        """``lines`` unchanged, counted as they pass (a first line that is only a byte order
+        mark and blanks is blank: the import skips that mark, :func:`events.jsonl.parse_lines`)."""
         for line in lines:
             self.read += 1
-            if not line.strip():
+            if not (without_bom(line) if self.read == 1 else line).strip():
                 self.blank += 1
             yield line
 

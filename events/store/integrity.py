@@ -243,6 +243,6 @@ def _stat4_problems(conn: SqlReader) -> list[str]:
 
 def readonly(path: str) -> sqlite3.Connection:
     """A plain read-only ``sqlite3`` connection to the ledger file at ``path``."""
-    from pathlib import Path
+    from events.store.url import readonly_file_uri
 
-    return sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    return sqlite3.connect(readonly_file_uri(path), uri=True)

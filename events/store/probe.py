@@ -24,14 +24,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from events.store.errors import LedgerNotFound, NotALedger
 from events.store.sidecars import no_new_sidecars
-from events.store.url import redact, remove_sqlite_file, require_existing, sqlite_path
+from events.store.url import readonly_file_uri, redact, remove_sqlite_file, require_existing, sqlite_path
 
 T = TypeVar("T")
 
 
 def readonly_uri(path: Path) -> str:
-    """The ``file:`` URI that opens ``path`` read-only."""
-    return path.resolve().as_uri() + "?mode=ro"
+    """The ``file:`` URI that opens ``path`` read-only (:func:`events.store.url.readonly_file_uri`)."""
+    return readonly_file_uri(path)
 
 
 def check_openable(url: str) -> Path:

@@ -58,9 +58,16 @@ def _sidecar(path: Path, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
 
+def _database_file(path: Path) -> Path:
+    """The file SQLite opens for ``path``: its unix VFS follows symbolic links (every
+    component), and puts ``-wal``/``-shm`` beside the file the link names, not beside the link."""
+    return Path(os.path.realpath(path))
+
+
 def sidecars_missing(path: Path) -> tuple[str, ...]:
-    """The suffixes of ``path``'s ``-wal``/``-shm`` files that do not exist now (call it before
-    the first connection of a read)."""
+    """The suffixes of ``path``'s ``-wal``/``-shm`` files (beside the file a symbolic link
+    ``path`` names) that do not exist now (call it before the first connection of a read)."""
+    path = _database_file(path)
     return tuple(s for s in SIDECAR_SUFFIXES if not os.path.lexists(_sidecar(path, s)))
 
 
@@ -112,6 +119,7 @@ def remove_new_sidecars(path: Path, missing: tuple[str, ...]) -> list[Path]:
     cannot be checked or removed stays. Returns the files removed."""
     if _F_OFD_SETLK is None or not missing:
         return []
+    path = _database_file(path)
     created = [_sidecar(path, s) for s in missing if os.path.lexists(_sidecar(path, s))]
     if not created:
         return []

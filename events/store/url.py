@@ -284,3 +284,43 @@ def numeric_query(url: str) -> dict[str, float | int]:
         for key, value in query.items()
         if key in NUMBER_QUERY and isinstance(value, str)
     }
+
+
+def on_read_only_file_system(path: str | Path) -> bool:
+    """True when the folder of the SQLite file ``path`` is on a file system mounted read-only
+    (``statvfs``'s ``ST_RDONLY``): no process can write the file there."""
+    try:
+        return bool(os.statvfs(Path(path).resolve().parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def read_only_sqlite_ledger(url: str | None) -> bool:
+    """True for a SQLite ledger URL whose file is on a read-only file system
+    (:func:`on_read_only_file_system`); False for any other URL (PostgreSQL, unparsable: the
+    command's own checks name those)."""
+    try:
+        return url is not None and backend_of(url) == "sqlite" and on_read_only_file_system(sqlite_path(url))
+    except ValueError:
+        return False
+
+
+def readonly_file_uri(path: str | Path) -> str:
+    """The ``file:`` URI that opens the SQLite file ``path`` read-only (the path escaped as a
+    file URI, so ``#``, ``?`` and ``%`` in it are not parsed): ``mode=ro``; on a file system
+    mounted read-only, when no ``-wal`` holding transactions lies beside the file, also
+    ``immutable=1``. SQLite must create ``-wal``/``-shm`` beside a WAL-mode file to read it
+    even read-only, which such a file system refuses ("unable to open database file": a ledger
+    archived on read-only media could not be read at all); there no process can write the file,
+    so reading it as immutable (no locks, no WAL) sees all of it. A non-empty ``-wal`` (a
+    writer that never closed) holds committed transactions an immutable read would skip: that
+    file is read through its ``-wal``/``-shm`` as before."""
+    resolved = Path(path).resolve()
+    uri = resolved.as_uri() + "?mode=ro"
+    try:
+        wal_bytes = os.stat(resolved.with_name(resolved.name + "-wal")).st_size
+    except FileNotFoundError:
+        wal_bytes = 0
+    except OSError:
+        return uri
+    return uri + "&immutable=1" if wal_bytes == 0 and on_read_only_file_system(resolved) else uri

@@ -278,6 +278,17 @@ def test_a_byte_order_mark_at_the_start_of_the_file_is_skipped(tmp_path: Path) -
     assert exported(with_bom) == exported(without) and len(exported(without)) == 23
 
 
+def test_a_byte_order_mark_on_a_blank_first_line_is_counted_blank(tmp_path: Path) -> None:
+    """Every line is accounted for (reports/import_summary.py): a first line holding only the
+    BOM the import skips is a blank line, as it is without the BOM."""
+    for name, head in (("bom", b"\xef\xbb\xbf\n"), ("bom-spaces", b"\xef\xbb\xbf  \r\n"), ("plain", b"\n")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(head + CASE_18.read_bytes())
+        r = Cli(f"sqlite+aiosqlite:///{tmp_path / name}.db")("events", "import", str(path))
+        assert r.exit_code == 0, r.output
+        assert r.stdout.strip().endswith("(0 already present, 0 refused; 24 line(s) read, 1 blank)"), (name, r.stdout)
+
+
 def test_a_byte_order_mark_on_a_later_line_is_refused_naming_the_line(tmp_path: Path) -> None:
     lines = CASE_18.read_bytes().splitlines(keepends=True)
     joined = tmp_path / "joined.jsonl"

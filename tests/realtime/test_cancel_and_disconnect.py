@@ -35,6 +35,9 @@ async def test_cancel_mid_stream_then_next_turn(long_engine, long_state, long_po
         await wire.recv()
         await wire.send({"type": "response.cancel", "event_id": "idle-cancel"}, refused="response_cancel_not_active")
         await wire.error_for("idle-cancel")
+        idle_by_id = {"type": "response.cancel", "event_id": "idle-cancel-id", "response_id": "resp_nope"}
+        await wire.send(idle_by_id, refused="response_cancel_not_active")
+        assert (await wire.error_for("idle-cancel-id"))["error"]["param"] == "response_id"
         r0 = await start_long_reply(wire)
         assert r0.startswith("resp-rt-cancel-0-")
         await conn.response.cancel()
@@ -56,9 +59,10 @@ async def test_cancel_mid_stream_then_next_turn(long_engine, long_state, long_po
         "output_audio_buffer_clear",
     ]
     assert [(e.old_epoch, e.new_epoch) for e in history if e.type == "EpochAdvanced"][:2] == [(0, 1), (1, 2)]
-    # the idle cancel is refused as a refused response.create is: logged, as well as told
+    # the idle cancels (one naming a response_id) are refused as a refused response.create
+    # is: logged, as well as told
     rejected = [(e.command, e.error_code) for e in history if e.type == "CommandRejected"]
-    assert rejected == [("response.cancel", "response_cancel_not_active")]
+    assert rejected == [("response.cancel", "response_cancel_not_active")] * 2
 
 
 async def test_input_clear_leaves_the_running_response_alone(long_engine, long_state, long_port):

@@ -35,6 +35,7 @@ FRONT_REFUSALS = [
     ),
     ({"type": "input_audio_buffer.append", "audio": ""}, "invalid_audio", "audio"),
     ({"type": "input_audio_buffer.append"}, "invalid_audio", "audio"),
+    # idle: the engine's refusal (logged CommandRejected, as the idle cancel below), naming the field
     ({"type": "response.cancel", "response_id": "resp-nope"}, "response_cancel_not_active", "response_id"),
     ({"type": "output_audio_buffer.clear"}, "response_cancel_not_active", None),
     (
@@ -167,6 +168,7 @@ async def test_every_bad_event_is_an_error_and_the_session_goes_on(engine, state
     assert await settled_ledger(state, "rt-err") == ["stop", "stop"]
     history = [s.event for s in await engine.store.read_stream("rt-err")]
     assert [e.error_code for e in history if e.type == "CommandRejected"] == [
+        "response_cancel_not_active",  # the idle response.cancel naming a response_id
         "input_audio_buffer_empty",
         "input_audio_buffer_empty",
         "response_cancel_not_active",

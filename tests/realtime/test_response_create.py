@@ -185,6 +185,28 @@ async def test_instructions_of_response_create_are_told_fixed_by_server(engine, 
     assert await settled_ledger(state, "rt-ins") == ["stop", "stop", "stop"]
 
 
+async def test_a_response_create_the_engine_refuses_gets_that_refusal_alone(long_engine, long_state, long_port):
+    """No fixed_by_server notice ("the answer shows the effective value") for a response that
+    is never created: one error per refused event, the engine's."""
+    async with sdk_client(long_port).realtime.connect(
+        model="duplex-ledger", extra_query={"session_id": "rt-busy"}
+    ) as c:
+        wire = await _open(c)
+        await wire.send(user_text("Tell me a long story"))
+        await wire.send({"type": "response.create"})
+        await wire.until("response.output_audio_transcript.delta")
+        busy = {"instructions": "Talk like a pirate.", "max_output_tokens": 5}
+        refusal = "conversation_already_has_active_response"
+        await wire.send({"type": "response.create", "event_id": "r2", "response": busy}, refused=refusal)
+        assert (await wire.error_for("r2"))["error"]["code"] == refusal
+        await wire.send({"type": "response.cancel"})
+        assert (await wire.until("response.done"))["response"]["status"] == "cancelled"
+        assert [f["error"]["code"] for f in wire.of_type("error")] == [refusal]
+        assert len(wire.of_type("response.created")) == 1
+        wire.check()
+    assert await settled_ledger(long_state, "rt-busy") == ["cancel"]
+
+
 @pytest.mark.parametrize(
     ("response", "code", "param"),
     [

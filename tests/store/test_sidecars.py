@@ -176,3 +176,18 @@ def test_a_file_held_by_this_process_costs_one_kept_descriptor_however_often_it_
     finally:
         live.close()
     assert len(remove_new_sidecars(db, missing)) == 2 and len(sidecars._KEPT_OPEN) == kept  # reused, then closed
+
+
+def test_a_read_through_a_symbolic_link_leaves_nothing_beside_the_file_it_names(tmp_path: Path) -> None:
+    """SQLite follows the link: its -wal/-shm are created beside the target, not the link."""
+    url = imported(CASE_18, tmp_path / "l.db")
+    elsewhere = tmp_path / "links"
+    elsewhere.mkdir()
+    (elsewhere / "link.db").symlink_to(tmp_path / "l.db")
+    for command in (["sessions"], ["events", "export"], ["audit"]):
+        result = CliRunner().invoke(app, [*command, "--db", url_of(elsewhere / "link.db")])
+        assert result.exit_code == 0, result.output
+        assert _names(tmp_path / "l.db") == ["l.db", "links"], command
+        assert _names(elsewhere / "link.db") == ["link.db"], command
+    export = CliRunner().invoke(app, ["events", "export", "--db", url])
+    assert len(export.output.splitlines()) == 23 and _names(tmp_path / "l.db") == ["l.db", "links"]
