@@ -10,6 +10,7 @@ GA names only (never the beta ``response.text.delta`` / ``response.audio.delta``
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -143,15 +144,36 @@ def client_event_id(event: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
+class _NotJsonConstant(ValueError):
+    """``NaN``/``Infinity``/``-Infinity`` met while parsing a client frame."""
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NotJsonConstant(token)
+
+
+def _finite_float(token: str) -> float:
+    """A JSON number with a fraction or exponent as a float; one beyond a double's range
+    (``1e309``, read as infinity) is refused as the tokens are."""
+    value = float(token)
+    if not math.isfinite(value):
+        raise _NotJsonConstant(f"{token[:40]} (beyond a double's range)")
+    return value
+
+
 def parse_client_event(frame: str | bytes, *, max_bytes: int = MAX_EVENT_BYTES) -> dict[str, Any]:
     """A client frame -> its JSON object. Raises ProtocolError ``event_too_large`` (over
-    ``max_bytes``), ``invalid_json`` (not JSON / not UTF-8), ``bad_event`` (not an object, or
-    no string ``type``; param ``type``)."""
+    ``max_bytes``), ``invalid_json`` (not JSON / not UTF-8; ``NaN``, ``Infinity`` and
+    ``-Infinity``, which Python's parser takes but RFC 8259 §6 has no token for, and a number
+    beyond a double's range), ``bad_event``
+    (not an object, or no string ``type``; param ``type``)."""
     size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise ProtocolError("event_too_large", f"event of {size} bytes is over the limit of {max_bytes} bytes")
     try:
-        event = json.loads(frame)
+        event = json.loads(frame, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except _NotJsonConstant as exc:
+        raise ProtocolError("invalid_json", f"the frame is not JSON: {exc} is not a JSON value (RFC 8259 §6)") from None
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError("invalid_json", f"the frame is not JSON: {type(exc).__name__}") from None
     if not isinstance(event, dict):

@@ -21,6 +21,10 @@ they changed").
   and an ``audio.output.voice`` gets the :data:`FIXED_BY_SERVER` notice (the output audio is a
   stand-in rendering with no voice). A value equal to the session's is accepted silently. vLLM's own realtime route has no
   ``response.create`` at all (research/realtime.md §0 3.), so GA is the model here.
+* A ``response`` key GA does not define (:data:`RESPONSE_CREATE_FIELDS`; a beta-era
+  ``temperature``, a typo) is refused as OpenAI's server refuses it: ``unknown_parameter``
+  naming ``response.<key>``, no response. ``reasoning`` (a reasoning model's effort) gets the
+  :data:`FIXED_BY_SERVER` notice: the engine's sampling is fixed at its start.
 """
 
 from __future__ import annotations
@@ -40,6 +44,25 @@ MAX_OUTPUT_TOKENS_LIMIT = 4096
 FIXED_BY_SERVER = "fixed_by_server"
 """The ``error`` code of a valid request for a value the server does not apply."""
 UNSUPPORTED_RESPONSE_CREATE = "unsupported_response_create"
+UNKNOWN_PARAMETER = "unknown_parameter"
+RESPONSE_CREATE_FIELDS = frozenset(
+    {
+        "audio",
+        "conversation",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "metadata",
+        "output_modalities",
+        "parallel_tool_calls",
+        "prompt",
+        "reasoning",
+        "tool_choice",
+        "tools",
+    }
+)
+"""The keys of GA's ``response.create`` ``response`` object (``openai`` 3.57,
+``RealtimeResponseCreateParamsParam``)."""
 """The ``error`` code of a ``response.create`` asking for what this server cannot answer (no
 response is created)."""
 OUTPUT_MODALITIES = (["text"], ["audio"])
@@ -147,7 +170,12 @@ def response_overrides(
     (``param`` ``response.<field>``) for the first field refused, before any notice is told —
     ``invalid_value`` for a value GA refuses (``output_modalities`` other than ``["text"]`` /
     ``["audio"]``, non-string ``instructions``, a bad ``max_output_tokens``),
-    :data:`UNSUPPORTED_RESPONSE_CREATE` for a valid request this server cannot answer."""
+    :data:`UNSUPPORTED_RESPONSE_CREATE` for a valid request this server cannot answer,
+    :data:`UNKNOWN_PARAMETER` for a key GA does not define (checked first)."""
+    for key in params:
+        if key not in RESPONSE_CREATE_FIELDS:
+            name = key if len(key) <= 64 else key[:64] + "…"
+            raise ProtocolError(UNKNOWN_PARAMETER, f"Unknown parameter: 'response.{name}'.", param=f"response.{name}")
     modality = output_modality
     requested = params.get("output_modalities")
     if requested is not None:
@@ -207,6 +235,14 @@ def response_overrides(
         raise _unsupported("response.tool_choice", "tools are not served (session.tools is [])")
     if params.get("prompt") is not None:
         raise _unsupported("response.prompt", "prompt templates are not served")
+    if params.get("reasoning") is not None:
+        notices.append(
+            ProtocolError(
+                FIXED_BY_SERVER,
+                "response.reasoning was not applied: the engine's sampling is fixed at its start",
+                param="response.reasoning",
+            )
+        )
     notice = max_output_tokens_notice(
         params.get("max_output_tokens"), max_output_tokens, param="response.max_output_tokens"
     )

@@ -233,6 +233,9 @@ async def test_a_response_create_the_engine_refuses_gets_that_refusal_alone(long
             "response.audio.output.format.rate",
         ),
         ({"audio": "pcm"}, "bad_event", "response.audio"),
+        # a key GA does not define (a beta-era temperature, a typo): refused as OpenAI does
+        ({"temperature": 0.1}, "unknown_parameter", "response.temperature"),
+        ({"output_modalities": ["text"], "modalitiez": ["text"]}, "unknown_parameter", "response.modalitiez"),
         # refused as a whole: the valid-but-fixed instructions get no notice of their own
         ({"instructions": "other", "conversation": "none"}, "unsupported_response_create", "response.conversation"),
     ],
@@ -280,3 +283,18 @@ def test_a_max_output_tokens_ga_refuses_is_invalid_and_quoted_as_json(value, quo
         max_output_tokens_notice(value, EFFECTIVE, param="p")
     assert info.value.code == "invalid_value" and info.value.param == "p"
     assert info.value.message == f'p: {quoted} is not an integer 1..4096 nor "inf"'
+
+
+def test_unknown_response_keys_are_refused_before_any_notice_and_reasoning_is_told_fixed():
+    from realtime.request_fields import RESPONSE_CREATE_FIELDS, response_overrides
+
+    session = {"output_modality": "text", "instructions": "sys", "max_output_tokens": EFFECTIVE}
+    with pytest.raises(ProtocolError) as info:
+        response_overrides({"instructions": "other", "k" * 100: 1}, **session)
+    assert (info.value.code, info.value.param) == ("unknown_parameter", "response." + "k" * 64 + "…")
+    notices = response_overrides({"reasoning": {"effort": "low"}, "parallel_tool_calls": False}, **session).notices
+    assert [(n.code, n.param) for n in notices] == [(FIXED_BY_SERVER, "response.reasoning")]
+    # every key GA's SDK defines is known (a newer SDK adding one shows up here)
+    from openai.types.realtime.realtime_response_create_params_param import RealtimeResponseCreateParamsParam
+
+    assert set(RealtimeResponseCreateParamsParam.__annotations__) == RESPONSE_CREATE_FIELDS

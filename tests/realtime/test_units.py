@@ -72,6 +72,15 @@ def test_pcm16_round_trip_or_invalid_audio(pcm):
         assert (info.value.code, info.value.param) == ("invalid_audio", "audio")
 
 
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity", "1e309", "-1e400"])
+def test_non_finite_numbers_are_invalid_json_not_values(token):
+    """RFC 8259 §6 has no NaN/Infinity; Python's parser takes them (and reads 1e309 as inf)."""
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event(f'{{"type": "response.create", "response": {{"max_output_tokens": {token}}}}}')
+    assert info.value.code == "invalid_json" and token in info.value.message
+    assert parse_client_event('{"type": "x", "v": 1.5e3}')["v"] == 1500.0
+
+
 def test_deeply_nested_json_is_invalid_json_not_a_crash():
     with pytest.raises(ProtocolError) as info:
         parse_client_event("[" * 100_000 + "]" * 100_000)
