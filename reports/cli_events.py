@@ -143,7 +143,15 @@ def db_grant(
 @events_app.command("import")
 def events_import(
     file: Annotated[
-        Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="JSONL file, one event per line.")
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            allow_dash=True,
+            path_type=str,  # typer compares the converted value with "-": a Path never equals it
+            help="JSONL file, one event per line; - reads standard input (a pipe from events export).",
+        ),
     ],
     db: DbOption = None,
 ) -> None:
@@ -162,16 +170,21 @@ def events_import(
 
     url = checked_url(db)
     lines = LineCount()
+    file = Path(file)  # typer hands the text (path_type=str)
+    source = "standard input" if str(file) == "-" else str(file)
 
     async def body() -> Any:
         try:
             return await _import()
         except jsonl.JsonlError as exc:  # count the refused lines, not their errors
-            raise ImportRefused(exc.errors, refused_line(str(file), lines, exc.errors)) from exc
+            raise ImportRefused(exc.errors, refused_line(source, lines, exc.errors)) from exc
 
     async def _import() -> Any:
-        with file.open("rb") as fh:  # a byte bar while lines are checked (terminal only)
-            rows = jsonl.parse_lines(lines.counted(track_lines(fh, file.stat().st_size, f"checking {file.name}")))
+        if str(file) == "-":  # standard input: read to its end before anything is written
+            rows = jsonl.parse_lines(lines.counted(sys.stdin.buffer))
+        else:
+            with file.open("rb") as fh:  # a byte bar while lines are checked (terminal only)
+                rows = jsonl.parse_lines(lines.counted(track_lines(fh, file.stat().st_size, f"checking {file.name}")))
         new_file = missing_sqlite_file(url)
         created = missing_ancestor(new_file) if new_file is not None else None
         store = await EventStore.open(url, create=new_file is not None)
@@ -190,13 +203,13 @@ def events_import(
 
     result = run(body, url)
     committed(
-        imported_line(str(file), lines, result.appended, result.skipped),
-        f"the import ({result.appended} event(s) from {file})",
+        imported_line(source, lines, result.appended, result.skipped),
+        f"the import ({result.appended} event(s) from {source})",
         unchanged=None
         if result.appended
-        else f"every event from {file} was already stored"
+        else f"every event from {source} was already stored"
         if result.skipped
-        else f"{file} holds no event",
+        else f"{source} holds no event",
     )
 
 

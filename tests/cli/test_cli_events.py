@@ -235,3 +235,34 @@ def test_tail_follows_and_exits_cleanly_on_ctrl_c(sqlite_cli: Cli, tmp_path: Pat
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_import_dash_reads_standard_input_piped_from_an_export(sqlite_cli: Cli, tmp_path: Path) -> None:
+    """``events export | events import -`` copies a ledger (the hostile pass: ``-`` was refused
+    as "file '-' does not exist"); a re-import through the pipe stores nothing again, a bad
+    line on standard input is refused naming its line, and the summary names the source."""
+    sqlite_cli("db", "upgrade")
+    sqlite_cli("events", "import", str(write_jsonl(tmp_path / "in.jsonl", GOOD)))
+    exported = sqlite_cli("events", "export").stdout
+    copy_url = f"sqlite+aiosqlite:///{tmp_path / 'copy.db'}"
+
+    def import_stdin(text: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "reports.cli", "events", "import", "-", "--db", copy_url]
+        return subprocess.run(command, input=text, capture_output=True, text=True, timeout=120)
+
+    first = import_stdin(exported)
+    assert first.returncode == 0, first.stderr
+    assert "imported 5 event(s) from standard input" in first.stdout + first.stderr
+    assert import_stdin(exported).returncode == 0
+    copied = subprocess.run(
+        [sys.executable, "-m", "reports.cli", "events", "export", "--db", copy_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert [json.loads(x)["event_id"] for x in copied.splitlines()] == [
+        json.loads(x)["event_id"] for x in exported.splitlines()
+    ]
+    refused = import_stdin('{"bad": 1}\n')
+    assert refused.returncode == 2 and "line 1: bad: unknown field" in refused.stderr
+    assert "from standard input" in refused.stderr
