@@ -181,16 +181,28 @@ def without_bom(text: str | bytes) -> str | bytes:
     return text.removeprefix(BOM)
 
 
+UTF16_HINT = "; the file looks like UTF-16: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"
+
+
+def _utf16_hint(line: bytes) -> str:
+    """:data:`UTF16_HINT` for a raw line that holds a UTF-16 byte order mark or a NUL byte
+    (UTF-16 puts one beside every ASCII character; JSON text never holds one raw), else ""."""
+    return UTF16_HINT if line.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in line else ""
+
+
 def _load(text: str | bytes, lineno: int) -> Any:
     """The line's JSON value. Raises JsonlError for bytes that are not UTF-8, a byte order
     mark (one at the start of the file is skipped before: :func:`parse_lines`), invalid JSON,
-    nesting deeper than Python's parser allows and integers too long to parse."""
+    nesting deeper than Python's parser allows and integers too long to parse; a line that
+    looks like UTF-16 says so (:func:`_utf16_hint`)."""
+    hint = ""
     if isinstance(text, bytes):
+        hint = _utf16_hint(text)
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise JsonlError(
-                [LineError(lineno, "", f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1}")]
+                [LineError(lineno, "", f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1}{hint}")]
             ) from None
     if text.startswith(BOM):
         raise JsonlError(
@@ -210,7 +222,7 @@ def _load(text: str | bytes, lineno: int) -> Any:
             [LineError(lineno, exc.key, "appears twice in one object (parsers disagree on which wins)")]
         ) from None
     except json.JSONDecodeError as exc:
-        raise JsonlError([LineError(lineno, "", f"not valid JSON: {exc.msg} (column {exc.colno})")]) from None
+        raise JsonlError([LineError(lineno, "", f"not valid JSON: {exc.msg} (column {exc.colno}){hint}")]) from None
     except RecursionError:
         raise JsonlError([LineError(lineno, "", "JSON nested too deeply")]) from None
     except ValueError as exc:  # e.g. an integer literal beyond the interpreter's digit limit

@@ -298,3 +298,18 @@ def test_a_byte_order_mark_on_a_later_line_is_refused_naming_the_line(tmp_path: 
     assert "line 2: starts with a UTF-8 byte order mark (U+FEFF)" in r.output and "remove it" in r.output
     assert "utf-8-sig" not in r.output and str(joined) in r.output
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_utf16_file_is_refused_saying_it_looks_like_utf16(tmp_path: Path) -> None:
+    """PowerShell's ``>`` writes UTF-16: each line is refused naming the encoding and the fix,
+    not only "byte 0xff" (hostile pass); a UTF-8 file's errors carry no such hint."""
+    for encoding in ("utf-16", "utf-16-be"):
+        path = tmp_path / f"{encoding}.jsonl"
+        path.write_bytes(CASE_18.read_text("utf-8").encode(encoding))
+        r = Cli(f"sqlite+aiosqlite:///{tmp_path / encoding}.db")("events", "import", str(path))
+        assert r.exit_code == 2 and "line 1: " in r.output, r.output
+        assert "the file looks like UTF-16: convert it to UTF-8" in r.output.split("line 2:")[0], (encoding, r.output)
+    plain = tmp_path / "broken.jsonl"
+    plain.write_bytes(b"\xff{}\n{not json\n")
+    r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'broken.db'}")("events", "import", str(plain))
+    assert r.exit_code == 2 and "not UTF-8: byte 0xff at byte 1" in r.output and "UTF-16" not in r.output
