@@ -20,7 +20,7 @@ from engine_bridge.messages import SessionError
 from engine_bridge.session import Session
 from realtime import duplex
 from realtime.audio import PCM_BYTES_PER_SAMPLE, PCM_SAMPLE_RATE_HZ, decode_pcm16
-from realtime.projection import CommitCause, Projection
+from realtime.projection import CommitCause, Projection, RequestedResponse
 from realtime.protocol import (
     GA_CLIENT_EVENTS,
     MAX_EVENT_BYTES,
@@ -255,19 +255,18 @@ class ClientEvents:
             max_output_tokens=config.max_output_tokens,
         )
         projection = self.projection
-        projection.creating, projection.requested_metadata = True, metadata
-        projection.requested_modality = overrides.output_modality
-        # told just before response.created: a response.create the engine refuses (one in
-        # progress, nothing to answer) gets that refusal alone, no notice about an answer
-        projection.requested_notices = [
+        # the notices are told just before response.created: a response.create the engine
+        # refuses (one in progress, nothing to answer) gets that refusal alone
+        notices = tuple(
             error_event(notice.code, notice.message, event_id=event_id, param=notice.param)
             for notice in overrides.notices
-        ]
+        )
+        projection.creating = True
+        projection.requested = RequestedResponse(metadata, overrides.output_modality, notices)
         try:
             await _command(self.session.create_response, event_id=event_id)
         finally:
-            projection.creating, projection.requested_metadata, projection.requested_modality = False, None, None
-            projection.requested_notices = []
+            projection.creating, projection.requested = False, None
 
     async def _on_response_cancel(self, event: dict[str, Any], event_id: str | None) -> None:
         wanted = event.get("response_id")

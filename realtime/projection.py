@@ -59,6 +59,18 @@ class ActiveResponse:
             self.delta_type = "response.output_audio_transcript.delta"
 
 
+@dataclass(frozen=True)
+class RequestedResponse:
+    """What the ``response.create`` being decided asks of the response it creates (set by the
+    client-event side, taken by the first ``response.created``): the client's ``metadata``, the
+    ``output_modality`` (the client's or the session's) and the ``notices`` (``error`` events
+    :data:`realtime.request_fields.FIXED_BY_SERVER`) sent just before ``response.created``."""
+
+    metadata: dict[str, str] | None
+    output_modality: str
+    notices: tuple[dict[str, Any], ...] = ()
+
+
 _UNSEEN: Any = object()  # Projection._handlers: an engine event type not looked up yet
 
 #: A response's GA terminal status from the log's finished_reason (and the engine's wire reason).
@@ -97,9 +109,7 @@ class Projection:
         self.finished: set[str] = set()
         self.last_error: dict[str, Any] | None = None
         self.creating = False  # a response.create is being decided (set by the client-event side)
-        self.requested_metadata: dict[str, str] | None = None  # that response.create's metadata
-        self.requested_modality: str | None = None  # its output modality (None: the session's)
-        self.requested_notices: list[dict[str, Any]] = []  # its fixed_by_server errors, sent before response.created
+        self.requested: RequestedResponse | None = None  # what that response.create asks of its response
         self.untranscribed = False  # the last commit was audio without transcript, no response since
         self._handlers: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]] | None] = {}
 
@@ -174,11 +184,12 @@ class Projection:
 
     def _on_response_created(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         response_id = data["response_id"]
-        modality = self.requested_modality or self.config.output_modality
+        requested, self.requested, self.untranscribed = self.requested, None, False
+        modality = requested.output_modality if requested is not None else self.config.output_modality
         r = self.active = ActiveResponse(response_id, f"item_{response_id}", modality)
-        r.metadata, self.requested_metadata, self.untranscribed = self.requested_metadata, None, False
-        self.requested_modality = None
-        notices, self.requested_notices = self.requested_notices, []
+        notices: tuple[dict[str, Any], ...] = ()
+        if requested is not None:
+            r.metadata, notices = requested.metadata, requested.notices
         item = self._assistant_item(r, "in_progress", content=[])
         previous, self.last_item_id = self.last_item_id, r.item_id
         part = {"type": "text", "text": ""} if modality == "text" else {"type": "audio", "transcript": ""}

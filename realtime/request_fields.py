@@ -19,8 +19,9 @@ they changed").
   tool, ``prompt``) is refused with :data:`UNSUPPORTED_RESPONSE_CREATE` (no response);
   ``audio.output.format`` is checked as ``session.update``'s (only ``audio/pcm`` at 24 kHz),
   and an ``audio.output.voice`` gets the :data:`FIXED_BY_SERVER` notice (the output audio is a
-  stand-in rendering with no voice). A value equal to the session's is accepted silently. vLLM's own realtime route has no
-  ``response.create`` at all (research/realtime.md §0 3.), so GA is the model here.
+  stand-in rendering with no voice). A value equal to the session's is accepted silently.
+  vLLM's own realtime route has no ``response.create`` at all (research/realtime.md §0 3.), so
+  GA is the model here.
 * A ``response`` key GA does not define (:data:`RESPONSE_CREATE_FIELDS`; a beta-era
   ``temperature``, a typo) is refused as OpenAI's server refuses it: ``unknown_parameter``
   naming ``response.<key>``, no response. ``reasoning`` (a reasoning model's effort) gets the
@@ -44,7 +45,10 @@ MAX_OUTPUT_TOKENS_LIMIT = 4096
 FIXED_BY_SERVER = "fixed_by_server"
 """The ``error`` code of a valid request for a value the server does not apply."""
 UNSUPPORTED_RESPONSE_CREATE = "unsupported_response_create"
+"""The ``error`` code of a ``response.create`` asking for what this server cannot answer (no
+response is created)."""
 UNKNOWN_PARAMETER = "unknown_parameter"
+"""The ``error`` code of a ``response`` key GA does not define (OpenAI's own code; no response)."""
 RESPONSE_CREATE_FIELDS = frozenset(
     {
         "audio",
@@ -63,8 +67,6 @@ RESPONSE_CREATE_FIELDS = frozenset(
 )
 """The keys of GA's ``response.create`` ``response`` object (``openai`` 3.57,
 ``RealtimeResponseCreateParamsParam``)."""
-"""The ``error`` code of a ``response.create`` asking for what this server cannot answer (no
-response is created)."""
 OUTPUT_MODALITIES = (["text"], ["audio"])
 """GA's two ``output_modalities`` (both at once is not allowed; research §1.4)."""
 

@@ -29,6 +29,15 @@ async def _open(conn) -> Wire:
     return wire
 
 
+async def _answering(conn) -> Wire:
+    """The opened session's wire once a long answer streams (its first transcript delta)."""
+    wire = await _open(conn)
+    await wire.send(user_text("Tell me a long story"))
+    await wire.send({"type": "response.create"})
+    await wire.until("response.output_audio_transcript.delta")
+    return wire
+
+
 async def _ledger_tokens(engine, session_id: str, response_id: str) -> dict[str, int]:
     """What the log holds of ``response_id``'s request: Stage0's prompt tokens as submitted and
     each stage's output tokens (sum of ``StageOutput.num_new_tokens``)."""
@@ -79,10 +88,7 @@ async def test_a_cancelled_response_carries_the_usage_produced_so_far(long_engin
     async with sdk_client(long_port).realtime.connect(
         model="duplex-ledger", extra_query={"session_id": "rt-use-cancel"}
     ) as c:
-        wire = await _open(c)
-        await wire.send(user_text("Tell me a long story"))
-        await wire.send({"type": "response.create"})
-        await wire.until("response.output_audio_transcript.delta")
+        wire = await _answering(c)
         await wire.send({"type": "response.cancel"})
         done = (await wire.until("response.done"))["response"]
         assert done["status"] == "cancelled"
@@ -191,10 +197,7 @@ async def test_a_response_create_the_engine_refuses_gets_that_refusal_alone(long
     async with sdk_client(long_port).realtime.connect(
         model="duplex-ledger", extra_query={"session_id": "rt-busy"}
     ) as c:
-        wire = await _open(c)
-        await wire.send(user_text("Tell me a long story"))
-        await wire.send({"type": "response.create"})
-        await wire.until("response.output_audio_transcript.delta")
+        wire = await _answering(c)
         busy = {"instructions": "Talk like a pirate.", "max_output_tokens": 5}
         refusal = "conversation_already_has_active_response"
         await wire.send({"type": "response.create", "event_id": "r2", "response": busy}, refused=refusal)
