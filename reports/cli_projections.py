@@ -32,6 +32,7 @@ import typer
 from rich.console import Console
 
 from events.limits import MAX_POSITION
+from events.store.url import read_only_sqlite_ledger
 from reports.cli_errors import (
     UnknownResponse,
     check_session,
@@ -76,14 +77,6 @@ class TablesFormat(str, Enum):  # noqa: UP042 - typer's choice type
     markdown = "markdown"
 
 
-def _on_read_only_media(db: str | None) -> bool:
-    """A SQLite ledger on a read-only file system: no read model can be stored there, so the
-    readers fold it in memory (:func:`events.store.url.read_only_sqlite_ledger`)."""
-    from events.store.url import default_url, read_only_sqlite_ledger
-
-    return read_only_sqlite_ledger(db or default_url())
-
-
 async def _projected(
     db: str | None, until_position: int | None, session: str | None = None
 ) -> tuple[Projector, int, ChainFault | None]:
@@ -96,7 +89,7 @@ async def _projected(
     from events.store.store import EventStore
     from projections.shell.runner import ProjectionRunner, project_as_of
 
-    in_memory = _on_read_only_media(db)
+    in_memory = read_only_sqlite_ledger(db)
     async with await EventStore.open(db, read_only=in_memory) as store:
         await check_session(store, session)
         if until_position is not None or in_memory:
@@ -270,12 +263,12 @@ async def _turns(
     db: str | None, session: str | None, response: str | None, until_position: int | None
 ) -> tuple[list[TurnTables], ChainFault | None]:
     """The turns chosen, with the first fault of the hash chain of the rows folded (in memory
-    on read-only media: :func:`_on_read_only_media`)."""
+    on read-only media: :func:`events.store.url.read_only_sqlite_ledger`)."""
     from events.chain_walk import chain_fault
     from events.store.store import EventStore
     from projections.shell.runner import ProjectionRunner, project_as_of
 
-    in_memory = _on_read_only_media(db)
+    in_memory = read_only_sqlite_ledger(db)
     async with await EventStore.open(db, read_only=in_memory) as store:
         await check_session(store, session)
         if until_position is None and in_memory:
@@ -316,7 +309,7 @@ async def _turns_with_summary(
     from events.store.store import EventStore
     from reports.summary_fold import summary_of
 
-    async with await EventStore.open(db, read_only=_on_read_only_media(db)) as store:
+    async with await EventStore.open(db, read_only=read_only_sqlite_ledger(db)) as store:
         await check_session(store, session)
         folded = await summary_of(store, session, until_position)
         chosen = await _chosen(store, folded.turns, session, response)

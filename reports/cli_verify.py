@@ -232,9 +232,9 @@ def _read_digest(path: Path) -> Digest:
 
 
 def _run_on(db: str | None, body, *, tolerate_missing: bool = False):  # type: ignore[no-untyped-def]
-    from events.store.url import default_url, read_only_sqlite_ledger
+    from events.store.url import read_only_sqlite_ledger
 
-    read_only = read_only_sqlite_ledger(db or default_url())  # read-only media: nothing to open for writing
+    read_only = read_only_sqlite_ledger(db)  # read-only media: nothing to open for writing
 
     async def run():  # type: ignore[no-untyped-def]
         async with await EventStore.open(db, tolerate_missing=tolerate_missing, read_only=read_only) as store:

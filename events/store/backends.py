@@ -47,9 +47,17 @@ from events.chain import GENESIS
 from events.chain_walk import tolerant_text
 from events.store import schema
 from events.store.errors import ReadOnlyStore
-from events.store.probe import readonly_async_engine, readonly_uri
+from events.store.probe import readonly_async_engine
 from events.store.sidecars import remove_new_sidecars, sidecars_missing
-from events.store.url import backend_of, numeric_query, redact, sqlite_engine_url, sqlite_path, sqlite_synchronous
+from events.store.url import (
+    backend_of,
+    numeric_query,
+    readonly_file_uri,
+    redact,
+    sqlite_engine_url,
+    sqlite_path,
+    sqlite_synchronous,
+)
 from events.store.writer_thread import WriterThread
 
 Synchronous = Literal["FULL", "NORMAL"]
@@ -216,7 +224,7 @@ class SqliteBackend(Backend):
         self._read_closed = False  # dispose() has begun: later reads take the Core select
         # Its URI, fixed now: the file this store was opened on, whatever the working directory
         # at the first read; mode=rw never creates a file (one deleted meanwhile: the Core read).
-        self._read_uri = readonly_uri(path) if read_only else path.resolve().as_uri() + "?mode=rw"
+        self._read_uri = readonly_file_uri(path) if read_only else path.resolve().as_uri() + "?mode=rw"
         self.read_raw = self._read_raw
 
     def _make_reader(self) -> AsyncEngine:

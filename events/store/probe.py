@@ -29,11 +29,6 @@ from events.store.url import readonly_file_uri, redact, remove_sqlite_file, requ
 T = TypeVar("T")
 
 
-def readonly_uri(path: Path) -> str:
-    """The ``file:`` URI that opens ``path`` read-only (:func:`events.store.url.readonly_file_uri`)."""
-    return readonly_file_uri(path)
-
-
 def check_openable(url: str) -> Path:
     """The ledger file of a SQLite ``url``, after checking it exists and is not a directory.
     Raises LedgerNotFound, NotALedger."""
@@ -68,7 +63,7 @@ def _read_sqlite(path: Path, url: str, fn: Callable[..., T], *args: Any) -> T:
     engine = create_engine(
         "sqlite+pysqlite://",
         # the driver's own implicit BEGIN comes only before DML: every SELECT would be its own snapshot
-        creator=lambda: sqlite3.connect(readonly_uri(path), uri=True, isolation_level=None),
+        creator=lambda: sqlite3.connect(readonly_file_uri(path), uri=True, isolation_level=None),
         poolclass=pool.NullPool,
     )
     try:
@@ -109,5 +104,5 @@ def undo_creation(url: str, created: Path) -> bool:
 
 def readonly_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An aiosqlite engine whose every connection opens the file read-only."""
-    uri = readonly_uri(sqlite_path(url))
+    uri = readonly_file_uri(sqlite_path(url))
     return create_async_engine("sqlite+aiosqlite://", async_creator=lambda: aiosqlite.connect(uri, uri=True), **kwargs)

@@ -296,11 +296,13 @@ def on_read_only_file_system(path: str | Path) -> bool:
 
 
 def read_only_sqlite_ledger(url: str | None) -> bool:
-    """True for a SQLite ledger URL whose file is on a read-only file system
-    (:func:`on_read_only_file_system`); False for any other URL (PostgreSQL, unparsable: the
-    command's own checks name those)."""
+    """True for a SQLite ledger URL (None: :func:`default_url`) whose file is on a read-only
+    file system (:func:`on_read_only_file_system`): no read model can be stored there, so the
+    readers fold it in memory. False for any other URL (PostgreSQL, unparsable: the command's
+    own checks name those)."""
     try:
-        return url is not None and backend_of(url) == "sqlite" and on_read_only_file_system(sqlite_path(url))
+        url = url or default_url()
+        return backend_of(url) == "sqlite" and on_read_only_file_system(sqlite_path(url))
     except ValueError:
         return False
 
