@@ -24,6 +24,7 @@ from reports.cli_errors import (
     checked_url,
     committed,
     describe,
+    fail,
     run,
     say,
     tampered_line,
@@ -181,6 +182,8 @@ def events_import(
 
     async def _import() -> Any:
         if str(file) == "-":  # standard input: read to its end before anything is written
+            if sys.stdin is None:  # started with standard input closed (`<&-`): Python sets it None
+                fail("standard input is closed: pipe the events in (events export | events import -)", url=url)
             rows = jsonl.parse_lines(lines.counted(sys.stdin.buffer))
         else:
             with file.open("rb") as fh:  # a byte bar while lines are checked (terminal only)

@@ -266,3 +266,17 @@ def test_import_dash_reads_standard_input_piped_from_an_export(sqlite_cli: Cli, 
     refused = import_stdin('{"bad": 1}\n')
     assert refused.returncode == 2 and "line 1: bad: unknown field" in refused.stderr
     assert "from standard input" in refused.stderr
+
+
+def test_import_dash_with_standard_input_closed_is_refused_clearly(tmp_path: Path) -> None:
+    """``events import - <&-`` (hostile pass): Python sets ``sys.stdin`` to None, and the import
+    failed with ``AttributeError: 'NoneType' object has no attribute 'buffer'`` (exit 1); it is
+    refused saying standard input is closed (exit 2), and no ledger file is created."""
+    db = tmp_path / "new.db"
+    command = [sys.executable, "-m", "reports.cli", "events", "import", "-", "--db", f"sqlite+aiosqlite:///{db}"]
+    done = subprocess.run(
+        command, stdin=None, capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.close(0)
+    )
+    assert done.returncode == 2, done.stderr
+    assert "standard input is closed" in done.stderr and "AttributeError" not in done.stderr
+    assert not db.exists()
