@@ -185,9 +185,15 @@ UTF16_HINT = "; the file looks like UTF-16: convert it to UTF-8 (iconv -f UTF-16
 
 
 def _utf16_hint(line: bytes) -> str:
-    """:data:`UTF16_HINT` for a raw line that holds a UTF-16 byte order mark or a NUL byte
-    (UTF-16 puts one beside every ASCII character; JSON text never holds one raw), else ""."""
-    return UTF16_HINT if line.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in line else ""
+    """:data:`UTF16_HINT` for a raw line that starts with a UTF-16 byte order mark, or whose
+    bytes at even (or odd) offsets are nearly all NUL (UTF-16 puts one beside every ASCII
+    character), else "" (a NUL here and there is binary, not UTF-16)."""
+    if line.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return UTF16_HINT
+    half = len(line) // 2
+    if half >= 2 and max(line[0::2].count(0), line[1::2].count(0)) * 10 >= half * 9:
+        return UTF16_HINT
+    return ""
 
 
 def _load(text: str | bytes, lineno: int) -> Any:

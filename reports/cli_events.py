@@ -160,11 +160,13 @@ def events_import(
     with its line number and field, and then nothing is imported (exit 2). Lines whose
     event_id is already stored with the same content are skipped, so re-importing a file is
     harmless; a stored id with other content is a conflict naming the line (exit 2). A SQLite
-    file that does not exist yet is created as a new ledger (once every line passed). The last
-    line counts the lines read: imported, already present, refused (their numbers), blank."""
+    file that does not exist yet is created as a new ledger (once every line passed; not for an
+    input with no line). The last line counts the lines read: imported, already present,
+    refused (their numbers), blank."""
     from events import jsonl
     from events.store import EventStore
     from events.store.probe import undo_creation
+    from events.store.store import ImportResult
     from events.store.url import missing_ancestor, missing_sqlite_file
     from reports.import_summary import ImportRefused, LineCount, imported_line, refused_line
     from reports.progress import shows_progress, stderr_console, track_lines
@@ -189,6 +191,8 @@ def events_import(
             with file.open("rb") as fh:  # a byte bar while lines are checked (terminal only)
                 rows = jsonl.parse_lines(lines.counted(track_lines(fh, file.stat().st_size, f"checking {file.name}")))
         new_file = missing_sqlite_file(url)
+        if not rows and new_file is not None:  # nothing to import: no empty ledger is created
+            return ImportResult([], 0)  # (an export that failed upstream of `| events import -`)
         created = missing_ancestor(new_file) if new_file is not None else None
         store = await EventStore.open(url, create=new_file is not None)
         try:

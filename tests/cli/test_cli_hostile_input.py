@@ -313,3 +313,17 @@ def test_a_utf16_file_is_refused_saying_it_looks_like_utf16(tmp_path: Path) -> N
     plain.write_bytes(b"\xff{}\n{not json\n")
     r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'broken.db'}")("events", "import", str(plain))
     assert r.exit_code == 2 and "not UTF-8: byte 0xff at byte 1" in r.output and "UTF-16" not in r.output
+
+
+def test_binary_with_nul_bytes_gets_no_utf16_hint_and_empty_input_creates_no_ledger(tmp_path: Path) -> None:
+    """Final hostile pass: a NUL here and there is binary, not UTF-16; and an empty input (an
+    export that failed upstream of ``| events import -``) leaves no new, empty ledger behind."""
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\x01\x00\xfe\x42\x00\x99\x10\x20\x30\x40\x50\x60\n")
+    r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'binary.db'}")("events", "import", str(binary))
+    assert r.exit_code == 2 and "line 1: " in r.output and "UTF-16" not in r.output, r.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    r = Cli(f"sqlite+aiosqlite:///{tmp_path / 'new.db'}")("events", "import", str(empty))
+    assert r.exit_code == 0 and "0 line(s) read" in r.output, r.output
+    assert not (tmp_path / "new.db").exists()
